@@ -1,0 +1,133 @@
+"""Input checks shared by every stage.
+
+Every public attention function calls :func:`check_attention_inputs` first, so all stages accept
+the same inputs and reject bad ones with the same messages. The checks read only ``.shape`` and
+``.dtype``, so they work for NumPy arrays and for GPU arrays (CuPy, numba device arrays) alike.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """What the checks found out about one call: shapes, dtypes and the softmax scale."""
+
+    lead: tuple  # leading (batch, head, ...) dims shared by q, k and v
+    n_q: int  # Nq, number of queries
+    n_k: int  # Nk, number of keys (and values)
+    d: int  # head dim of q and k
+    d_v: int  # head dim of v (and of the output)
+    dtype: np.dtype  # dtype of q, k, v and of the output o
+    compute_dtype: np.dtype  # dtype of the arithmetic: float32 for float16 inputs
+    scale: float  # the softmax scale; 1/sqrt(d) unless given
+    causal: bool
+
+    @property
+    def out_shape(self) -> tuple:
+        return (*self.lead, self.n_q, self.d_v)
+
+    @property
+    def lse_shape(self) -> tuple:
+        return (*self.lead, self.n_q)
+
+
+def _dtype_name(dt) -> str:
+    return np.dtype(dt).name
+
+
+def as_array(x, name: str):
+    """Return ``x`` unchanged if it is an array (NumPy or GPU); else convert it with ``np.asarray``."""
+    if hasattr(x, "__cuda_array_interface__") or isinstance(x, np.ndarray):
+        return x
+    if x is None:
+        raise TypeError(f"{name} must be an array of shape (..., N, d); got None")
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}") from exc
+
+
+def check_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
+    try:
+        dt = np.dtype(x.dtype)
+    except TypeError as exc:
+        raise TypeError(f"{name} has dtype {x.dtype!r}, which NumPy does not know; "
+                        f"expected one of {', '.join(_dtype_name(a) for a in allowed)}") from exc
+    if dt not in allowed:
+        raise TypeError(f"{name} has dtype {dt.name}; expected one of "
+                        f"{', '.join(_dtype_name(a) for a in allowed)}")
+    return dt
+
+
+def check_positive_int(value, name: str) -> int:
+    """Block sizes and the like: a positive Python or NumPy integer (not a bool)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer; got {value!r} of type {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer; got {value}")
+    return int(value)
+
+
+def check_scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None; got {scale!r} of type {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"scale must be finite and > 0 (None means 1/sqrt(d)); got {scale}")
+    return scale
+
+
+def check_causal(causal) -> bool:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False; got {causal!r} of type {type(causal).__name__}")
+    return bool(causal)
+
+
+def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) -> AttentionProblem:
+    """Validate q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv); return what was found.
+
+    Raises TypeError for wrong types/dtypes and ValueError for wrong shapes or values, each
+    message naming the argument, what was received and what is expected.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
+        check_dtype(x, name, allowed)
+        if len(x.shape) < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., N, d); got shape {tuple(x.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got q {_dtype_name(q.dtype)}, "
+                        f"k {_dtype_name(k.dtype)}, v {_dtype_name(v.dtype)}")
+    lead_q, lead_k, lead_v = tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])
+    if not (lead_q == lead_k == lead_v):
+        raise ValueError("q, k and v must have identical leading (batch, head, ...) dimensions; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    n_q, d = int(q.shape[-2]), int(q.shape[-1])
+    n_k, d_k = int(k.shape[-2]), int(k.shape[-1])
+    n_v, d_v = int(v.shape[-2]), int(v.shape[-1])
+    if d != d_k:
+        raise ValueError(f"q and k must have the same head dimension d (last axis); got q {tuple(q.shape)} "
+                         f"(d={d}) and k {tuple(k.shape)} (d={d_k})")
+    if d < 1:
+        raise ValueError(f"q and k must have head dimension d >= 1; got d={d}")
+    if d_v < 1:
+        raise ValueError(f"v must have head dimension dv >= 1; got v {tuple(v.shape)}")
+    if n_k != n_v:
+        raise ValueError(f"k and v must have the same number of keys Nk (axis -2); got k {tuple(k.shape)} "
+                         f"(Nk={n_k}) and v {tuple(v.shape)} (Nk={n_v})")
+    if n_k < 1:
+        raise ValueError(f"k and v must hold at least one key (Nk >= 1); got k {tuple(k.shape)}")
+    dtype = np.dtype(q.dtype)
+    compute = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    return AttentionProblem(lead=lead_q, n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
+                            scale=check_scale(scale, d), causal=check_causal(causal))

@@ -1,0 +1,89 @@
+"""A memory model of attention: how many bytes each array takes.
+
+Standard attention stores the Nq × Nk score matrix S (the logits) and, in a plain
+implementation, the probability matrix P = softmax(S) as well. FlashAttention stores neither:
+beyond its inputs it writes only the output O (Nq × dv) and one log-sum-exp per row.
+Everything here is exact integer arithmetic; lesson 01 and the memory figure print it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+BYTES_PER_ELEMENT = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of ``dtype`` (a NumPy dtype, or one of the names in BYTES_PER_ELEMENT)."""
+    if isinstance(dtype, str) and dtype in BYTES_PER_ELEMENT:
+        return BYTES_PER_ELEMENT[dtype]
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError as exc:
+        raise TypeError(f"dtype must be a float dtype such as 'float16' or 'float32'; got {dtype!r}") from exc
+
+
+@dataclass(frozen=True)
+class AttentionMemory:
+    """Bytes of every array of one attention call (all heads and batch entries together)."""
+
+    scores: int  # S = scale·QKᵀ, Nq × Nk per head
+    probabilities: int  # P = softmax(S), Nq × Nk per head
+    q: int
+    k: int
+    v: int
+    o: int
+    lse: int  # one float32 per query row (FlashAttention keeps it for the backward pass)
+
+    @property
+    def logits_and_probabilities(self) -> int:
+        return self.scores + self.probabilities
+
+    @property
+    def qkv(self) -> int:
+        return self.q + self.k + self.v
+
+    @property
+    def naive_extra(self) -> int:
+        """What standard attention allocates beyond its inputs: S, P and O."""
+        return self.scores + self.probabilities + self.o
+
+    @property
+    def flash_extra(self) -> int:
+        """What FlashAttention allocates beyond its inputs: O and the lse vector, O(N·d)."""
+        return self.o + self.lse
+
+
+def attention_memory(n: int, d: int, *, heads: int = 1, batch: int = 1, dtype="float16", n_k: int | None = None,
+                     d_v: int | None = None, lse_dtype="float32") -> AttentionMemory:
+    """The memory model for ``batch × heads`` heads of ``n`` queries, ``n_k`` keys (default n)."""
+    n_k = n if n_k is None else n_k
+    d_v = d if d_v is None else d_v
+    b, heads_total = dtype_bytes(dtype), batch * heads
+    return AttentionMemory(
+        scores=heads_total * n * n_k * b,
+        probabilities=heads_total * n * n_k * b,
+        q=heads_total * n * d * b,
+        k=heads_total * n_k * d * b,
+        v=heads_total * n_k * d_v * b,
+        o=heads_total * n * d_v * b,
+        lse=heads_total * n * dtype_bytes(lse_dtype),
+    )
+
+
+def tile_bytes(rows: int, cols: int, dtype="float16") -> int:
+    """Bytes of one rows × cols tile, e.g. a 128 × 128 fp16 score tile: 32 KiB."""
+    return rows * cols * dtype_bytes(dtype)
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, exact where exact: 2147483648 -> '2 GiB', 25165824 -> '24 MiB', 1536 -> '1.5 KiB'."""
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
+    return f"{n:.0f} B"

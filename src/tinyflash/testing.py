@@ -1,0 +1,131 @@
+"""How the project decides that two attention results agree.
+
+"Exact" FlashAttention means exact up to floating-point rounding, so results are compared with a
+tolerance against a float64 reference (:func:`tinyflash.reference_attention`):
+
+* :func:`rel_error` — max|x - ref| / max|ref|, the relative error in the max norm. Non-finite
+  reference entries (lse = -inf for rows with no allowed key, NaN from NaN inputs) must be
+  matched exactly; anything else there counts as an infinite error.
+* :func:`lse_error` — the same for lse, but relative to max(1, max|ref|): lse is a logarithm, and
+  an absolute error e in lse is a relative error of about e in the softmax denominator.
+* :func:`fa_rule` — FlashAttention's own test rule for reduced precision: the fast path's max
+  error against the reference may be at most ``factor`` (2 for outputs, 3 for gradients) times
+  the max error of a naive computation in the same precision, plus twice the rounding error of
+  doing any arithmetic on the reference in that precision (``fwd_atol`` in flash-attn's tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _to_host64(x) -> np.ndarray:
+    if hasattr(x, "get"):  # CuPy arrays
+        x = x.get()
+    elif hasattr(x, "copy_to_host"):  # numba device arrays
+        x = x.copy_to_host()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _errors(x, ref, floor: float) -> tuple[float, tuple]:
+    """(relative error, index of the worst entry)."""
+    a, r = _to_host64(x), _to_host64(ref)
+    if a.shape != r.shape:
+        raise ValueError(f"shapes differ: got {a.shape}, reference {r.shape}")
+    finite = np.isfinite(r)
+    if not np.array_equal(a[~finite], r[~finite], equal_nan=True):
+        bad = np.argwhere(~finite & ~((a == r) | (np.isnan(a) & np.isnan(r))))[0]
+        return np.inf, tuple(int(i) for i in bad)
+    if not np.isfinite(a[finite]).all():
+        bad = np.argwhere(finite & ~np.isfinite(a))[0]
+        return np.inf, tuple(int(i) for i in bad)
+    if not finite.any():
+        return 0.0, ()
+    diff = np.where(finite, np.abs(a - np.where(finite, r, 0.0)), 0.0)
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    denom = max(float(np.abs(r[finite]).max()), floor)
+    if denom == 0.0:
+        return (0.0 if diff.max() == 0 else np.inf), tuple(int(i) for i in worst)
+    return float(diff.max()) / denom, tuple(int(i) for i in worst)
+
+
+def rel_error(x, ref) -> float:
+    """max|x - ref| / max|ref| over finite reference entries (non-finite ones must match exactly)."""
+    return _errors(x, ref, 0.0)[0]
+
+
+def lse_error(lse, ref) -> float:
+    """max|lse - ref| / max(1, max|ref|); -inf entries of the reference must match exactly."""
+    return _errors(lse, ref, 1.0)[0]
+
+
+def assert_close(x, ref, tol: float, what: str = "output", *, is_lse: bool = False) -> float:
+    """Assert that the relative error of ``x`` against ``ref`` is at most ``tol``; return the error.
+
+    On failure the message gives the error, where the worst entry is, both values and the tolerance.
+    """
+    err, where = _errors(x, ref, 1.0 if is_lse else 0.0)
+    if not err <= tol:
+        a, r = _to_host64(x), _to_host64(ref)
+        got = a[where] if where else None
+        want = r[where] if where else None
+        raise AssertionError(f"{what}: relative error {err:.3e} > tolerance {tol:.1e}; worst entry at index "
+                             f"{where}: got {got!r}, reference {want!r}")
+    return err
+
+
+@dataclass(frozen=True)
+class RuleCheck:
+    """The numbers behind one application of FlashAttention's tolerance rule."""
+
+    fast_error: float  # max|fast - ref|
+    naive_error: float  # max|naive - ref|, naive in the same low precision
+    atol: float  # rounding of any arithmetic on the reference in that precision
+    factor: float
+
+    @property
+    def bound(self) -> float:
+        return self.factor * self.naive_error + self.atol
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.fast_error <= self.bound)
+
+    def __str__(self) -> str:
+        return (f"fast error {self.fast_error:.3e} vs bound {self.bound:.3e} = {self.factor:g} × naive error "
+                f"{self.naive_error:.3e} + rounding {self.atol:.3e} -> {'ok' if self.ok else 'FAIL'}")
+
+
+def rounding_atol(ref, dtype) -> float:
+    """flash-attn's ``fwd_atol``: 2·max|(r + 0.3) - 0.3 - r| with r = ref rounded to ``dtype``, in ``dtype``."""
+    r = _to_host64(ref)
+    r = r[np.isfinite(r)].astype(dtype)
+    if r.size == 0:
+        return 0.0
+    c = np.asarray(0.3, dtype=dtype)
+    return 2.0 * float(np.abs(((r + c) - c) - r).astype(np.float64).max())
+
+
+def fa_rule(fast, naive, ref, dtype, factor: float = 2.0) -> RuleCheck:
+    """FlashAttention's rule: max|fast - ref| <= factor · max|naive - ref| + rounding_atol(ref)."""
+    f, n, r = _to_host64(fast), _to_host64(naive), _to_host64(ref)
+    finite = np.isfinite(r)
+
+    def max_error(a: np.ndarray) -> float:  # non-finite entries must match the reference exactly
+        if not np.array_equal(a[~finite], r[~finite], equal_nan=True) or not np.isfinite(a[finite]).all():
+            return np.inf
+        return float(np.abs(a - r)[finite].max(initial=0.0))
+
+    fast_err, naive_err = max_error(f), max_error(n)
+    if not np.isfinite(naive_err):
+        raise ValueError("the naive result's non-finite entries differ from the reference's: no baseline")
+    return RuleCheck(fast_err, naive_err, rounding_atol(r, dtype), factor)
+
+
+def assert_fa_rule(fast, naive, ref, dtype, factor: float = 2.0, what: str = "output") -> RuleCheck:
+    check = fa_rule(fast, naive, ref, dtype, factor)
+    if not check.ok:
+        raise AssertionError(f"{what}: {check}")
+    return check
