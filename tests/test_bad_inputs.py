@@ -1,0 +1,130 @@
+"""Every bad-input rule raises a clear error naming the argument, what it got and what it expects."""
+
+import numpy as np
+import pytest
+
+import tinyflash as tf
+from tinyflash.testing import assert_close
+
+CPU_STAGES = [tf.naive_attention, tf.blocked_attention, tf.reference_attention]
+
+
+def qkv(lead=(2,), n_q=5, n_k=6, d=4, d_v=4, dtype=np.float32):
+    rng = np.random.default_rng()
+    return (rng.standard_normal((*lead, n_q, d)).astype(dtype), rng.standard_normal((*lead, n_k, d)).astype(dtype),
+            rng.standard_normal((*lead, n_k, d_v)).astype(dtype))
+
+
+@pytest.fixture(params=CPU_STAGES, ids=lambda f: f.__name__)
+def attention(request):
+    return request.param
+
+
+def test_wrong_ndim(attention):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q must have at least 2 dimensions .*got shape \(4,\)"):
+        attention(q[0, 0], k, v)
+
+
+def test_mismatched_leading_dims(attention):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"identical leading .*got q \(2, 5, 4\), k \(6, 4\)"):
+        attention(q, k[0], v[0])
+    with pytest.raises(ValueError, match=r"identical leading"):
+        attention(q, k, np.concatenate([v, v]))
+
+
+def test_head_dim_mismatch(attention):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"same head dimension d .*\(d=4\) and k .*\(d=3\)"):
+        attention(q, k[..., :3], v)
+
+
+def test_key_value_length_mismatch(attention):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"same number of keys Nk .*Nk=6.*Nk=5"):
+        attention(q, k, v[:, :5])
+
+
+def test_no_keys(attention):
+    q, k, v = qkv(n_k=0)
+    with pytest.raises(ValueError, match=r"at least one key \(Nk >= 1\); got k \(2, 0, 4\)"):
+        attention(q, k, v)
+
+
+def test_zero_head_dims(attention):
+    q, k, v = qkv(d=0)
+    with pytest.raises(ValueError, match=r"head dimension d >= 1; got d=0"):
+        attention(q, k, v)
+    q, k, v = qkv(d_v=0)
+    with pytest.raises(ValueError, match=r"v must have head dimension dv >= 1"):
+        attention(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.complex64, object, bool])
+def test_unsupported_dtypes(attention, dtype):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=rf"q has dtype {np.dtype(dtype).name}; expected one of float16, float32, float64"):
+        attention(q.astype(dtype), k.astype(dtype), v.astype(dtype))
+
+
+def test_mixed_dtypes(attention):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"share one dtype; got q float32, k float64, v float32"):
+        attention(q, k.astype(np.float64), v)
+
+
+def test_not_an_array(attention):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"k must be an array of shape \(\.\.\., N, d\); got None"):
+        attention(q, None, v)
+
+
+@pytest.mark.parametrize("block", [0, -3])
+@pytest.mark.parametrize("name", ["block_q", "block_k"])
+def test_non_positive_block_sizes(name, block):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=rf"{name} must be a positive integer; got {block}"):
+        tf.blocked_attention(q, k, v, **{name: block})
+
+
+@pytest.mark.parametrize("block", [2.0, "16", True, None])
+def test_non_integer_block_sizes(block):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"block_q must be a positive integer; got"):
+        tf.blocked_attention(q, k, v, block_q=block)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, np.inf, -np.inf, np.nan])
+def test_bad_scale_values(attention, scale):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"scale must be finite and > 0 .*got"):
+        attention(q, k, v, scale=scale)
+
+
+@pytest.mark.parametrize("scale", ["0.5", [0.5], True, 1j])
+def test_bad_scale_types(attention, scale):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"scale must be a real number or None; got"):
+        attention(q, k, v, scale=scale)
+
+
+@pytest.mark.parametrize("causal", [1, "yes", None])
+def test_bad_causal(attention, causal):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"causal must be True or False; got"):
+        attention(q, k, v, causal=causal)
+
+
+def test_explicit_scale_is_used(attention):
+    q, k, v = qkv(dtype=np.float64)
+    o, lse = attention(q, k, v, scale=0.1)
+    o_ref, lse_ref = tf.naive_attention(q * 0.1 * np.sqrt(4), k, v)  # default scale is 1/sqrt(4)
+    assert_close(o, o_ref, 1e-12, "o")
+    assert_close(lse, lse_ref, 1e-12, "lse", is_lse=True)
+
+
+def test_lists_are_accepted_as_arrays():
+    q, k, v = qkv(lead=(), dtype=np.float64)
+    o, lse = tf.naive_attention(q.tolist(), k.tolist(), v.tolist())
+    np.testing.assert_array_equal(o, tf.naive_attention(q, k, v)[0])
