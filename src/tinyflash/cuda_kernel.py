@@ -1,0 +1,595 @@
+"""Stage 2: FlashAttention's forward pass as numba.cuda kernels, tiles in shared memory.
+
+Two kernels compute the same thing as :func:`tinyflash.blocked_attention`, with its names:
+
+* ``flash_fwd_simple`` — the first version to read: one thread per query row. Each thread keeps
+  its row's m_i, l_i and acc in registers; the block loads K_j and V_j into shared memory once
+  and all its threads share them.
+* ``flash_fwd`` — the fast version: a block of NT threads computes a Br × Bc tile of scores, each
+  thread a TM × TN piece of it held in registers (register tiling), then shares P_ij through
+  shared memory for the product P_ij V_j. This is the one :func:`cuda_attention` runs.
+
+Both run on a real GPU and under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before
+numba is imported), where tiny tile sizes keep the tests fast enough for a CPU.
+
+Conventions inside the kernels:
+
+* Scores are kept in base 2: S2 = S · log2(e), so exp(S - m) = exp2(S2 - m2), one hardware
+  instruction (ex2.approx) per score. lse = (m2 + log2(l)) · ln(2) at the end.
+* Indices are unsigned (``uint64``): numba adds a negative-index wraparound select to every
+  signed index, which costs registers and hides the alignment that 16-byte vector loads need.
+* Masked scores are -inf (no fastmath flags are used, so infinities and NaN behave as IEEE says);
+  a row whose running max is still -inf uses 0 in its place so that exp2(-inf - -inf) never occurs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+
+def _check_numpy_for_numba_cuda() -> None:
+    """numba-cuda 0.30.4 calls np.row_stack, which numpy 2.5 removed: fail early and clearly."""
+    major, minor = (int(p) for p in np.__version__.split(".")[:2])
+    if (major, minor) >= (2, 5) and not hasattr(np, "row_stack"):
+        raise ImportError(f"tinyflash's CUDA stage needs numpy < 2.5 (numba-cuda 0.30.4 calls np.row_stack, "
+                          f"removed in numpy 2.5); this environment has numpy {np.__version__}. "
+                          "Install it with: pip install 'numpy<2.5'")
+
+
+_check_numpy_for_numba_cuda()
+
+from numba import cuda, float32, uint64  # noqa: E402  (after the numpy check, on purpose)
+
+from ._checks import as_array, check_attention_inputs  # noqa: E402
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
+LN2 = 0.6931471805599453  # ln(2):   log(x) = log2(x) · LN2
+NEG_INF = float32(-np.inf)
+MAX_HEAD_DIM = 256  # the largest d (and dv) the kernels are built for
+SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def simulator_enabled() -> bool:
+    """True when numba runs kernels on its CPU simulator instead of a GPU."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _u(x: int):
+    """A compile-time constant as an unsigned 64-bit integer (see the module docstring)."""
+    return np.uint64(x)
+
+
+ZERO_U, ONE_U = np.uint64(0), np.uint64(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Compile-time shape of one thread block of ``flash_fwd``.
+
+    BR (Br) query rows and BC (Bc) keys per tile; NT threads; each thread owns TM rows. The
+    head dims are padded to D and DV (multiples of 8 or 4), with zeros that change no sum.
+    Derived: RG = BR/TM row groups of CT = NT/RG threads; in the score tile each thread owns
+    TN = BC/CT keys, in the output TO = DV/CT columns (TO/4 groups of 4).
+    """
+
+    BR: int
+    BC: int
+    TM: int
+    NT: int
+    D: int
+    DV: int
+
+    @property
+    def RG(self) -> int:
+        return self.BR // self.TM
+
+    @property
+    def CT(self) -> int:
+        return self.NT // self.RG
+
+    @property
+    def TN(self) -> int:
+        return self.BC // self.CT
+
+    @property
+    def TO4(self) -> int:
+        return self.DV // (4 * self.CT)
+
+    # Shared memory, in float32 elements. Rows are padded by 4 floats: 16-byte aligned for vector
+    # loads, and (for D, BR multiples of 8) consecutive rows start in different banks.
+    @property
+    def QS(self) -> int:  # row stride of Qs[row, kk]
+        return self.D + 4
+
+    @property
+    def KS(self) -> int:  # row stride of Ks[key, kk]
+        return self.D + 4
+
+    @property
+    def PS(self) -> int:  # row stride of Ps[key, row] (P_ij transposed)
+        return self.BR + 4
+
+    @property
+    def smem_floats(self) -> int:
+        q = self.BR * self.QS  # Q_i, loaded once
+        kp = max(self.BC * self.KS, self.BC * self.PS)  # K_j, then P_ij in the same place
+        v = self.BC * self.DV  # V_j
+        red = self.BR * self.CT  # one partial row max (later row sum) per thread and row
+        return q + kp + v + red
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.smem_floats
+
+    def validate(self) -> "TileConfig":
+        problems = []
+        if self.BR % self.TM or self.NT % self.RG:
+            problems.append("BR must be a multiple of TM and NT a multiple of BR/TM")
+        elif self.BC % self.CT or self.DV % (4 * self.CT):
+            problems.append("BC must be a multiple of CT = NT·TM/BR, and DV of 4·CT")
+        if self.D % 4:
+            problems.append("D must be a multiple of 4")
+        if problems:
+            raise ValueError(f"invalid tile configuration {self}: {'; '.join(problems)}")
+        return self
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def default_config(d: int, d_v: int) -> TileConfig:
+    """The tiling the fast kernel uses on a GPU for head dims d and dv (chosen by measurement)."""
+    D, DV = _round_up(d, 8), _round_up(d_v, 64)
+    return TileConfig(BR=64, BC=64, TM=8, NT=128, D=D, DV=DV).validate()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces: the dynamic shared-memory buffer, and loading a tile into it
+# ---------------------------------------------------------------------------------------------
+
+if simulator_enabled():  # the simulator rejects the alignment argument; its arrays are NumPy arrays
+
+    @cuda.jit(device=True)
+    def shared_floats():
+        """The block's dynamic shared memory as one float32 array (its size is set at launch)."""
+        return cuda.shared.array(0, float32)
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def shared_floats():
+        """The block's dynamic shared memory as one float32 array (its size is set at launch).
+
+        16-byte alignment lets the compiler turn 4 neighbouring float loads into one vector load.
+        """
+        return cuda.shared.array(0, float32, alignment=16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a tile of a (BH, N, d) array into shared memory
+# ---------------------------------------------------------------------------------------------
+
+
+@cuda.jit(device=True, inline="always")
+def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT):
+    """Copy rows start .. start+ROWS of one head into shared memory, as float32.
+
+    ``src`` is a whole input flattened to 1-D, and this head's (n_rows × n_cols) matrix begins
+    at ``src_off``. Writes dst[dst_off + r·stride + c] = src[src_off + (start + r)·n_cols + c] for
+    r < ROWS, c < COLS, and 0 where the tile runs past the matrix (the ragged last tile, or the
+    head-dim padding c >= n_cols), so that those entries add nothing to any dot product.
+    Consecutive threads take consecutive columns, so a warp reads consecutive addresses
+    (coalesced). ROWS, COLS and NT are constants, so the branches below are resolved at compile
+    time; in the usual case each thread keeps its columns and walks down the rows, advancing two
+    indices by constant steps: a few instructions per element.
+    """
+    if NT % COLS == 0 or COLS % NT == 0:
+        r_step = NT // COLS if NT >= COLS else ONE_U  # rows between two loads of one thread
+        for c_slot in range(COLS // NT if COLS > NT else ONE_U):  # columns per thread (1 unless COLS > NT)
+            c = tid % COLS + c_slot * NT
+            r = tid // COLS if NT >= COLS else ZERO_U
+            rows_end = min(ROWS, n_rows - start) if c < n_cols else ZERO_U  # rows inside the matrix
+            g = src_off + (start + r) * n_cols + c  # index into src
+            sh = dst_off + r * stride + c  # index into dst
+            while r < rows_end:
+                dst[sh] = float32(src[g])
+                r += r_step
+                g += r_step * n_cols
+                sh += r_step * stride
+            while r < ROWS:  # past the end: zeros
+                dst[sh] = float32(0.0)
+                r += r_step
+                sh += r_step * stride
+    else:  # odd head dims: one division per element
+        for idx in range(tid, ROWS * COLS, NT):
+            r = idx // COLS
+            c = idx % COLS
+            x = float32(0.0)
+            if start + r < n_rows and c < n_cols:
+                x = float32(src[src_off + (start + r) * n_cols + c])
+            dst[dst_off + r * stride + c] = x
+
+
+# ---------------------------------------------------------------------------------------------
+# Version 1: one thread per query row
+# ---------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def make_simple_kernel(BR: int, BC: int, D: int, DV: int):
+    """``flash_fwd_simple`` for BR query rows per block (= threads), BC keys per tile, head dims
+    padded to D and DV. Shared memory: K_j (BC × D) and V_j (BC × DV), 4·BC·(D + DV) bytes."""
+    BR_, BC_, D_, DV_ = _u(BR), _u(BC), _u(D), _u(DV)
+    K_OFF, V_OFF = _u(0), _u(BC * D)
+
+    @cuda.jit
+    def flash_fwd_simple(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
+        smem = shared_floats()  # K_j then V_j: 4·BC·(D + DV) bytes
+        tid = uint64(cuda.threadIdx.x)
+        bh = uint64(cuda.blockIdx.y)  # which (batch, head)
+        q_start = uint64(cuda.blockIdx.x) * BR_  # first query row of this block's tile Q_i
+        row = q_start + tid  # this thread's query row
+        n_q, n_k, d, d_v = uint64(n_q), uint64(n_k), uint64(d), uint64(d_v)
+        q_off, k_off, v_off, o_off = bh * n_q * d, bh * n_k * d, bh * n_k * d_v, bh * n_q * d_v  # this head
+
+        q_row = cuda.local.array(D, float32)  # Q[row, :] (registers or local memory)
+        s_row = cuda.local.array(BC, float32)  # S_ij[row, :] for the current tile
+        acc = cuda.local.array(DV, float32)  # unnormalised O_i[row, :]
+        for c in range(D_):
+            q_row[c] = float32(Q[q_off + row * d + c]) if row < n_q and c < d else float32(0.0)
+        for c in range(DV_):
+            acc[c] = float32(0.0)
+        m_i = NEG_INF  # running max of S2 = S·log2(e)
+        l_i = float32(0.0)  # running denominator
+
+        # Causal: the last query of this tile may see keys up to q_end - 1 + n_k - n_q (inclusive).
+        q_end = min(q_start + BR_, n_q)
+        k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else uint64(0)
+        for k_start in range(uint64(0), k_stop, BC_):
+            cuda.syncthreads()  # all threads are done reading the previous K_j, V_j before we overwrite them
+            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_)
+            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_)
+            cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
+
+            m_new = m_i  # S_ij = scale · Q_i K_jᵀ, one row of it per thread
+            for c in range(BC_):
+                key = k_start + c
+                s = float32(0.0)
+                for kk in range(D_):
+                    s += q_row[kk] * smem[K_OFF + c * D_ + kk]
+                s *= scale_log2
+                if key >= n_k or (causal and key + n_q > row + n_k):  # beyond Nk, or in the future
+                    s = NEG_INF
+                s_row[c] = s
+                m_new = max(m_new, s)
+            m_safe = m_new if m_new != NEG_INF else float32(0.0)
+            alpha = math.exp2(m_i - m_safe)  # exp(m_old - m_new): rescales the old state
+            l_i *= alpha
+            for c in range(DV_):
+                acc[c] *= alpha
+            for c in range(BC_):
+                p = math.exp2(s_row[c] - m_safe)  # P_ij[row, c]
+                l_i += p
+                for cc in range(DV_):
+                    acc[cc] += p * smem[V_OFF + c * DV_ + cc]
+            m_i = m_new
+
+        if row < n_q:
+            for c in range(d_v):
+                O[o_off + row * d_v + c] = acc[c] / l_i if l_i != 0 else float32(0.0)  # fully masked row: O = 0
+            LSE[bh * n_q + row] = (m_i + math.log2(l_i)) * LN2 if l_i != 0 else NEG_INF
+
+    return flash_fwd_simple
+
+
+# ---------------------------------------------------------------------------------------------
+# Version 2: register tiling
+# ---------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: TileConfig):
+    """``flash_fwd`` for one :class:`TileConfig`.
+
+    Thread ``tid`` = (rg, ct) with rg = tid // CT, ct = tid % CT. In a tile it owns
+      rows  row0 + i,            i < TM   (row0 = rg · TM; the same rows of S_ij, P_ij and O_i)
+      keys  ct + CT · jj,        jj < TN  (strided: neighbouring threads read neighbouring keys)
+      cols  (ct + CT · t)·4 + e, t < TO4, e < 4   (groups of 4 output columns, also strided)
+    Shared memory: Qs[row, kk], Ks[key, kk] (reused for Ps[key, row] = P_ijᵀ), Vs[key, col],
+    red[row, ct] for the row max (and at the end the row sum) across the CT threads of a row.
+    """
+    cfg.validate()
+    # Every constant is unsigned (see the module docstring); array shapes must be plain ints.
+    BR, BC, TM, NT, D, DV = (_u(x) for x in (cfg.BR, cfg.BC, cfg.TM, cfg.NT, cfg.D, cfg.DV))
+    CT, TN, TO4, FOUR = _u(cfg.CT), _u(cfg.TN), _u(cfg.TO4), _u(4)
+    QS, KS, PS = _u(cfg.QS), _u(cfg.KS), _u(cfg.PS)
+    Q_OFF = _u(0)
+    K_OFF = _u(cfg.BR * cfg.QS)  # K_j; P_ij overwrites it once S_ij is computed
+    V_OFF = K_OFF + _u(max(cfg.BC * cfg.KS, cfg.BC * cfg.PS))
+    R_OFF = V_OFF + _u(cfg.BC * cfg.DV)
+    TM_, TN_, TO4_ = cfg.TM, cfg.TN, cfg.TO4  # for array shapes
+    ZERO, ONE = _u(0), _u(1)
+
+    @cuda.jit
+    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
+        smem = shared_floats()  # Qs, Ks (then Ps), Vs, red: cfg.smem_bytes bytes
+        tid = uint64(cuda.threadIdx.x)
+        bh = uint64(cuda.blockIdx.y)  # which (batch, head)
+        q_start = uint64(cuda.blockIdx.x) * BR  # first query row of Q_i
+        n_q, n_k, d, d_v = uint64(n_q), uint64(n_k), uint64(d), uint64(d_v)
+        q_off, k_off, v_off, o_off = bh * n_q * d, bh * n_k * d, bh * n_k * d_v, bh * n_q * d_v  # this head
+        ct = tid % CT
+        row0 = (tid // CT) * TM  # this thread's first row within the tile
+
+        s = cuda.local.array((TM_, TN_), float32)  # this thread's piece of S_ij, then of P_ij
+        acc = cuda.local.array((TM_, TO4_, 4), float32)  # its piece of the unnormalised O_i
+        m_i = cuda.local.array(TM_, float32)  # running max (base 2) of its rows
+        l_i = cuda.local.array(TM_, float32)  # its share of the running denominators
+        qf = cuda.local.array((TM_, 4), float32)  # Q_i[its rows, kk:kk+4]: one vector load per row
+        kf = cuda.local.array((TN_, 4), float32)  # K_j[its keys, kk:kk+4]
+        pf = cuda.local.array(TM_, float32)  # P_ij[its rows, c]
+        vf = cuda.local.array((TO4_, 4), float32)  # V_j[c, its columns]
+        for i in range(TM):
+            m_i[i] = NEG_INF
+            l_i[i] = float32(0.0)
+            for t in range(TO4):
+                for e in range(FOUR):
+                    acc[i, t, e] = float32(0.0)
+
+        _load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT)  # Q_i, once
+        q_end = min(q_start + BR, n_q)
+        k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else ZERO
+        for k_start in range(ZERO, k_stop, BC):
+            cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
+            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT)
+            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
+            cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
+
+            # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time
+            for i in range(TM):
+                for jj in range(TN):
+                    s[i, jj] = float32(0.0)
+            for kk in range(ZERO, D, FOUR):
+                for i in range(TM):
+                    for e in range(FOUR):
+                        qf[i, e] = smem[Q_OFF + (row0 + i) * QS + kk + e]
+                for jj in range(TN):
+                    for e in range(FOUR):
+                        kf[jj, e] = smem[K_OFF + (ct + CT * jj) * KS + kk + e]
+                for e in range(FOUR):
+                    for i in range(TM):
+                        for jj in range(TN):
+                            s[i, jj] += qf[i, e] * kf[jj, e]
+
+            # scale to base 2, mask, and this thread's max of each of its rows
+            needs_mask = k_start + BC > n_k or (causal and k_start + BC + n_q > q_start + n_k + ONE)
+            for i in range(TM):
+                row = q_start + row0 + i
+                m_part = NEG_INF
+                for jj in range(TN):
+                    key = k_start + ct + CT * jj
+                    x = s[i, jj] * scale_log2
+                    if needs_mask and (key >= n_k or (causal and key + n_q > row + n_k)):
+                        x = NEG_INF  # beyond Nk, or a future key
+                    s[i, jj] = x
+                    m_part = max(m_part, x)
+                smem[R_OFF + (row0 + i) * CT + ct] = m_part
+            cuda.syncthreads()  # partial maxima are visible; every thread is done reading Ks (P overwrites it)
+
+            for i in range(TM):
+                m_new = m_i[i]
+                for c in range(CT):
+                    m_new = max(m_new, smem[R_OFF + (row0 + i) * CT + c])
+                m_safe = m_new if m_new != NEG_INF else float32(0.0)
+                alpha = math.exp2(m_i[i] - m_safe)  # exp(m_old - m_new): rescales the old state
+                m_i[i] = m_new
+                l_i[i] *= alpha
+                for t in range(TO4):
+                    for e in range(FOUR):
+                        acc[i, t, e] *= alpha
+                for jj in range(TN):
+                    s[i, jj] = math.exp2(s[i, jj] - m_safe)  # P_ij, unnormalised
+                    l_i[i] += s[i, jj]
+            for jj in range(TN):  # store P_ijᵀ: TM consecutive floats per key (vector stores)
+                for i in range(TM):
+                    smem[K_OFF + (ct + CT * jj) * PS + row0 + i] = s[i, jj]
+            cuda.syncthreads()  # P_ij is fully written before any thread reads it
+
+            # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, one key c at a time
+            for c in range(BC):
+                for i in range(TM):
+                    pf[i] = smem[K_OFF + c * PS + row0 + i]  # P_ij[row0 + i, c]
+                for t in range(TO4):
+                    for e in range(FOUR):
+                        vf[t, e] = smem[V_OFF + c * DV + (ct + CT * t) * FOUR + e]  # V_j[c, col]
+                for i in range(TM):
+                    for t in range(TO4):
+                        for e in range(FOUR):
+                            acc[i, t, e] += pf[i] * vf[t, e]
+
+        # l_i so far is this thread's share; add the shares of the CT threads of each row
+        cuda.syncthreads()  # every thread is done reading red (row maxima) before it is reused
+        for i in range(TM):
+            smem[R_OFF + (row0 + i) * CT + ct] = l_i[i]
+        cuda.syncthreads()  # all shares are written before they are summed
+        for i in range(TM):
+            row = q_start + row0 + i
+            l_row = float32(0.0)
+            for c in range(CT):
+                l_row += smem[R_OFF + (row0 + i) * CT + c]
+            if row < n_q:
+                inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)  # fully masked row: O = 0
+                for t in range(TO4):
+                    for e in range(FOUR):
+                        col = (ct + CT * t) * FOUR + e
+                        if col < d_v:
+                            O[o_off + row * d_v + col] = acc[i, t, e] * inv_l
+                if ct == ZERO:
+                    LSE[bh * n_q + row] = (m_i[i] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
+
+    return flash_fwd
+
+
+# ---------------------------------------------------------------------------------------------
+# More than 48 KiB of shared memory
+# ---------------------------------------------------------------------------------------------
+
+STATIC_SMEM_LIMIT = 48 * 1024  # what any kernel may use without asking
+
+
+def allow_large_shared_memory(kernel, args, nbytes: int) -> None:
+    """Let ``kernel``, compiled for ``args``, launch with ``nbytes`` of dynamic shared memory.
+
+    Above 48 KiB CUDA requires the function attribute MAX_DYNAMIC_SHARED_SIZE_BYTES to be raised
+    first (up to 227 KiB on Hopper). numba has no public API for it, so this compiles the kernel
+    for the argument types, takes the driver handle of the compiled function and calls
+    cuKernelSetAttribute, as numba's own ``set_shared_memory_carveout`` does. Raises the driver's
+    error if the device refuses.
+    """
+    if nbytes <= STATIC_SMEM_LIMIT or simulator_enabled():
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    cufunc = compiled.library.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+
+
+def small_config(d: int, d_v: int) -> TileConfig:
+    """A tiling of at most 48 KiB of shared memory, for when more cannot be had."""
+    D, DV = _round_up(d, 8), _round_up(d_v, 64)
+    for BR, BC in ((64, 32), (32, 32), (32, 16), (16, 16), (16, 8)):
+        for TM in (8, 4, 2, 1):
+            RG = BR // TM
+            for NT in (128, 64, 32):
+                if NT % RG or BC % (NT // RG) or DV % (4 * (NT // RG)):
+                    continue
+                cfg = TileConfig(BR=BR, BC=BC, TM=TM, NT=NT, D=D, DV=DV)
+                if cfg.smem_bytes <= STATIC_SMEM_LIMIT:
+                    return cfg.validate()
+    raise ValueError(f"no tiling of at most 48 KiB of shared memory for d={d}, dv={d_v}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The host wrapper: check inputs, allocate outputs, size the grid, launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_device_array(x) -> bool:
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _to_device_flat(x):
+    """A C-contiguous 1-D view of ``x`` on the GPU: a view of a device array, a copy of a host one.
+
+    The kernels index each head's (N × d) matrix inside this flat array themselves.
+    """
+    if not _is_device_array(x):
+        return cuda.to_device(np.ascontiguousarray(x).reshape(-1))
+    xp = _array_module(x)
+    if xp is not None:  # CuPy: ascontiguousarray copies only non-contiguous arrays
+        return xp.ascontiguousarray(x).reshape(-1)
+    if not hasattr(x, "is_c_contiguous"):  # another library's array (e.g. a PyTorch tensor)
+        x = cuda.as_cuda_array(x)
+    if not x.is_c_contiguous():
+        raise ValueError(f"non-contiguous numba device arrays are not supported (got shape {x.shape}, strides "
+                         f"{x.strides}); pass a contiguous array, or a CuPy array")
+    return x.reshape(x.size)
+
+
+def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str = "fast",
+                   config: TileConfig | None = None):
+    """Stage 2: FlashAttention's forward pass on the GPU. Returns ``(o, lse)``.
+
+    Same contract as :func:`tinyflash.naive_attention`: q (..., Nq, d), k (..., Nk, d),
+    v (..., Nk, dv); o (..., Nq, dv) in the input dtype, lse (..., Nq) in float32. Inputs are
+    float16 or float32 (float16 is read from memory and computed in float32) with 1 <= d, dv <= 256.
+    NumPy inputs are copied to the GPU and the results back; device arrays (CuPy, numba, anything
+    with ``__cuda_array_interface__``) stay on the GPU and the results are device arrays of the
+    same kind. ``kernel`` is ``"fast"`` (register-tiled ``flash_fwd``) or ``"simple"`` (one
+    thread per query row); ``config`` overrides the fast kernel's tiling (tests use tiny ones).
+    """
+    on_device = _is_device_array(q)
+    if not on_device:
+        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    for name, dim in (("d (head dim of q and k)", prob.d), ("dv (head dim of v)", prob.d_v)):
+        if dim > MAX_HEAD_DIM:
+            raise ValueError(f"cuda_attention supports head dims up to {MAX_HEAD_DIM}; got {name} = {dim}")
+    if on_device != _is_device_array(k) or on_device != _is_device_array(v):
+        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+    if kernel not in ("fast", "simple"):
+        raise ValueError(f"kernel must be 'fast' or 'simple'; got {kernel!r}")
+    bh = math.prod(prob.lead)
+    if bh > 65535:
+        raise ValueError(f"the product of the leading dims (batch × heads) must be at most 65535; got {bh}")
+
+    # allocate outputs (in the caller's array library for device inputs)
+    xp = _array_module(q) if on_device else None
+    empty = xp.empty if xp is not None else cuda.device_array
+    o = empty(bh * prob.n_q * prob.d_v, dtype=prob.dtype)  # (BH·Nq·dv,) flat, C order
+    lse = empty(bh * prob.n_q, dtype=np.float32)  # (BH·Nq,)
+    if prob.n_q > 0 and bh > 0:
+        args = (_to_device_flat(q), _to_device_flat(k), _to_device_flat(v), o, lse, prob.n_q, prob.n_k, prob.d, prob.d_v, np.float32(prob.scale * LOG2E),
+                prob.causal)
+        _launch(kernel, config, prob, args)
+
+    o = o.reshape(prob.out_shape)
+    lse = lse.reshape(prob.lse_shape)
+    if not on_device:
+        return o.copy_to_host(), lse.copy_to_host()
+    return o, lse
+
+
+def _array_module(x):
+    """CuPy for CuPy arrays, else None (numba device arrays and other CUDA arrays)."""
+    mod = type(x).__module__.split(".")[0]
+    if mod == "cupy":
+        import cupy
+
+        return cupy
+    return None
+
+
+def _launch(kernel: str, config, prob, args) -> None:
+    """Size the grid and launch; one thread block per (query tile, batch·head)."""
+    if kernel == "simple":
+        BR, BC = (16, 16) if simulator_enabled() else (64, 32)
+        D, DV = _round_up(prob.d, 4), _round_up(prob.d_v, 4)
+        fn = make_simple_kernel(BR, BC, D, DV)
+        grid, block, smem = (-(-prob.n_q // BR), math.prod(prob.lead)), BR, 4 * BC * (D + DV)
+        fn[grid, block, 0, smem](*args)
+        return
+    cfg = config or (default_config(prob.d, prob.d_v) if not simulator_enabled() else simulator_config(prob.d, prob.d_v))
+    if cfg.D < prob.d or cfg.DV < prob.d_v:
+        raise ValueError(f"config {cfg} is too small for d={prob.d}, dv={prob.d_v}")
+    fn = make_kernel(cfg)
+    try:
+        allow_large_shared_memory(fn, args, cfg.smem_bytes)
+    except Exception as exc:  # the driver refused: fall back to a tiling that needs no permission
+        small = small_config(prob.d, prob.d_v)
+        warnings.warn(f"could not enable {cfg.smem_bytes} bytes of shared memory ({exc}); "
+                      f"falling back to the slower tiling {small}", RuntimeWarning, stacklevel=3)
+        cfg, fn = small, make_kernel(small)
+    grid = (-(-prob.n_q // cfg.BR), math.prod(prob.lead))  # (query tiles, batch·heads)
+    fn[grid, cfg.NT, 0, cfg.smem_bytes](*args)
+
+
+def simulator_config(d: int, d_v: int) -> TileConfig:
+    """A tiny tiling for the CUDA simulator, which runs one Python thread per CUDA thread."""
+    return TileConfig(BR=8, BC=8, TM=2, NT=16, D=_round_up(d, 4), DV=_round_up(d_v, 16)).validate()
