@@ -138,8 +138,8 @@ class TileConfig:
         problems = []
         if self.BR % self.TM or self.NT % self.RG:
             problems.append("BR must be a multiple of TM and NT a multiple of BR/TM")
-        elif self.BC % self.CT or self.DV % (4 * self.CT):
-            problems.append("BC must be a multiple of CT = NT·TM/BR, and DV of 4·CT")
+        elif self.BC % (2 * self.CT) or self.DV % (4 * self.CT):
+            problems.append("BC must be a multiple of 2·CT (CT = NT·TM/BR), and DV of 4·CT")
         if self.D % 4:
             problems.append("D must be a multiple of 4")
         if problems:
@@ -185,7 +185,7 @@ else:
 
 
 @cuda.jit(device=True, inline="always")
-def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT):
+def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, buf):
     """Copy rows start .. start+ROWS of one head into shared memory, as float32.
 
     ``src`` is a whole input flattened to 1-D, and this head's (n_rows × n_cols) matrix begins
@@ -193,28 +193,23 @@ def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, 
     r < ROWS, c < COLS, and 0 where the tile runs past the matrix (the ragged last tile, or the
     head-dim padding c >= n_cols), so that those entries add nothing to any dot product.
     Consecutive threads take consecutive columns, so a warp reads consecutive addresses
-    (coalesced). ROWS, COLS and NT are constants, so the branches below are resolved at compile
-    time; in the usual case each thread keeps its columns and walks down the rows, advancing two
-    indices by constant steps: a few instructions per element.
+    (coalesced). ROWS, COLS and NT are constants: the branches on them vanish at compile time.
+
+    A full tile (the usual case) takes the fast path: each thread loads all its elements into
+    ``buf`` (registers; a constant-length loop the compiler unrolls) before storing any of them,
+    so all its loads are in flight at once and the tile costs one memory latency, not one per row.
     """
-    if NT % COLS == 0 or COLS % NT == 0:
-        r_step = NT // COLS if NT >= COLS else ONE_U  # rows between two loads of one thread
-        for c_slot in range(COLS // NT if COLS > NT else ONE_U):  # columns per thread (1 unless COLS > NT)
-            c = tid % COLS + c_slot * NT
-            r = tid // COLS if NT >= COLS else ZERO_U
-            rows_end = min(ROWS, n_rows - start) if c < n_cols else ZERO_U  # rows inside the matrix
-            g = src_off + (start + r) * n_cols + c  # index into src
-            sh = dst_off + r * stride + c  # index into dst
-            while r < rows_end:
-                dst[sh] = float32(src[g])
-                r += r_step
-                g += r_step * n_cols
-                sh += r_step * stride
-            while r < ROWS:  # past the end: zeros
-                dst[sh] = float32(0.0)
-                r += r_step
-                sh += r_step * stride
-    else:  # odd head dims: one division per element
+    full = start + ROWS <= n_rows and n_cols == COLS  # the same for every thread of the block
+    if full and NT % COLS == 0:
+        r_step = NT // COLS  # rows between two elements of one thread
+        c = tid % COLS
+        g = src_off + (start + tid // COLS) * n_cols + c  # index into src of its first element
+        sh = dst_off + (tid // COLS) * stride + c  # index into dst
+        for e in range(ROWS // r_step):
+            buf[e] = float32(src[g + e * r_step * n_cols])
+        for e in range(ROWS // r_step):
+            dst[sh + e * r_step * stride] = buf[e]
+    else:  # ragged tile, padded or odd head dim: one bounds check (and a division) per element
         for idx in range(tid, ROWS * COLS, NT):
             r = idx // COLS
             c = idx % COLS
@@ -235,6 +230,7 @@ def make_simple_kernel(BR: int, BC: int, D: int, DV: int):
     padded to D and DV. Shared memory: K_j (BC × D) and V_j (BC × DV), 4·BC·(D + DV) bytes."""
     BR_, BC_, D_, DV_ = _u(BR), _u(BC), _u(D), _u(DV)
     K_OFF, V_OFF = _u(0), _u(BC * D)
+    BUF = max(1, BC * max(D, DV) // BR)  # elements of one tile per thread
 
     @cuda.jit
     def flash_fwd_simple(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
@@ -249,6 +245,7 @@ def make_simple_kernel(BR: int, BC: int, D: int, DV: int):
         q_row = cuda.local.array(D, float32)  # Q[row, :] (registers or local memory)
         s_row = cuda.local.array(BC, float32)  # S_ij[row, :] for the current tile
         acc = cuda.local.array(DV, float32)  # unnormalised O_i[row, :]
+        buf = cuda.local.array(BUF, float32)  # staging registers for tile loads
         for c in range(D_):
             q_row[c] = float32(Q[q_off + row * d + c]) if row < n_q and c < d else float32(0.0)
         for c in range(DV_):
@@ -261,8 +258,8 @@ def make_simple_kernel(BR: int, BC: int, D: int, DV: int):
         k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else uint64(0)
         for k_start in range(uint64(0), k_stop, BC_):
             cuda.syncthreads()  # all threads are done reading the previous K_j, V_j before we overwrite them
-            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_)
-            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_)
+            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_, buf)
+            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_, buf)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
             m_new = m_i  # S_ij = scale · Q_i K_jᵀ, one row of it per thread
@@ -322,7 +319,8 @@ def make_kernel(cfg: TileConfig):
     V_OFF = K_OFF + _u(max(cfg.BC * cfg.KS, cfg.BC * cfg.PS))
     R_OFF = V_OFF + _u(cfg.BC * cfg.DV)
     TM_, TN_, TO4_ = cfg.TM, cfg.TN, cfg.TO4  # for array shapes
-    ZERO, ONE = _u(0), _u(1)
+    BUF = max(1, max(cfg.BR * cfg.D, cfg.BC * cfg.D, cfg.BC * cfg.DV) // cfg.NT)  # tile elements per thread
+    ZERO, ONE, TWO = _u(0), _u(1), _u(2)
 
     @cuda.jit
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
@@ -341,8 +339,9 @@ def make_kernel(cfg: TileConfig):
         l_i = cuda.local.array(TM_, float32)  # its share of the running denominators
         qf = cuda.local.array((TM_, 4), float32)  # Q_i[its rows, kk:kk+4]: one vector load per row
         kf = cuda.local.array((TN_, 4), float32)  # K_j[its keys, kk:kk+4]
-        pf = cuda.local.array(TM_, float32)  # P_ij[its rows, c]
-        vf = cuda.local.array((TO4_, 4), float32)  # V_j[c, its columns]
+        pf = cuda.local.array((2, TM_), float32)  # P_ij[its rows, c:c+2]
+        vf = cuda.local.array((2, TO4_, 4), float32)  # V_j[c:c+2, its columns]
+        buf = cuda.local.array(BUF, float32)  # staging registers for tile loads
         for i in range(TM):
             m_i[i] = NEG_INF
             l_i[i] = float32(0.0)
@@ -350,13 +349,13 @@ def make_kernel(cfg: TileConfig):
                 for e in range(FOUR):
                     acc[i, t, e] = float32(0.0)
 
-        _load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT)  # Q_i, once
+        _load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, buf)  # Q_i, once
         q_end = min(q_start + BR, n_q)
         k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else ZERO
         for k_start in range(ZERO, k_stop, BC):
             cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
-            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT)
-            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
+            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, buf)
+            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, buf)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
             # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time
@@ -375,18 +374,23 @@ def make_kernel(cfg: TileConfig):
                         for jj in range(TN):
                             s[i, jj] += qf[i, e] * kf[jj, e]
 
-            # scale to base 2, mask, and this thread's max of each of its rows
-            needs_mask = k_start + BC > n_k or (causal and k_start + BC + n_q > q_start + n_k + ONE)
+            # scale to base 2; mask (only tiles that reach past Nk or cross the diagonal need it)
             for i in range(TM):
-                row = q_start + row0 + i
+                for jj in range(TN):
+                    s[i, jj] *= scale_log2
+            if k_start + BC > n_k or (causal and k_start + BC + n_q > q_start + n_k + ONE):
+                for i in range(TM):
+                    row = q_start + row0 + i
+                    key_end = n_k  # keys < key_end are allowed for this row
+                    if causal:
+                        key_end = min(n_k, row + ONE + n_k - n_q) if row + ONE + n_k > n_q else ZERO
+                    for jj in range(TN):
+                        if k_start + ct + CT * jj >= key_end:
+                            s[i, jj] = NEG_INF  # beyond Nk, or a future key
+            for i in range(TM):  # this thread's max of each of its rows
                 m_part = NEG_INF
                 for jj in range(TN):
-                    key = k_start + ct + CT * jj
-                    x = s[i, jj] * scale_log2
-                    if needs_mask and (key >= n_k or (causal and key + n_q > row + n_k)):
-                        x = NEG_INF  # beyond Nk, or a future key
-                    s[i, jj] = x
-                    m_part = max(m_part, x)
+                    m_part = max(m_part, s[i, jj])
                 smem[R_OFF + (row0 + i) * CT + ct] = m_part
             cuda.syncthreads()  # partial maxima are visible; every thread is done reading Ks (P overwrites it)
 
@@ -409,17 +413,19 @@ def make_kernel(cfg: TileConfig):
                     smem[K_OFF + (ct + CT * jj) * PS + row0 + i] = s[i, jj]
             cuda.syncthreads()  # P_ij is fully written before any thread reads it
 
-            # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, one key c at a time
-            for c in range(BC):
-                for i in range(TM):
-                    pf[i] = smem[K_OFF + c * PS + row0 + i]  # P_ij[row0 + i, c]
-                for t in range(TO4):
-                    for e in range(FOUR):
-                        vf[t, e] = smem[V_OFF + c * DV + (ct + CT * t) * FOUR + e]  # V_j[c, col]
-                for i in range(TM):
+            # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, two keys c, c+1 at a time
+            for c in range(ZERO, BC, TWO):
+                for u in range(TWO):
+                    for i in range(TM):
+                        pf[u, i] = smem[K_OFF + (c + u) * PS + row0 + i]  # P_ij[row0 + i, c + u]
                     for t in range(TO4):
                         for e in range(FOUR):
-                            acc[i, t, e] += pf[i] * vf[t, e]
+                            vf[u, t, e] = smem[V_OFF + (c + u) * DV + (ct + CT * t) * FOUR + e]  # V_j[c + u, col]
+                for u in range(TWO):
+                    for i in range(TM):
+                        for t in range(TO4):
+                            for e in range(FOUR):
+                                acc[i, t, e] += pf[u, i] * vf[u, t, e]
 
         # l_i so far is this thread's share; add the shares of the CT threads of each row
         cuda.syncthreads()  # every thread is done reading red (row maxima) before it is reused
@@ -477,7 +483,7 @@ def small_config(d: int, d_v: int) -> TileConfig:
         for TM in (8, 4, 2, 1):
             RG = BR // TM
             for NT in (128, 64, 32):
-                if NT % RG or BC % (NT // RG) or DV % (4 * (NT // RG)):
+                if NT % RG or BC % (2 * (NT // RG)) or DV % (4 * (NT // RG)):
                     continue
                 cfg = TileConfig(BR=BR, BC=BC, TM=TM, NT=NT, D=D, DV=DV)
                 if cfg.smem_bytes <= STATIC_SMEM_LIMIT:
