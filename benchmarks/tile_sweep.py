@@ -26,17 +26,14 @@ from tinyflash.testing import fa_rule, rel_error
 SWEEP = {
     64: [
         TileConfig(BR=64, BC=64, TM=8, NT=128, D=64, DV=64),
-        TileConfig(BR=128, BC=64, TM=8, NT=256, D=64, DV=64),
         TileConfig(BR=64, BC=128, TM=8, NT=128, D=64, DV=64),
         TileConfig(BR=128, BC=64, TM=8, NT=128, D=64, DV=64),
-        TileConfig(BR=64, BC=64, TM=4, NT=256, D=64, DV=64),
+        TileConfig(BR=128, BC=64, TM=8, NT=256, D=64, DV=64),
     ],
     128: [
         TileConfig(BR=64, BC=64, TM=8, NT=128, D=128, DV=128),
         TileConfig(BR=128, BC=64, TM=8, NT=256, D=128, DV=128),
         TileConfig(BR=64, BC=32, TM=8, NT=128, D=128, DV=128),
-        TileConfig(BR=64, BC=64, TM=4, NT=256, D=128, DV=128),
-        TileConfig(BR=32, BC=64, TM=4, NT=128, D=128, DV=128),
     ],
 }
 

@@ -138,10 +138,10 @@ class TileConfig:
         problems = []
         if self.BR % self.TM or self.NT % self.RG:
             problems.append("BR must be a multiple of TM and NT a multiple of BR/TM")
-        elif self.BC % (2 * self.CT) or self.DV % (4 * self.CT):
-            problems.append("BC must be a multiple of 2·CT (CT = NT·TM/BR), and DV of 4·CT")
-        if self.D % 4:
-            problems.append("D must be a multiple of 4")
+        elif self.BC % self.CT or self.BC % 4 or self.DV % (4 * self.CT):
+            problems.append("BC must be a multiple of 4 and of CT = NT·TM/BR, DV a multiple of 4·CT")
+        if self.D % 8:
+            problems.append("D must be a multiple of 8")
         if problems:
             raise ValueError(f"invalid tile configuration {self}: {'; '.join(problems)}")
         return self
@@ -320,7 +320,44 @@ def make_kernel(cfg: TileConfig):
     R_OFF = V_OFF + _u(cfg.BC * cfg.DV)
     TM_, TN_, TO4_ = cfg.TM, cfg.TN, cfg.TO4  # for array shapes
     BUF = max(1, max(cfg.BR * cfg.D, cfg.BC * cfg.D, cfg.BC * cfg.DV) // cfg.NT)  # tile elements per thread
-    ZERO, ONE, TWO = _u(0), _u(1), _u(2)
+    ZERO, ONE, TWO, EIGHT = _u(0), _u(1), _u(2), _u(8)
+
+    @cuda.jit(device=True, inline="always")
+    def load_qk(smem, qf, kf, row0, ct, kk):
+        """qf[i, :] = Q_i[row0 + i, kk:kk+4] and kf[jj, :] = K_j[ct + CT·jj, kk:kk+4] from shared memory."""
+        for i in range(TM):
+            for e in range(FOUR):
+                qf[i, e] = smem[Q_OFF + (row0 + i) * QS + kk + e]
+        for jj in range(TN):
+            for e in range(FOUR):
+                kf[jj, e] = smem[K_OFF + (ct + CT * jj) * KS + kk + e]
+
+    @cuda.jit(device=True, inline="always")
+    def fma_qk(s, qf, kf):
+        """s += qf kfᵀ: TM·TN·4 multiply-adds on registers."""
+        for e in range(FOUR):
+            for i in range(TM):
+                for jj in range(TN):
+                    s[i, jj] += qf[i, e] * kf[jj, e]
+
+    @cuda.jit(device=True, inline="always")
+    def load_pv(smem, pf, vf, row0, ct, c):
+        """pf[u, i] = P_ij[row0 + i, c + u] and vf[u, t, :] = V_j[c + u, its column group t], u < 2."""
+        for u in range(TWO):
+            for i in range(TM):
+                pf[u, i] = smem[K_OFF + (c + u) * PS + row0 + i]
+            for t in range(TO4):
+                for e in range(FOUR):
+                    vf[u, t, e] = smem[V_OFF + (c + u) * DV + (ct + CT * t) * FOUR + e]
+
+    @cuda.jit(device=True, inline="always")
+    def fma_pv(acc, pf, vf):
+        """acc += pf[u]ᵀ vf[u] for both keys u: 2·TM·TO4·4 multiply-adds on registers."""
+        for u in range(TWO):
+            for i in range(TM):
+                for t in range(TO4):
+                    for e in range(FOUR):
+                        acc[i, t, e] += pf[u, i] * vf[u, t, e]
 
     @cuda.jit
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
@@ -337,10 +374,14 @@ def make_kernel(cfg: TileConfig):
         acc = cuda.local.array((TM_, TO4_, 4), float32)  # its piece of the unnormalised O_i
         m_i = cuda.local.array(TM_, float32)  # running max (base 2) of its rows
         l_i = cuda.local.array(TM_, float32)  # its share of the running denominators
-        qf = cuda.local.array((TM_, 4), float32)  # Q_i[its rows, kk:kk+4]: one vector load per row
-        kf = cuda.local.array((TN_, 4), float32)  # K_j[its keys, kk:kk+4]
-        pf = cuda.local.array((2, TM_), float32)  # P_ij[its rows, c:c+2]
-        vf = cuda.local.array((2, TO4_, 4), float32)  # V_j[c:c+2, its columns]
+        qa = cuda.local.array((TM_, 4), float32)  # Q_i[its rows, kk:kk+4]: one vector load per row
+        ka = cuda.local.array((TN_, 4), float32)  # K_j[its keys, kk:kk+4]
+        qb = cuda.local.array((TM_, 4), float32)  # the same for the next 4 columns
+        kb = cuda.local.array((TN_, 4), float32)
+        pa = cuda.local.array((2, TM_), float32)  # P_ij[its rows, c:c+2]
+        va = cuda.local.array((2, TO4_, 4), float32)  # V_j[c:c+2, its columns]
+        pb = cuda.local.array((2, TM_), float32)  # the same for the next 2 keys
+        vb = cuda.local.array((2, TO4_, 4), float32)
         buf = cuda.local.array(BUF, float32)  # staging registers for tile loads
         for i in range(TM):
             m_i[i] = NEG_INF
@@ -358,21 +399,19 @@ def make_kernel(cfg: TileConfig):
             _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, buf)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
-            # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time
+            # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time. Two sets of
+            # fragment registers (a, b) alternate: the loads of the next 4 columns are in flight
+            # while the current 4 are multiplied, which hides the shared-memory latency.
             for i in range(TM):
                 for jj in range(TN):
                     s[i, jj] = float32(0.0)
-            for kk in range(ZERO, D, FOUR):
-                for i in range(TM):
-                    for e in range(FOUR):
-                        qf[i, e] = smem[Q_OFF + (row0 + i) * QS + kk + e]
-                for jj in range(TN):
-                    for e in range(FOUR):
-                        kf[jj, e] = smem[K_OFF + (ct + CT * jj) * KS + kk + e]
-                for e in range(FOUR):
-                    for i in range(TM):
-                        for jj in range(TN):
-                            s[i, jj] += qf[i, e] * kf[jj, e]
+            load_qk(smem, qa, ka, row0, ct, ZERO)
+            for kk in range(ZERO, D, EIGHT):
+                load_qk(smem, qb, kb, row0, ct, kk + FOUR)
+                fma_qk(s, qa, ka)
+                if kk + EIGHT < D:
+                    load_qk(smem, qa, ka, row0, ct, kk + EIGHT)
+                fma_qk(s, qb, kb)
 
             # scale to base 2; mask (only tiles that reach past Nk or cross the diagonal need it)
             for i in range(TM):
@@ -413,19 +452,15 @@ def make_kernel(cfg: TileConfig):
                     smem[K_OFF + (ct + CT * jj) * PS + row0 + i] = s[i, jj]
             cuda.syncthreads()  # P_ij is fully written before any thread reads it
 
-            # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, two keys c, c+1 at a time
-            for c in range(ZERO, BC, TWO):
-                for u in range(TWO):
-                    for i in range(TM):
-                        pf[u, i] = smem[K_OFF + (c + u) * PS + row0 + i]  # P_ij[row0 + i, c + u]
-                    for t in range(TO4):
-                        for e in range(FOUR):
-                            vf[u, t, e] = smem[V_OFF + (c + u) * DV + (ct + CT * t) * FOUR + e]  # V_j[c + u, col]
-                for u in range(TWO):
-                    for i in range(TM):
-                        for t in range(TO4):
-                            for e in range(FOUR):
-                                acc[i, t, e] += pf[u, i] * vf[u, t, e]
+            # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, two keys at a time, with
+            # the same alternation of fragment registers as above
+            load_pv(smem, pa, va, row0, ct, ZERO)
+            for c in range(ZERO, BC, FOUR):
+                load_pv(smem, pb, vb, row0, ct, c + TWO)
+                fma_pv(acc, pa, va)
+                if c + FOUR < BC:
+                    load_pv(smem, pa, va, row0, ct, c + FOUR)
+                fma_pv(acc, pb, vb)
 
         # l_i so far is this thread's share; add the shares of the CT threads of each row
         cuda.syncthreads()  # every thread is done reading red (row maxima) before it is reused
@@ -483,7 +518,7 @@ def small_config(d: int, d_v: int) -> TileConfig:
         for TM in (8, 4, 2, 1):
             RG = BR // TM
             for NT in (128, 64, 32):
-                if NT % RG or BC % (2 * (NT // RG)) or DV % (4 * (NT // RG)):
+                if NT % RG or BC % (NT // RG) or BC % 4 or DV % (4 * (NT // RG)):
                     continue
                 cfg = TileConfig(BR=BR, BC=BC, TM=TM, NT=NT, D=D, DV=DV)
                 if cfg.smem_bytes <= STATIC_SMEM_LIMIT:
@@ -598,4 +633,4 @@ def _launch(kernel: str, config, prob, args) -> None:
 
 def simulator_config(d: int, d_v: int) -> TileConfig:
     """A tiny tiling for the CUDA simulator, which runs one Python thread per CUDA thread."""
-    return TileConfig(BR=8, BC=8, TM=2, NT=16, D=_round_up(d, 4), DV=_round_up(d_v, 16)).validate()
+    return TileConfig(BR=8, BC=8, TM=2, NT=16, D=_round_up(d, 8), DV=_round_up(d_v, 16)).validate()
