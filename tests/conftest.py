@@ -1,10 +1,38 @@
-"""Shared fixtures: fresh random inputs for every test, with the seed printed for reproduction."""
+"""Shared fixtures: fresh random inputs for every test, with the seed printed for reproduction.
+
+Also decides where CUDA kernels run, before anything imports numba: on a real GPU when CuPy sees
+one (and NUMBA_ENABLE_CUDASIM is not set), otherwise on numba's CUDA simulator. Tests marked
+``gpu`` need the real GPU and are skipped without one.
+"""
 
 import os
 import secrets
 
 import numpy as np
 import pytest
+
+
+def _real_gpu() -> bool:
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "0":
+        return False
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:  # no CuPy, no driver, no device
+        return False
+
+
+HAS_GPU = _real_gpu()
+if not HAS_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # must be set before numba is imported
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy (numba's simulator is too slow for these sizes)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip)
 
 
 @pytest.fixture

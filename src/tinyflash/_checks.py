@@ -99,35 +99,37 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes or values, each
     message naming the argument, what was received and what is expected.
     """
+    shapes = {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
         check_dtype(x, name, allowed)
-        if len(x.shape) < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., N, d); got shape {tuple(x.shape)}")
+        shapes[name] = tuple(int(n) for n in x.shape)  # a plain tuple, whatever the array library
+        if len(shapes[name]) < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., N, d); got shape {shapes[name]}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype; got q {_dtype_name(q.dtype)}, "
                         f"k {_dtype_name(k.dtype)}, v {_dtype_name(v.dtype)}")
-    lead_q, lead_k, lead_v = tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])
-    if not (lead_q == lead_k == lead_v):
+    qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
+    if not (qs[:-2] == ks[:-2] == vs[:-2]):
         raise ValueError("q, k and v must have identical leading (batch, head, ...) dimensions; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    n_q, d = int(q.shape[-2]), int(q.shape[-1])
-    n_k, d_k = int(k.shape[-2]), int(k.shape[-1])
-    n_v, d_v = int(v.shape[-2]), int(v.shape[-1])
+                         f"got q {qs}, k {ks}, v {vs}")
+    n_q, d = qs[-2], qs[-1]
+    n_k, d_k = ks[-2], ks[-1]
+    n_v, d_v = vs[-2], vs[-1]
     if d != d_k:
-        raise ValueError(f"q and k must have the same head dimension d (last axis); got q {tuple(q.shape)} "
-                         f"(d={d}) and k {tuple(k.shape)} (d={d_k})")
+        raise ValueError(f"q and k must have the same head dimension d (last axis); got q {qs} "
+                         f"(d={d}) and k {ks} (d={d_k})")
     if d < 1:
         raise ValueError(f"q and k must have head dimension d >= 1; got d={d}")
     if d_v < 1:
-        raise ValueError(f"v must have head dimension dv >= 1; got v {tuple(v.shape)}")
+        raise ValueError(f"v must have head dimension dv >= 1; got v {vs}")
     if n_k != n_v:
-        raise ValueError(f"k and v must have the same number of keys Nk (axis -2); got k {tuple(k.shape)} "
-                         f"(Nk={n_k}) and v {tuple(v.shape)} (Nk={n_v})")
+        raise ValueError(f"k and v must have the same number of keys Nk (axis -2); got k {ks} "
+                         f"(Nk={n_k}) and v {vs} (Nk={n_v})")
     if n_k < 1:
-        raise ValueError(f"k and v must hold at least one key (Nk >= 1); got k {tuple(k.shape)}")
+        raise ValueError(f"k and v must hold at least one key (Nk >= 1); got k {ks}")
     dtype = np.dtype(q.dtype)
     compute = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-    return AttentionProblem(lead=lead_q, n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
+    return AttentionProblem(lead=qs[:-2], n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
                             scale=check_scale(scale, d), causal=check_causal(causal))

@@ -152,9 +152,19 @@ def _round_up(x: int, m: int) -> int:
 
 
 def default_config(d: int, d_v: int) -> TileConfig:
-    """The tiling the fast kernel uses on a GPU for head dims d and dv (chosen by measurement)."""
+    """The tiling ``flash_fwd`` uses on a GPU for head dims d and dv.
+
+    Chosen by measurement on an H200 (benchmarks/tile_sweep.py, results in
+    figures/data/tile_sweep_h200.csv): 64 query rows per block and 128 threads, each thread
+    owning 8 rows; 128 keys per tile for d <= 64, 64 for d <= 128 (102 KiB of shared memory, two
+    blocks per SM). Beyond 128 a block owns 4 rows per thread with 256 threads, one block per SM.
+    """
     D, DV = _round_up(d, 8), _round_up(d_v, 64)
-    return TileConfig(BR=64, BC=64, TM=8, NT=128, D=D, DV=DV).validate()
+    if max(D, DV) <= 64:
+        return TileConfig(BR=64, BC=128, TM=8, NT=128, D=D, DV=DV).validate()
+    if max(D, DV) <= 128:
+        return TileConfig(BR=64, BC=64, TM=8, NT=128, D=D, DV=DV).validate()
+    return TileConfig(BR=64, BC=64, TM=4, NT=256, D=D, DV=DV).validate()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,7 +542,8 @@ def small_config(d: int, d_v: int) -> TileConfig:
 
 
 def _is_device_array(x) -> bool:
-    return hasattr(x, "__cuda_array_interface__")
+    """CuPy, numba (also the simulator's) or any other array that lives on the GPU."""
+    return hasattr(x, "__cuda_array_interface__") or bool(getattr(x, "__cuda_ndarray__", False))
 
 
 def _to_device_flat(x):
