@@ -30,6 +30,9 @@ from .memory import dtype_bytes
 # M, the on-chip memory (in elements) that the tiles of this project are sized for. With d = 64,
 # tile_sizes(SRAM_ELEMENTS, 64) gives Br = Bc = 64: the default tiles of blocked_attention.
 SRAM_ELEMENTS = 16_384
+# On-chip shared memory per SM on Hopper (H100/H200, compute capability 9.0): up to 228 KiB
+# (CUDA C++ Programming Guide, technical specifications per compute capability). As fp16 elements:
+HOPPER_SRAM_ELEMENTS = 228 * 1024 // 2  # 116,736
 
 
 def lse_bytes(dtype) -> int:
@@ -241,6 +244,7 @@ def traffic_ratio(n: int, d: int, sram_elements: int = SRAM_ELEMENTS, *, dtype="
 
 __all__ = [
     "HBMCounter",
+    "HOPPER_SRAM_ELEMENTS",
     "lse_bytes",
     "SRAM_ELEMENTS",
     "flash_attention_traffic",
