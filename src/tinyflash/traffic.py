@@ -115,8 +115,8 @@ def standard_attention_traffic(n_q: int, d: int, *, n_k: int | None = None, d_v:
     result back. S and P are stored in ``score_dtype`` (default: ``dtype``). Each input is
     counted as read once, as by an ideal matmul; a tiled GEMM re-reads panels of Q, K and V,
     so a real run moves somewhat more. The causal mask is applied inside the softmax pass,
-    which reads S anyway, so the count is the same with and without it (PyTorch's unfused
-    path adds a separate masked_fill pass: one more read and write of S).
+    which reads S anyway, so the count is the same with and without it (an unfused framework
+    path that applies the mask as its own elementwise pass adds one more read and write of S).
     """
     n_q, d, n_k, d_v, heads = _sizes(n_q, d, n_k, d_v, heads)
     b = dtype_bytes(dtype)  # bytes per element of Q, K, V, O
