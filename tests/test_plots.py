@@ -55,6 +55,9 @@ def synthetic_rows():
                 rows.append(dict(impl="cupy_naive", dtype=dtype, n=n, status="oom"))
             rows.append(dict(impl="torch_flash", dtype=dtype, n=n, status="unsupported" if dtype == "float32" else "ok",
                              time_ms=t / 10, tflops=1.0, peak_bytes=m.flash_extra))
+    # one result that failed the benchmark's check before timing: no time, as tinyflash.bench writes it
+    rows.append(dict(impl="torch_flash", dtype="float16", n=16_384, status="wrong (error 2.00e-02 > 1e-02)",
+                     peak_bytes=1000, max_rel_err=0.02))
     return rows
 
 
@@ -127,6 +130,10 @@ def test_gpu_figures_from_a_synthetic_csv(tmp_path):
     path = write_bench_csv(tmp_path / "bench.csv", synthetic_rows())
     rows = plots.read_bench_csv(path)
     assert all(r["status"] != "unsupported" for r in rows)  # torch_flash fp32 rows dropped
+    wrong = [r for r in rows if r["status"] == "wrong"]
+    assert len(wrong) == 1 and wrong[0]["time_ms"] is None and wrong[0]["status_detail"].startswith("wrong (error")
+    assert plots._impl_label(rows, "torch_flash") == "PyTorch SDPA, flash backend"  # failed rows give no error bound
+    assert plots._impl_label(rows, "tinyflash") == "tinyflash (numba kernel) (max rel. error 3.0e-04)"
     assert plots.gpu_panels(rows) == [("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)]
     for fn, name in ((plots.plot_memory_gpu_measured, "mem.png"), (plots.plot_time_gpu, "time.png")):
         fn(tmp_path / name, path)
@@ -156,7 +163,7 @@ def test_bench_csv_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="lacks the columns"):
         plots.read_bench_csv(bad)
     path = write_bench_csv(tmp_path / "status.csv", [dict(impl="tinyflash", n=256, status="crashed")])
-    with pytest.raises(ValueError, match="status must be ok, oom or unsupported; got 'crashed'"):
+    with pytest.raises(ValueError, match=r"status must be ok, oom, unsupported or wrong \(...\); got 'crashed'"):
         plots.read_bench_csv(path)
 
 

@@ -434,7 +434,10 @@ def _draw_traffic_vs_m(ax, rows, n, d):
 def read_bench_csv(path: Path) -> list[dict] | None:
     """Rows of the benchmark CSV with typed fields; None if the file does not exist.
 
-    Empty time/tflops/peak fields (status 'oom') become None; rows with status 'unsupported' are dropped.
+    Empty time/tflops/peak fields (status 'oom') become None; rows with status 'unsupported' are
+    dropped. The benchmark checks every result before timing it; a result that failed the check
+    has status 'wrong (error ... > ...)', kept here as status 'wrong' (its text in 'status_detail')
+    so that the time figure can show it failed rather than silently leave it out.
     """
     path = Path(path)
     if not path.exists():
@@ -446,11 +449,13 @@ def read_bench_csv(path: Path) -> list[dict] | None:
             raise ValueError(f"benchmark CSV {path} lacks the columns {missing}; expected {list(GPU_CSV_COLUMNS)}")
         rows = []
         for line, raw in enumerate(reader, start=2):
-            if raw["status"] not in ("ok", "oom", "unsupported"):
-                raise ValueError(f"{path}, line {line}: status must be ok, oom or unsupported; got {raw['status']!r}")
-            if raw["status"] == "unsupported":
+            status = "wrong" if raw["status"].startswith("wrong") else raw["status"]
+            if status not in ("ok", "oom", "unsupported", "wrong"):
+                raise ValueError(f"{path}, line {line}: status must be ok, oom, unsupported or wrong (...); "
+                                 f"got {raw['status']!r}")
+            if status == "unsupported":
                 continue
-            row = dict(raw)
+            row = dict(raw, status=status, status_detail=raw["status"])
             for key in ("batch", "heads", "n", "d"):
                 row[key] = int(raw[key])
             for key in ("time_ms", "tflops", "peak_bytes", "max_rel_err"):
@@ -520,7 +525,8 @@ def _provenance(rows: list[dict]) -> str:
 
 
 def _impl_label(rows, impl):
-    errors = [r["max_rel_err"] for r in rows if r["impl"] == impl and r["max_rel_err"] is not None]
+    errors = [r["max_rel_err"] for r in rows
+              if r["impl"] == impl and r["status"] == "ok" and r["max_rel_err"] is not None]  # checked results only
     label = IMPLS.get(impl, (impl, None, None))[0]
     return f"{label} (max rel. error {max(errors):.1e})" if errors else label
 
@@ -616,7 +622,8 @@ def plot_time_gpu(png: Path, csv_path: Path) -> Path:
         axes[2 * pair, col].set_visible(False)
         axes[2 * pair + 1, col].set_visible(False)
     _figure_legend(fig, axes)
-    fig.suptitle(f"{title}; ✖ = naive ran out of memory\n{_provenance(rows)}", fontsize=11)
+    fig.suptitle(f"{title}; ✖ = ran out of memory (OOM) or failed the benchmark's correctness check\n"
+                 f"{_provenance(rows)}", fontsize=11)
     return _save(fig, png)
 
 
@@ -629,9 +636,10 @@ def _draw_gpu_time(ax_t, ax_f, rows, config):
             ax_t.plot([r["n"] for r in ok], [r["time_ms"] for r in ok], marker + "-", color=color,
                       label=_impl_label(rows, impl))
             ax_f.plot([r["n"] for r in ok], [r["tflops"] for r in ok], marker + "-", color=color)
-        for r in (r for r in sel if r["status"] == "oom"):  # no time: mark it at the top of the panel
-            ax_t.plot([r["n"]], [0.95], "X", color=color, ms=13, transform=ax_t.get_xaxis_transform(), clip_on=False)
-            ax_t.annotate("OOM", (r["n"], 0.95), xycoords=ax_t.get_xaxis_transform(), xytext=(-9, 0),
+        for r in (r for r in sel if r["status"] in ("oom", "wrong")):  # no time: mark it at the top of the panel
+            text, y = ("OOM", 0.95) if r["status"] == "oom" else ("failed check", 0.87)
+            ax_t.plot([r["n"]], [y], "X", color=color, ms=13, transform=ax_t.get_xaxis_transform(), clip_on=False)
+            ax_t.annotate(text, (r["n"], y), xycoords=ax_t.get_xaxis_transform(), xytext=(-9, 0),
                           textcoords="offset points", ha="right", va="center", color=color, fontsize=9,
                           fontweight="bold")
     _mark_crossover(ax_t, rows, config, ns)

@@ -28,7 +28,8 @@ from ._checks import check_causal, check_positive_int
 from .memory import dtype_bytes
 
 # M, the on-chip memory (in elements) that the tiles of this project are sized for. With d = 64,
-# tile_sizes(SRAM_ELEMENTS, 64) gives Br = Bc = 64: the default tiles of blocked_attention.
+# tile_sizes(SRAM_ELEMENTS, 64) gives Br = Bc = 64: the default tiles of blocked_attention, and
+# the tiles the stage-2 kernel uses on a GPU (cuda_kernel.default_config: BR = BC = 64).
 SRAM_ELEMENTS = 16_384
 # On-chip shared memory per SM on Hopper (H100/H200, compute capability 9.0): up to 228 KiB
 # (CUDA C++ Programming Guide, technical specifications per compute capability). As fp16 elements:
