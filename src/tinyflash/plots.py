@@ -686,6 +686,7 @@ def remeasure_gpu(csv_path: Path) -> None:
         raise SystemExit("--remeasure-gpu: the module tinyflash.bench is not in this checkout (the benchmark is "
                          "written on another branch); merge it first, or drop --remeasure-gpu to plot the "
                          "committed CSV")
+    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)  # the benchmark opens the file, not the folder
     cmd = [sys.executable, "-m", "tinyflash.bench", "--csv", str(csv_path)]
     print("running:", " ".join(cmd), flush=True)
     done = subprocess.run(cmd)
