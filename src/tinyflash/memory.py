@@ -8,6 +8,8 @@ Everything here is exact integer arithmetic; lesson 01 and the memory figure pri
 
 from __future__ import annotations
 
+import math
+import tracemalloc
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,3 +89,62 @@ def format_bytes(n: float) -> str:
             value = n / size
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+# Two memory sizes the figures and lesson 06 compare against (device memory, not free memory).
+H200_MEMORY_BYTES = 141 * 10**9  # NVIDIA H200: 141 GB of HBM3e (decimal gigabytes, as on the spec sheet)
+CONSUMER_GPU_BYTES = 24 * GiB  # a 24 GiB consumer card
+
+
+def max_sequence_length(budget_bytes: int, *, heads: int = 1, batch: int = 1, dtype="float16",
+                        matrices: int = 2) -> int:
+    """The largest N whose ``matrices`` N × N attention matrices (1: S only; 2: S and P) fit in the budget.
+
+    Exact integer arithmetic: heads·batch·matrices·N²·bytes <= budget  <=>  N <= isqrt(budget // (...)).
+    Only the matrices are counted, as in the memory figure; Q, K, V and O need space besides.
+    """
+    for name, value in (("budget_bytes", budget_bytes), ("heads", heads), ("batch", batch), ("matrices", matrices)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    per_entry = heads * batch * matrices * dtype_bytes(dtype)  # bytes per (query, key) pair
+    return math.isqrt(int(budget_bytes) // per_entry)
+
+
+def measure_peak_bytes(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` under :mod:`tracemalloc`; return ``(peak_bytes, result)``.
+
+    ``peak_bytes`` is the highest amount of memory allocated during the call beyond what was
+    allocated before it, so it includes the result (it is still alive when the call returns).
+    NumPy reports its array buffers to tracemalloc, so this sees every N × N matrix. If tracemalloc
+    is already running, it is left running (its peak is reset).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable; got {type(fn).__name__}")
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]  # (current, peak): what is allocated already
+        result = fn(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return peak, result
+
+
+def blocked_workspace_bytes(block_q: int, block_k: int, d_v: int, dtype="float32") -> int:
+    """The tile temporaries :func:`tinyflash.blocked_attention` holds at its peak, in NumPy: about
+    4 score-sized tiles (Br × Bc) and 2 accumulators (Br × dv), whatever N is.
+
+    While the new S_ij = scale · Q_i K_jᵀ is made, the previous S_ij and P_ij are still alive (2
+    tiles) beside the product and its scaled copy (2 more); ``acc`` and the new ``alpha · acc``
+    add two Br × dv arrays. A model of NumPy's temporaries, good to about 5% without a causal mask
+    (the vectors m_i, l_i are left out; the mask of a causal call adds up to about one more tile).
+    On the GPU these tiles live in shared memory and registers instead.
+    """
+    for name, value in (("block_q", block_q), ("block_k", block_k), ("d_v", d_v)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return (4 * block_q * block_k + 2 * block_q * d_v) * dtype_bytes(dtype)

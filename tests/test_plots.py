@@ -1,0 +1,210 @@
+"""Every figure function writes a real PNG (and its data) from tiny inputs; the GPU figures from a
+synthetic benchmark CSV and without one. The synthetic CSV lives in tmp_path only."""
+
+import csv
+import importlib.util
+
+import pytest
+from matplotlib.image import imread
+
+from tinyflash import plots
+from tinyflash.memory import GiB, attention_memory
+
+DEVICE = "NVIDIA H200 (synthetic test data)"
+
+
+def assert_png(path, min_size=(400, 300)):
+    """A PNG of at least ``min_size`` pixels that is not blank."""
+    image = imread(path)  # (height, width, channels) floats in [0, 1]
+    assert image.shape[1] >= min_size[0] and image.shape[0] >= min_size[1], image.shape
+    assert (image[..., :3] < 0.5).mean() > 0.005, "the image is (almost) blank"
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_bench_csv(path, rows):
+    """Write rows in the benchmark's schema; fields not given get harmless defaults."""
+    defaults = dict(device=DEVICE, date="2025-01-01", numpy="2.4.6", numba_cuda="0.30.4", cupy="14.2.0",
+                    torch="", dtype="float16", causal="False", batch=1, heads=2, d=64, time_ms="", tflops="",
+                    peak_bytes="", status="ok", max_rel_err="")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=plots.GPU_CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**defaults, **row})
+    return path
+
+
+def synthetic_rows():
+    """tinyflash slower than naive CuPy up to N = 1024, faster from 2048 on; naive out of memory at 8192."""
+    naive_ms = {256: 0.05, 512: 0.1, 1024: 0.3, 2048: 1.5, 4096: 6.0}
+    flash_ms = {256: 0.2, 512: 0.3, 1024: 0.5, 2048: 1.0, 4096: 3.0, 8192: 12.0}
+    rows = []
+    for dtype in ("float16", "float32"):
+        for n, t in flash_ms.items():
+            m = attention_memory(n, 64, heads=2, dtype=dtype)
+            rows.append(dict(impl="tinyflash", dtype=dtype, n=n, time_ms=t, tflops=4 * 2 * n * n * 64 / t / 1e9,
+                             peak_bytes=m.flash_extra, max_rel_err=3e-4))
+            if n in naive_ms:
+                rows.append(dict(impl="cupy_naive", dtype=dtype, n=n, time_ms=naive_ms[n], peak_bytes=m.naive_extra,
+                                 tflops=4 * 2 * n * n * 64 / naive_ms[n] / 1e9, max_rel_err=2e-4))
+            else:
+                rows.append(dict(impl="cupy_naive", dtype=dtype, n=n, status="oom"))
+            rows.append(dict(impl="torch_flash", dtype=dtype, n=n, status="unsupported" if dtype == "float32" else "ok",
+                             time_ms=t / 10, tflops=1.0, peak_bytes=m.flash_extra))
+    # one result that failed the benchmark's check before timing: no time, as tinyflash.bench writes it
+    rows.append(dict(impl="torch_flash", dtype="float16", n=16_384, status="wrong (error 2.00e-02 > 1e-02)",
+                     peak_bytes=1000, max_rel_err=0.02))
+    return rows
+
+
+# --- the three CPU figures -----------------------------------------------------------------
+
+
+def test_memory_model_figure(tmp_path):
+    png, data = tmp_path / "memory_model.png", tmp_path / "data" / "memory_model.csv"
+    assert plots.plot_memory_model(png, data, ns=[512, 4096, 32_768]) == png
+    assert_png(png)
+    rows = read_rows(data)
+    assert len(rows) == 2 * 2 * 3  # heads × dtypes × ns
+    seed = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("1", "float16", "32768"))
+    assert int(seed["scores_bytes"]) == 2 * GiB  # the seeds' 32k example, one head
+    seed32 = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("32", "float16", "32768"))
+    assert int(seed32["scores_and_probabilities_bytes"]) == 128 * GiB
+
+
+def test_memory_cpu_figure(tmp_path):
+    png, data = tmp_path / "cpu.png", tmp_path / "cpu.csv"
+    plots.plot_memory_cpu_measured(png, data, naive_ns=[256, 512], blocked_ns=[256, 512, 1024], block=64,
+                                   progress=False)
+    assert_png(png)
+    rows = read_rows(data)
+    assert [r["stage"] for r in rows] == ["naive"] * 2 + ["blocked"] * 3
+    for r in rows:  # measured points on the model: naive within 10%, blocked (N >= 2·Br) within 10%
+        if r["stage"] == "naive" or int(r["n"]) >= 128:
+            assert abs(int(r["measured_peak_bytes"]) / int(r["model_bytes"]) - 1) <= 0.10, r
+
+
+def test_hbm_traffic_figure(tmp_path):
+    png = tmp_path / "traffic.png"
+    plots.plot_hbm_traffic(png, tmp_path, ns=[512, 1000, 2048], m_panel_n=1000, count_max_n=1000, progress=False)
+    assert_png(png)
+    by_n = read_rows(tmp_path / "hbm_traffic_vs_n.csv")
+    flash = [r for r in by_n if r["algorithm"] == "flash"]
+    assert {r["how"] for r in flash if int(r["n"]) <= 1000} == {"counted"}  # counted where asked...
+    assert {r["how"] for r in flash if int(r["n"]) > 1000} == {"closed_form"}  # ...closed form beyond
+    std = {int(r["n"]): int(r["bytes"]) for r in by_n if r["algorithm"] == "standard"}
+    assert std[1000] == 8_516_000  # by hand: see test_traffic.test_standard_walk_by_hand
+    by_m = read_rows(tmp_path / "hbm_traffic_vs_m.csv")
+    moved = [int(r["bytes"]) for r in by_m if r["algorithm"] == "flash"]
+    assert moved == sorted(moved, reverse=True)  # more SRAM, never more traffic
+    assert any(r["how"] == "counted" for r in by_m)
+
+
+def test_counted_and_closed_form_disagreeing_is_an_error(monkeypatch):
+    """The figure refuses to draw a count that differs from the formula."""
+    class Off:
+        total = 1
+
+    monkeypatch.setattr(plots, "flash_attention_traffic", lambda *a, **k: Off())
+    with pytest.raises(AssertionError, match="counted traffic 1 != closed form"):
+        plots._flash_traffic(256, 64, 16_384, False, True, "float16")
+
+
+# --- the two GPU figures -------------------------------------------------------------------
+
+
+def test_gpu_figures_without_csv_show_a_placeholder(tmp_path):
+    missing = tmp_path / "data" / "bench_h200.csv"
+    assert plots.read_bench_csv(missing) is None
+    for fn, name in ((plots.plot_memory_gpu_measured, "mem.png"), (plots.plot_time_gpu, "time.png")):
+        fn(tmp_path / name, missing)
+        assert_png(tmp_path / name)
+        assert imread(tmp_path / name).shape[:2] == (440, 1100)  # the placeholder's fixed size
+
+
+def test_gpu_figures_from_a_synthetic_csv(tmp_path):
+    path = write_bench_csv(tmp_path / "bench.csv", synthetic_rows())
+    rows = plots.read_bench_csv(path)
+    assert all(r["status"] != "unsupported" for r in rows)  # torch_flash fp32 rows dropped
+    wrong = [r for r in rows if r["status"] == "wrong"]
+    assert len(wrong) == 1 and wrong[0]["time_ms"] is None and wrong[0]["status_detail"].startswith("wrong (error")
+    assert plots._impl_label(rows, "torch_flash") == "PyTorch SDPA, flash backend"  # failed rows give no error bound
+    assert plots._impl_label(rows, "tinyflash") == "tinyflash (numba kernel) (max rel. error 3.0e-04)"
+    assert plots.gpu_panels(rows) == [("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)]
+    for fn, name in ((plots.plot_memory_gpu_measured, "mem.png"), (plots.plot_time_gpu, "time.png")):
+        fn(tmp_path / name, path)
+        assert_png(tmp_path / name, min_size=(1000, 500))
+
+
+def test_crossover_and_oom_come_from_the_data():
+    rows = [{**r, "causal": False, "batch": 1, "heads": 2, "d": 64, "time_ms": r.get("time_ms"),
+             "status": r.get("status", "ok")} for r in synthetic_rows()]
+    config = ("float16", 64, False, 1, 2)
+    assert plots.crossover_n(rows, config) == 2048
+    assert plots.first_oom_n(rows, config) == 8192
+    assert plots.first_oom_n(rows, config, impl="tinyflash") is None
+    # tinyflash slower at the largest N both ran: no crossover; faster everywhere: the first N
+    slower = [dict(r, time_ms=100.0) if r["impl"] == "tinyflash" else r for r in rows]
+    assert plots.crossover_n(slower, config) is None
+    faster = [dict(r, time_ms=0.001) if r["impl"] == "tinyflash" else r for r in rows]
+    assert plots.crossover_n(faster, config) == 256
+    # a win at a short N that is lost again later does not count as the crossover
+    wobbly = [dict(r, time_ms=0.01) if r["impl"] == "tinyflash" and r["n"] == 256 else r for r in rows]
+    assert plots.crossover_n(wobbly, config) == 2048
+
+
+def test_bench_csv_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("device,impl,n\nH200,tinyflash,256\n")
+    with pytest.raises(ValueError, match="lacks the columns"):
+        plots.read_bench_csv(bad)
+    path = write_bench_csv(tmp_path / "status.csv", [dict(impl="tinyflash", n=256, status="crashed")])
+    with pytest.raises(ValueError, match=r"status must be ok, oom, unsupported or wrong \(...\); got 'crashed'"):
+        plots.read_bench_csv(path)
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+def test_main_writes_named_figures(tmp_path, capsys):
+    assert plots.main(["--out", str(tmp_path), "--only", "memory_model", "time_gpu", "--no-progress"]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["memory_model.png", "time_gpu.png"]
+    assert (tmp_path / "data" / "memory_model.csv").exists()
+    assert not (tmp_path / "data" / "bench_h200.csv").exists()  # the GPU CSV is input, never written here
+    assert "done in" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="unknown"):
+        plots.make_figures(tmp_path, ["memory_model", "nope"])
+    assert plots.FIGURE_NAMES == ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic",
+                                  "time_gpu")
+
+
+def test_remeasure_gpu_without_the_benchmark_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit, match="tinyflash.bench is not in this checkout"):
+        plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu"])
+
+
+def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypatch):
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(plots.subprocess, "run", lambda cmd: calls.append(cmd) or Done())
+    plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
+    assert calls and calls[0][1:] == ["-m", "tinyflash.bench", "--csv", str(tmp_path / "data" / "bench_h200.csv")]
+    Done.returncode = 3
+    with pytest.raises(SystemExit, match="exit code 3"):
+        plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
+
+
+def test_bad_sequence_lengths():
+    with pytest.raises(ValueError, match="ns must be a non-empty list"):
+        plots.memory_model_data([])
+    with pytest.raises(ValueError, match="naive_ns"):
+        plots.memory_cpu_data([0], [256], progress=False)
