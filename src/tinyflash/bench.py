@@ -284,6 +284,55 @@ def _line(row: dict) -> str:
             f"{err}  {row['status']}")
 
 
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def summary_table(rows: list[dict], n: int = 16384) -> str:
+    """A Markdown table of one sequence length from a benchmark CSV (the README's results table).
+
+    One line per (dtype, d, causal): TFLOP/s of each implementation, tinyflash's speed relative
+    to PyTorch's memory-efficient backend and to naive CuPy, and extra memory against naive CuPy.
+    """
+    ok = {(r["impl"], r["dtype"], r["d"], r["causal"]): r for r in rows if r["status"] == "ok" and int(r["n"]) == n}
+    seen = {r["impl"]: r["status"] for r in rows if int(r["n"]) == n}
+    if not ok:
+        raise ValueError(f"no successful measurement at N={n} in the CSV")
+
+    def cell(impl, key, field, fmt):
+        r = ok.get((impl, *key))
+        return fmt.format(float(r[field])) if r else ("OOM" if seen.get(impl) == "oom" else "–")
+
+    lines = ["| dtype | d | causal | tinyflash TFLOP/s | SDPA efficient | SDPA flash | naive CuPy | "
+             "tinyflash / efficient | speed-up over naive | extra memory, tinyflash / naive |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({k[1:] for k in ok}, key=lambda k: (k[0], int(k[1]), k[2]))
+    for key in keys:
+        tf_row, eff, naive = ok.get(("tinyflash", *key)), ok.get(("torch_efficient", *key)), ok.get(("cupy_naive", *key))
+        ratio = f"{float(eff['time_ms']) / float(tf_row['time_ms']):.2f}×" if tf_row and eff else "–"
+        speed = f"{float(naive['time_ms']) / float(tf_row['time_ms']):.1f}×" if tf_row and naive else "–"
+        mem = (f"{int(tf_row['peak_bytes']) / 2**20:.0f} MiB / {int(naive['peak_bytes']) / 2**20:.0f} MiB"
+               if tf_row and naive else "–")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {cell('tinyflash', key, 'tflops', '{:.1f}')} | "
+                     f"{cell('torch_efficient', key, 'tflops', '{:.1f}')} | {cell('torch_flash', key, 'tflops', '{:.1f}')} | "
+                     f"{cell('cupy_naive', key, 'tflops', '{:.1f}')} | {ratio} | {speed} | {mem} |")
+    return "\n".join(lines)
+
+
+def seed_example_table(row: dict) -> str:
+    """The README's Markdown table of a --seed-example result (one CSV row)."""
+    gib = 2**30
+    return "\n".join([
+        "| time | TFLOP/s | memory held (inputs + extra) | q, k, v, o, lse alone | fp16 scores alone would need | "
+        "max rel. error (sampled rows, float64 reference) |",
+        "|---|---|---|---|---|---|",
+        f"| {float(row['time_ms']):.1f} ms | {float(row['tflops']):.1f} | {int(row['total_peak_bytes']) / gib:.2f} GiB | "
+        f"{int(row['model_qkvo_lse_bytes']) / gib:.2f} GiB | {int(row['model_fp16_scores_bytes']) / gib:.0f} GiB | "
+        f"{float(row['max_rel_err']):.1e} |",
+    ])
+
+
 def seed_example(csv_path: str | None, seed: int | None = None) -> dict:
     """The seeds' example end to end: B=1, H=32, N=32,768, d=128, float16, causal, on tinyflash.
 
@@ -340,7 +389,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     ap.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
     ap.add_argument("--seed-example", action="store_true", help="run the seeds' 32k example instead of the sweep")
+    ap.add_argument("--summary", metavar="CSV", help="print the README's Markdown table of an existing CSV "
+                    "(the sweep's or --seed-example's) and exit")
+    ap.add_argument("--summary-n", type=int, default=16384, help="the sequence length of that table")
     args = ap.parse_args(argv)
+    if args.summary:
+        rows = read_csv(args.summary)
+        print(seed_example_table(rows[0]) if "total_peak_bytes" in rows[0] else summary_table(rows, args.summary_n))
+        return 0
     try:
         import cupy
 
