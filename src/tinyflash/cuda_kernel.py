@@ -25,7 +25,6 @@ Conventions inside the kernels:
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -80,7 +79,7 @@ class TileConfig:
     """Compile-time shape of one thread block of ``flash_fwd``.
 
     BR (Br) query rows and BC (Bc) keys per tile; NT threads; each thread owns TM rows. The
-    head dims are padded to D and DV (multiples of 8 or 4), with zeros that change no sum.
+    head dims are padded with zeros, which change no sum, to D (a multiple of 8) and DV.
     Derived: RG = BR/TM row groups of CT = NT/RG threads; in the score tile each thread owns
     TN = BC/CT keys, in the output TO = DV/CT columns (TO/4 groups of 4).
     """
