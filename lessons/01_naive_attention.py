@@ -51,8 +51,9 @@ lse = np.empty(n_q)  # (Nq,)
 for i in range(n_q):
     m = max(S[i])  # the row maximum
     e = [math.exp(s - m) for s in S[i]]  # every exponent is <= 0, so every term is <= 1
-    P[i] = [x / sum(e) for x in e]
-    lse[i] = m + math.log(sum(e))
+    total = sum(e)  # the softmax denominator of row i
+    P[i] = [x / total for x in e]
+    lse[i] = m + math.log(total)
 O = P @ V  # (Nq, dv)  each output row is a weighted average of the value rows
 
 print("shapes:")

@@ -81,7 +81,8 @@ l_1 = ex.l  # sum(exp(s_1 - 4)): the first tile, measured against its own maximu
 alpha_2 = ex.update(s_2)
 print(f"\ntile 1 = {np.round(s_1, 2)}: m = {ex.history[0][0]:g}, ℓ = {l_1:.4f}")
 print(f"tile 2 = {np.round(s_2, 2)}: m = {ex.m:g}, alpha = exp(4 - 9) = {alpha_2:.6f}, ℓ = {ex.l:.6f}")
-assert ex.history[0][0] == 4.0 and ex.m == 9.0 and alpha_2 == np.exp(4.0 - 9.0)
+assert ex.history[0][0] == 4.0 and np.isclose(l_1, np.exp(s_1 - 4.0).sum(), rtol=1e-14)
+assert ex.m == 9.0 and alpha_2 == np.exp(4.0 - 9.0)
 assert np.isclose(ex.l, alpha_2 * l_1 + np.exp(s_2 - 9.0).sum(), rtol=1e-14)
 # Nothing was discarded: exp(4 - 9) · sum(exp(s_1 - 4)) is sum(exp(s_1 - 9)), tile 1 on the new scale.
 print(f"  tile 1's share of ℓ: exp(4 - 9) · {l_1:.4f} = {alpha_2 * l_1:.6f} = sum(exp(s_1 - 9))")
@@ -111,6 +112,7 @@ for j, k_start in enumerate(range(0, n_k, Bc)):
     so_far, _ = tf.naive_attention(q[None], K[:k_end], V[:k_end])  # (1, dv)
     err = rel_error(row_state.output(), so_far[0])
     print(f"  {j}   {k_start:>3}-{k_end - 1:<3}  {row_state.m:8.4f}  {row_state.l:9.4f}  {alpha:8.4f}   {err:.1e}")
+    assert row_state.m == s[:k_end].max() and np.isclose(row_state.l, np.exp(s[:k_end] - row_state.m).sum())
     assert err <= 1e-13
 o_full, lse_full = tf.naive_attention(q[None], K, V)  # (1, dv), (1,)
 err_o, err_lse = rel_error(row_state.output(), o_full[0]), lse_error(row_state.lse, lse_full[0])

@@ -26,7 +26,7 @@ Run from the repository root:  python lessons/03_blocked_attention.py  (a couple
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.memory import format_bytes, measure_peak_bytes, tile_bytes
+from tinyflash.memory import blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes
 from tinyflash.testing import lse_error, rel_error
 from tinyflash.traffic import HBMCounter
 
@@ -140,7 +140,10 @@ n, d = 2048, 64
 q, k, v = (rng.standard_normal((n, d)) for _ in range(3))  # (N, d) each, float64
 peak, (o, lse) = measure_peak_bytes(tf.blocked_attention, q, k, v, block_q=64, block_k=64)
 print(f"\nN = {n}, d = {d}, float64, 64 × 64 tiles: blocked_attention's peak is {format_bytes(peak)}")
+tiles = peak - o.nbytes - lse.nbytes  # what the loop holds besides its results
+model = blocked_workspace_bytes(64, 64, d, "float64")  # memory.py: ~4 Br × Bc tiles + 2 Br × dv accumulators
 print(f"  one N × N matrix would be {format_bytes(n * n * 8)}; the output O is {format_bytes(o.nbytes)}, "
-      f"the tiles the rest: {format_bytes(peak - o.nbytes - lse.nbytes)}")
+      f"the tiles the rest: {format_bytes(tiles)} (model: {format_bytes(model)}, whatever N is)")
+assert 0 < tiles <= 1.25 * model
 assert peak < 0.05 * n * n * 8  # under 5% of a single N × N float64 matrix
 assert rel_error(o, tf.reference_attention(q, k, v)[0]) <= 1e-12  # and still the right answer
