@@ -12,6 +12,9 @@ tolerance against a float64 reference (:func:`tinyflash.reference_attention`):
   error against the reference may be at most ``factor`` (2 for outputs, 3 for gradients) times
   the max error of a naive computation in the same precision, plus twice the rounding error of
   doing any arithmetic on the reference in that precision (``fwd_atol`` in flash-attn's tests).
+  Here "naive in the same precision" means the same input and output dtype: for float16 inputs
+  tinyflash's naive stage, like every stage, computes in float32 and rounds once at the end, so
+  its error is mostly that rounding and the rule is strict.
 """
 
 from __future__ import annotations
