@@ -74,3 +74,12 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install -r requirements.txt" in README and any("-r requirements.txt" in x for x in ci_lines)
     assert "```bash\npython -m pytest\n```" in README and ci_lines[-1] == "python -m pytest"
     assert "python lessons/run_all.py" in README
+
+
+def test_kernel_versions_sentence():
+    rows = {(r["kernel"], r["d"]): float(r["tflops"])
+            for r in bench.read_csv(ROOT / "figures" / "data" / "kernel_versions_h200.csv")}
+    expected = (f"the simple kernel runs at {rows['simple', '64']:.1f} TFLOP/s for d = 64 and {rows['simple', '128']:.1f} "
+                f"for d = 128")
+    assert expected in " ".join(README.split())
+    assert f"the fast one at {rows['fast', '64']:.1f} and {rows['fast', '128']:.1f}" in " ".join(README.split())
