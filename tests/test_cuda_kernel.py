@@ -121,7 +121,9 @@ def test_huge_logits(rng):
     o, lse = tf.cuda_attention(q, k, v, causal=True)
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True)
     assert np.abs(ref_lse).max() > 3e3 and np.isfinite(o).all()
-    assert_close(o, ref_o, 1e-4, "o")
+    # float32 knows scores of size |S| only to about eps·|S| (here ~1e-3 absolute), and a softmax passes
+    # that absolute error on as a relative error of its weights: the output can be no better.
+    assert_close(o, ref_o, 4 * np.finfo(np.float32).eps * float(np.abs(ref_lse).max()), "o")
     assert_close(lse, ref_lse, F32_TOL, "lse", is_lse=True)
 
 
