@@ -139,7 +139,8 @@ class TileConfig:
     def smem_bytes(self) -> int:
         return 4 * self.smem_floats
 
-    def validate(self) -> "TileConfig":
+    def problems(self) -> list[str]:
+        """What makes this tiling invalid (empty if nothing)."""
         problems = []
         if self.BR % self.TM or self.NT % self.RG:
             problems.append("BR must be a multiple of TM and NT a multiple of BR/TM")
@@ -147,6 +148,10 @@ class TileConfig:
             problems.append("BC must be a multiple of 4 and of CT = NT·TM/BR, DV a multiple of 4·CT")
         if self.D % 8:
             problems.append("D must be a multiple of 8")
+        return problems
+
+    def validate(self) -> "TileConfig":
+        problems = self.problems()
         if problems:
             raise ValueError(f"invalid tile configuration {self}: {'; '.join(problems)}")
         return self
@@ -531,13 +536,10 @@ def small_config(d: int, d_v: int) -> TileConfig:
     D, DV = _round_up(d, 8), _round_up(d_v, 64)
     for BR, BC in ((64, 32), (32, 32), (32, 16), (16, 16), (16, 8)):
         for TM in (8, 4, 2, 1):
-            RG = BR // TM
             for NT in (128, 64, 32):
-                if NT % RG or BC % (NT // RG) or BC % 4 or DV % (4 * (NT // RG)):
-                    continue
                 cfg = TileConfig(BR=BR, BC=BC, TM=TM, NT=NT, D=D, DV=DV)
-                if cfg.smem_bytes <= STATIC_SMEM_LIMIT:
-                    return cfg.validate()
+                if not cfg.problems() and cfg.smem_bytes <= STATIC_SMEM_LIMIT:
+                    return cfg
     raise ValueError(f"no tiling of at most 48 KiB of shared memory for d={d}, dv={d_v}")
 
 
@@ -602,8 +604,8 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     o = empty(bh * prob.n_q * prob.d_v, dtype=prob.dtype)  # (BH·Nq·dv,) flat, C order
     lse = empty(bh * prob.n_q, dtype=np.float32)  # (BH·Nq,)
     if prob.n_q > 0 and bh > 0:
-        args = (_to_device_flat(q), _to_device_flat(k), _to_device_flat(v), o, lse, prob.n_q, prob.n_k, prob.d, prob.d_v, np.float32(prob.scale * LOG2E),
-                prob.causal)
+        args = (_to_device_flat(q), _to_device_flat(k), _to_device_flat(v), o, lse, prob.n_q, prob.n_k, prob.d,
+                prob.d_v, np.float32(prob.scale * LOG2E), prob.causal)
         _launch(kernel, config, prob, args)
 
     o = o.reshape(prob.out_shape)
