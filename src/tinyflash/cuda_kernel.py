@@ -205,38 +205,65 @@ else:
 
 
 @cuda.jit(device=True, inline="always")
-def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, buf):
-    """Copy rows start .. start+ROWS of one head into shared memory, as float32.
+def _is_full(start, n_rows, n_cols, ROWS, COLS, NT):
+    """Whether rows start .. start+ROWS of an (n_rows × n_cols) matrix are a full ROWS × COLS tile
+    that NT threads can share evenly (the same answer for every thread of the block)."""
+    return start + ROWS <= n_rows and n_cols == COLS and NT % COLS == 0
 
-    ``src`` is a whole input flattened to 1-D, and this head's (n_rows × n_cols) matrix begins
-    at ``src_off``. Writes dst[dst_off + r·stride + c] = src[src_off + (start + r)·n_cols + c] for
-    r < ROWS, c < COLS, and 0 where the tile runs past the matrix (the ragged last tile, or the
-    head-dim padding c >= n_cols), so that those entries add nothing to any dot product.
-    Consecutive threads take consecutive columns, so a warp reads consecutive addresses
-    (coalesced). ROWS, COLS and NT are constants: the branches on them vanish at compile time.
 
-    A full tile (the usual case) takes the fast path: each thread loads all its elements into
-    ``buf`` (registers; a constant-length loop the compiler unrolls) before storing any of them,
-    so all its loads are in flight at once and the tile costs one memory latency, not one per row.
+@cuda.jit(device=True, inline="always")
+def _fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, buf, b0):
+    """A full tile, step 1 of 2: read this thread's ROWS·COLS/NT elements into ``buf[b0:]``.
+
+    ``src`` is a whole input flattened to 1-D; this head's matrix, n_cols wide, begins at
+    ``src_off``. Consecutive threads take consecutive columns, so a warp reads consecutive
+    addresses (coalesced). ``buf`` is a register array: the loop has a constant length, the
+    compiler unrolls it, and all the loads are in flight at once: a tile costs one memory
+    latency, not one per row.
     """
-    full = start + ROWS <= n_rows and n_cols == COLS  # the same for every thread of the block
-    if full and NT % COLS == 0:
-        r_step = NT // COLS  # rows between two elements of one thread
-        c = tid % COLS
-        g = src_off + (start + tid // COLS) * n_cols + c  # index into src of its first element
-        sh = dst_off + (tid // COLS) * stride + c  # index into dst
-        for e in range(ROWS // r_step):
-            buf[e] = float32(src[g + e * r_step * n_cols])
-        for e in range(ROWS // r_step):
-            dst[sh + e * r_step * stride] = buf[e]
-    else:  # ragged tile, padded or odd head dim: one bounds check (and a division) per element
-        for idx in range(tid, ROWS * COLS, NT):
-            r = idx // COLS
-            c = idx % COLS
-            x = float32(0.0)
-            if start + r < n_rows and c < n_cols:
-                x = float32(src[src_off + (start + r) * n_cols + c])
-            dst[dst_off + r * stride + c] = x
+    r_step = NT // COLS  # rows between two elements of one thread
+    g = src_off + (start + tid // COLS) * n_cols + tid % COLS  # index into src of its first element
+    for e in range(ROWS // r_step):
+        buf[b0 + e] = float32(src[g + e * r_step * n_cols])
+
+
+@cuda.jit(device=True, inline="always")
+def _store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, buf, b0):
+    """A full tile, step 2 of 2: write ``buf[b0:]`` to dst[dst_off + r·stride + c] (shared memory)."""
+    r_step = NT // COLS
+    sh = dst_off + (tid // COLS) * stride + tid % COLS  # index into dst of its first element
+    for e in range(ROWS // r_step):
+        dst[sh + e * r_step * stride] = buf[b0 + e]
+
+
+@cuda.jit(device=True, inline="always")
+def _load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT):
+    """Any tile, element by element: one bounds check (and a division) per element.
+
+    Writes dst[dst_off + r·stride + c] = src[src_off + (start + r)·n_cols + c] for r < ROWS,
+    c < COLS, and 0 where the tile runs past the matrix (the ragged last tile, or the head-dim
+    padding c >= n_cols), so that those entries add nothing to any dot product.
+    """
+    for idx in range(tid, ROWS * COLS, NT):
+        r = idx // COLS
+        c = idx % COLS
+        x = float32(0.0)
+        if start + r < n_rows and c < n_cols:
+            x = float32(src[src_off + (start + r) * n_cols + c])
+        dst[dst_off + r * stride + c] = x
+
+
+@cuda.jit(device=True, inline="always")
+def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, buf):
+    """Copy rows start .. start+ROWS of one head's (n_rows × n_cols) matrix into shared memory,
+    as float32, zero-padded to ROWS × COLS: the fast path for a full tile (the usual case), the
+    ragged path otherwise. ROWS, COLS and NT are constants: branches on them vanish at compile time.
+    """
+    if _is_full(start, n_rows, n_cols, ROWS, COLS, NT):
+        _fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, buf, ZERO_U)
+        _store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, buf, ZERO_U)
+    else:
+        _load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +366,9 @@ def make_kernel(cfg: TileConfig):
     V_OFF = K_OFF + _u(max(cfg.BC * cfg.KS, cfg.BC * cfg.PS))
     R_OFF = V_OFF + _u(cfg.BC * cfg.DV)
     TM_, TN_, TO4_ = cfg.TM, cfg.TN, cfg.TO4  # for array shapes
-    BUF = max(1, max(cfg.BR * cfg.D, cfg.BC * cfg.D, cfg.BC * cfg.DV) // cfg.NT)  # tile elements per thread
+    KB = cfg.BC * cfg.D // cfg.NT  # elements of K_j per thread (when NT divides evenly)
+    BUF = max(1, cfg.BR * cfg.D // cfg.NT, KB + cfg.BC * cfg.DV // cfg.NT)  # Q_i, or K_j and V_j together
+    KB = _u(KB)
     ZERO, ONE, TWO, EIGHT = _u(0), _u(1), _u(2), _u(8)
 
     @cuda.jit(device=True, inline="always")
@@ -415,8 +444,15 @@ def make_kernel(cfg: TileConfig):
         k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else ZERO
         for k_start in range(ZERO, k_stop, BC):
             cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
-            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, buf)
-            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, buf)
+            if _is_full(k_start, n_k, d, BC, D, NT) and _is_full(k_start, n_k, d_v, BC, DV, NT):
+                # all loads of both tiles in flight before the first store: one memory latency, not two
+                _fetch_tile(K, k_off, k_start, d, BC, D, tid, NT, buf, ZERO)
+                _fetch_tile(V, v_off, k_start, d_v, BC, DV, tid, NT, buf, KB)
+                _store_tile(smem, K_OFF, KS, BC, D, tid, NT, buf, ZERO)
+                _store_tile(smem, V_OFF, DV, BC, DV, tid, NT, buf, KB)
+            else:  # the ragged last tile, or a padded head dim
+                _load_tile_ragged(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT)
+                _load_tile_ragged(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
             # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time. Two sets of
@@ -425,13 +461,17 @@ def make_kernel(cfg: TileConfig):
             for i in range(TM):
                 for jj in range(TN):
                     s[i, jj] = float32(0.0)
+            # (The last step is outside the loop so that the loop body has no branch: a branch would
+            # keep the compiler from moving the next loads up among the multiply-adds.)
             load_qk(smem, qa, ka, row0, ct, ZERO)
-            for kk in range(ZERO, D, EIGHT):
+            for kk in range(ZERO, D - EIGHT, EIGHT):
                 load_qk(smem, qb, kb, row0, ct, kk + FOUR)
                 fma_qk(s, qa, ka)
-                if kk + EIGHT < D:
-                    load_qk(smem, qa, ka, row0, ct, kk + EIGHT)
+                load_qk(smem, qa, ka, row0, ct, kk + EIGHT)
                 fma_qk(s, qb, kb)
+            load_qk(smem, qb, kb, row0, ct, D - FOUR)
+            fma_qk(s, qa, ka)
+            fma_qk(s, qb, kb)
 
             # scale to base 2; mask (only tiles that reach past Nk or cross the diagonal need it)
             for i in range(TM):
@@ -475,12 +515,14 @@ def make_kernel(cfg: TileConfig):
             # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, two keys at a time, with
             # the same alternation of fragment registers as above
             load_pv(smem, pa, va, row0, ct, ZERO)
-            for c in range(ZERO, BC, FOUR):
+            for c in range(ZERO, BC - FOUR, FOUR):
                 load_pv(smem, pb, vb, row0, ct, c + TWO)
                 fma_pv(acc, pa, va)
-                if c + FOUR < BC:
-                    load_pv(smem, pa, va, row0, ct, c + FOUR)
+                load_pv(smem, pa, va, row0, ct, c + FOUR)
                 fma_pv(acc, pb, vb)
+            load_pv(smem, pb, vb, row0, ct, BC - TWO)
+            fma_pv(acc, pa, va)
+            fma_pv(acc, pb, vb)
 
         # l_i so far is this thread's share; add the shares of the CT threads of each row
         cuda.syncthreads()  # every thread is done reading red (row maxima) before it is reused
