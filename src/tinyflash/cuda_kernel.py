@@ -12,8 +12,9 @@ Two kernels compute the same thing as :func:`tinyflash.blocked_attention`, with 
 How fast, on an H200 (B=1, H=32, float32; figures/data/kernel_versions_h200.csv and
 bench_h200.csv, made by benchmarks/kernel_versions.py and ``python -m tinyflash.bench``): the
 simple kernel reaches about 19 TFLOP/s at d=64 but about 7 at d=128, where its per-row arrays no
-longer fit in registers; the fast kernel about 33 at N=4096 and 35-36 at N=16384 for both, against
-45 for PyTorch's memory-efficient kernel at d=128 (a gap this project has not closed yet).
+longer fit in registers; the fast kernel 32-37 at N=4096 and 37-40 at N=16384, against 45 for
+PyTorch's memory-efficient kernel at d=128, which uses the tensor cores (the README has the
+profile).
 
 Both run on a real GPU and under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before
 numba is imported), where tiny tile sizes keep the tests fast enough for a CPU.
