@@ -80,6 +80,16 @@ def test_config_with_several_rows_per_thread_and_a_ragged_last_tile(rng):
         check_against_stages(o, lse, q, k, v, causal, "TM=4")
 
 
+def test_config_with_fewer_tile_rows_than_a_load_step(rng):
+    """128 threads load an 8-wide K_j 16 rows at a time, but the tile has only 8 rows: the fast
+    (full-tile) load path must not be taken. Here V_j (dv = 64) is full too, so both take it
+    together unless the tile shape is checked."""
+    cfg = ck.TileConfig(BR=16, BC=8, TM=1, NT=128, D=8, DV=64)
+    q, k, v = make_qkv(rng, (), 20, 33, d=8, d_v=64, dtype=np.float32)
+    o, lse = tf.cuda_attention(q, k, v, config=cfg)
+    check_against_stages(o, lse, q, k, v, False, "BC=8, NT=128")
+
+
 def test_fully_masked_rows(rng):
     q, k, v = make_qkv(rng, (), 12, 5, d=8, dtype=np.float32)
     for kernel in ("fast", "simple"):

@@ -208,8 +208,9 @@ else:
 @cuda.jit(device=True, inline="always")
 def _is_full(start, n_rows, n_cols, ROWS, COLS, NT):
     """Whether rows start .. start+ROWS of an (n_rows × n_cols) matrix are a full ROWS × COLS tile
-    that NT threads can share evenly (the same answer for every thread of the block)."""
-    return start + ROWS <= n_rows and n_cols == COLS and NT % COLS == 0
+    that NT threads can share evenly, NT/COLS rows at a time (the same answer for every
+    thread of the block)."""
+    return start + ROWS <= n_rows and n_cols == COLS and NT % COLS == 0 and ROWS % (NT // COLS) == 0
 
 
 @cuda.jit(device=True, inline="always")
