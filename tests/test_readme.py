@@ -114,6 +114,43 @@ def test_the_profile_numbers():
     assert "(240 registers per thread and 102 KiB of shared memory per block" in flat
 
 
+def test_the_kernel_history_table():
+    """Each row of 'How the fast kernel got there' is read from the tile-sweep log of that version."""
+    logs = {"v1": "tile_sweep_h200_v1_first_kernel.log", "v2": "tile_sweep_h200_v2_unrolled_loads.log",
+            "v3": "tile_sweep_h200_v3_double_buffered.log", "now": "tile_sweep_h200.log"}
+    tilings = {64: "BR= 64 BC=128 TM=8 NT=128", 128: "BR= 64 BC= 64 TM=8 NT=128"}  # the default ones
+    from tinyflash.cuda_kernel import default_config
+
+    for d, tiling in tilings.items():
+        cfg = default_config(d, d)
+        assert tiling == f"BR={cfg.BR:3} BC={cfg.BC:3} TM={cfg.TM} NT={cfg.NT:3}"
+    rows = [line for line in README.splitlines() if re.match(r"\| (v\d|now) \|", line)]
+    assert [r.split("|")[1].strip() for r in rows] == list(logs)
+    for row, (version, name) in zip(rows, logs.items()):
+        log = (ROOT / "benchmarks" / "results" / name).read_text()
+        assert "B=1 H=32 N=16384" in log.splitlines()[0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        for d, cell in zip((64, 128), cells[2:]):
+            m = re.search(rf"d=\s*{d} float32 causal=False {tilings[d]} .*?(\d+\.\d+) TFLOP/s", log)
+            assert m, (version, d)
+            assert cell == f"{float(m.group(1)):.1f}", (version, d, cell, m.group(1))
+
+
+def test_the_v3_profile_claim():
+    """'the instruction where warps waited most, 4.9% of all samples, was the first multiply-add
+    after an `if` ...': read back from the committed per-instruction extract."""
+    text = (ROOT / "benchmarks" / "results" / "profile_ncu_v3_qk_loop.txt").read_text()
+    total = int(re.search(r"the kernel had\s+#?\s*(\d+) samples in all", text).group(1))
+    rows = [line.split() for line in text.splitlines() if line.startswith("  0x") or line.startswith(" 0x")]
+    samples = [float(r[-2]) for r in rows]
+    top = samples.index(max(samples))
+    assert rows[top][1] == "FFMA"
+    before = [r[1:3] for r in rows[:top]]
+    branch = max(i for i, r in enumerate(before) if r[0] == "@P1" and r[1] == "BRA")
+    assert all(r[0] == "LDS.128" for r in before[branch + 1:])  # only the step's loads in between
+    assert f"waited most, {100 * max(samples) / total:.1f}% of all samples" in " ".join(README.split())
+
+
 def test_ci_runs_the_readme_test_command():
     """.ci/run installs from requirements.txt and ends with exactly the README's test command."""
     ci_lines = [x.strip() for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip()]
