@@ -347,6 +347,33 @@ def make_simple_kernel(BR: int, BC: int, D: int, DV: int):
 # ---------------------------------------------------------------------------------------------
 
 
+def _pipelined(load, fma, STEP, END):
+    """A device function that accumulates a product over END columns, STEP at a time, from shared memory.
+
+    ``load(smem, x, y, row0, ct, k)`` reads one step's operand fragments into registers x, y;
+    ``fma(out, x, y)`` multiplies them into ``out``. Two sets of fragment registers (a, b) alternate:
+    the loads of the next step are in flight while the current one is multiplied, which hides the
+    shared-memory latency. The last step is outside the loop so that the loop body has no branch:
+    a branch would keep the compiler from moving the next loads up among the multiply-adds.
+    END is a multiple of 2·STEP; both are unsigned constants.
+    """
+    TWO_STEPS = STEP + STEP
+
+    @cuda.jit(device=True, inline="always")
+    def product(smem, out, xa, ya, xb, yb, row0, ct):
+        load(smem, xa, ya, row0, ct, ZERO_U)
+        for k in range(ZERO_U, END - TWO_STEPS, TWO_STEPS):
+            load(smem, xb, yb, row0, ct, k + STEP)
+            fma(out, xa, ya)
+            load(smem, xa, ya, row0, ct, k + TWO_STEPS)
+            fma(out, xb, yb)
+        load(smem, xb, yb, row0, ct, END - STEP)
+        fma(out, xa, ya)
+        fma(out, xb, yb)
+
+    return product
+
+
 @lru_cache(maxsize=None)
 def make_kernel(cfg: TileConfig):
     """``flash_fwd`` for one :class:`TileConfig`.
@@ -371,7 +398,7 @@ def make_kernel(cfg: TileConfig):
     KB = cfg.BC * cfg.D // cfg.NT  # elements of K_j per thread (when NT divides evenly)
     BUF = max(1, cfg.BR * cfg.D // cfg.NT, KB + cfg.BC * cfg.DV // cfg.NT)  # Q_i, or K_j and V_j together
     KB = _u(KB)
-    ZERO, ONE, TWO, EIGHT = _u(0), _u(1), _u(2), _u(8)
+    ZERO, ONE, TWO = _u(0), _u(1), _u(2)
 
     @cuda.jit(device=True, inline="always")
     def load_qk(smem, qf, kf, row0, ct, kk):
@@ -409,6 +436,9 @@ def make_kernel(cfg: TileConfig):
                 for t in range(TO4):
                     for e in range(FOUR):
                         acc[i, t, e] += pf[u, i] * vf[u, t, e]
+
+    qk_product = _pipelined(load_qk, fma_qk, FOUR, D)  # S_ij += Q_i K_jᵀ over d, 4 columns a step
+    pv_product = _pipelined(load_pv, fma_pv, TWO, BC)  # acc += P_ij V_j over the keys, 2 a step
 
     @cuda.jit
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
@@ -457,23 +487,12 @@ def make_kernel(cfg: TileConfig):
                 _load_tile_ragged(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
-            # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time. Two sets of
-            # fragment registers (a, b) alternate: the loads of the next 4 columns are in flight
-            # while the current 4 are multiplied, which hides the shared-memory latency.
+            # S_ij = Q_i K_jᵀ for this thread's TM × TN piece, 4 columns of d at a time, the loads of
+            # the next 4 columns in flight while the current 4 are multiplied (see _pipelined)
             for i in range(TM):
                 for jj in range(TN):
                     s[i, jj] = float32(0.0)
-            # (The last step is outside the loop so that the loop body has no branch: a branch would
-            # keep the compiler from moving the next loads up among the multiply-adds.)
-            load_qk(smem, qa, ka, row0, ct, ZERO)
-            for kk in range(ZERO, D - EIGHT, EIGHT):
-                load_qk(smem, qb, kb, row0, ct, kk + FOUR)
-                fma_qk(s, qa, ka)
-                load_qk(smem, qa, ka, row0, ct, kk + EIGHT)
-                fma_qk(s, qb, kb)
-            load_qk(smem, qb, kb, row0, ct, D - FOUR)
-            fma_qk(s, qa, ka)
-            fma_qk(s, qb, kb)
+            qk_product(smem, s, qa, ka, qb, kb, row0, ct)
 
             # scale to base 2; mask (only tiles that reach past Nk or cross the diagonal need it)
             for i in range(TM):
@@ -515,16 +534,8 @@ def make_kernel(cfg: TileConfig):
             cuda.syncthreads()  # P_ij is fully written before any thread reads it
 
             # O_i += P_ij V_j for this thread's TM rows × TO4·4 columns, two keys at a time, with
-            # the same alternation of fragment registers as above
-            load_pv(smem, pa, va, row0, ct, ZERO)
-            for c in range(ZERO, BC - FOUR, FOUR):
-                load_pv(smem, pb, vb, row0, ct, c + TWO)
-                fma_pv(acc, pa, va)
-                load_pv(smem, pa, va, row0, ct, c + FOUR)
-                fma_pv(acc, pb, vb)
-            load_pv(smem, pb, vb, row0, ct, BC - TWO)
-            fma_pv(acc, pa, va)
-            fma_pv(acc, pb, vb)
+            # the same alternation of fragment registers
+            pv_product(smem, acc, pa, va, pb, vb, row0, ct)
 
         # l_i so far is this thread's share; add the shares of the CT threads of each row
         cuda.syncthreads()  # every thread is done reading red (row maxima) before it is reused
