@@ -549,15 +549,20 @@ def _figure_legend(fig, axes, ncol=3):
     fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=9)
 
 
+def _panel_grid(rows) -> tuple[list, int, int]:
+    """The benchmark's configurations (one per panel) and the grid for them: at most 2 columns."""
+    configs = gpu_panels(rows)
+    n_cols = min(2, len(configs))
+    return configs, n_cols, -(-len(configs) // n_cols)
+
+
 def plot_memory_gpu_measured(png: Path, csv_path: Path) -> Path:
     """Figure 3: peak device memory per implementation from the benchmark CSV (placeholder if absent)."""
     rows = read_bench_csv(csv_path)
     title = "Peak GPU memory vs sequence length (from the benchmark)"
     if not rows:
         return _placeholder(png, title, csv_path)
-    configs = gpu_panels(rows)
-    n_cols = min(2, len(configs))
-    n_rows = -(-len(configs) // n_cols)
+    configs, n_cols, n_rows = _panel_grid(rows)
     fig = Figure(figsize=(7 * n_cols, 5 * n_rows + 1.2), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     for ax, config in zip(axes.ravel(), configs):
@@ -607,9 +612,8 @@ def plot_time_gpu(png: Path, csv_path: Path) -> Path:
     title = "Time vs sequence length on the GPU (from the benchmark)"
     if not rows:
         return _placeholder(png, title, csv_path)
-    configs = gpu_panels(rows)
-    n_cols = min(2, len(configs))
-    n_pairs = -(-len(configs) // n_cols)  # rows of configurations, each a time panel over a TFLOP/s panel
+    # n_pairs rows of configurations, each a time panel over a TFLOP/s panel
+    configs, n_cols, n_pairs = _panel_grid(rows)
     fig = Figure(figsize=(7 * n_cols, 7.5 * n_pairs + 1.2), layout="constrained")
     axes = fig.subplots(2 * n_pairs, n_cols, squeeze=False, height_ratios=[3, 2] * n_pairs)
     for i, config in enumerate(configs):
