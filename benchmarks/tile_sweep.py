@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from tinyflash.bench import attention_flops, environment, time_call
-from tinyflash.cuda_kernel import TileConfig, cuda_attention, make_kernel
+from tinyflash.cuda_kernel import TileConfig, cuda_attention, make_kernel, vector_width
 from tinyflash.naive import naive_attention, reference_attention
 from tinyflash.testing import fa_rule, rel_error
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                             status = check(cfg, d, dtype, rng)
                     except Exception as exc:
                         status = f"error: {type(exc).__name__}: {exc}"
-                    regs = make_kernel(cfg).get_regs_per_thread()
+                    regs = make_kernel(cfg, vector_width(dtype)).get_regs_per_thread()
                     regs = max(regs.values()) if isinstance(regs, dict) else regs
                     gen = cupy.random.default_rng(int(rng.integers(2**31)))
                     q, k, v = (gen.standard_normal((1, args.heads, args.n, d), dtype=np.float32).astype(dtype)

@@ -80,12 +80,13 @@ def test_config_with_several_rows_per_thread_and_a_ragged_last_tile(rng):
         check_against_stages(o, lse, q, k, v, causal, "TM=4")
 
 
-def test_config_with_fewer_tile_rows_than_a_load_step(rng):
-    """128 threads load an 8-wide K_j 16 rows at a time, but the tile has only 8 rows: the fast
-    (full-tile) load path must not be taken. Here V_j (dv = 64) is full too, so both take it
-    together unless the tile shape is checked."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_config_with_fewer_tile_rows_than_a_load_step(rng, dtype):
+    """128 threads load an 8-wide K_j 16 rows at a time (float16, 4 elements per thread: 64
+    rows), but the tile has only 8 rows: the fast (full-tile) load path must not be taken. Here
+    V_j (dv = 64) is full too, so both take it together unless the tile shape is checked."""
     cfg = ck.TileConfig(BR=16, BC=8, TM=1, NT=128, D=8, DV=64)
-    q, k, v = make_qkv(rng, (), 20, 33, d=8, d_v=64, dtype=np.float32)
+    q, k, v = make_qkv(rng, (), 20, 33, d=8, d_v=64, dtype=dtype)
     o, lse = tf.cuda_attention(q, k, v, config=cfg)
     check_against_stages(o, lse, q, k, v, False, "BC=8, NT=128")
 
@@ -170,6 +171,13 @@ def test_tile_configs_fit_the_hardware():
         assert cfg.D >= d and cfg.DV >= d and cfg.smem_bytes <= 227 * 1024  # Hopper's per-block maximum
     with pytest.raises(ValueError, match="invalid tile configuration"):
         ck.TileConfig(BR=64, BC=64, TM=8, NT=96, D=64, DV=64).validate()
+
+
+def test_vector_width():
+    """float16 tiles are read 4 elements (8 bytes) per thread and load, float32 ones 1 (README)."""
+    assert ck.vector_width(np.float16) == 4 and ck.vector_width(np.float32) == 1
+    with pytest.raises(ValueError, match="vector must be 1 or 4; got 2"):
+        ck.make_kernel(ck.simulator_config(8, 8), 2)
 
 
 def test_bad_inputs():

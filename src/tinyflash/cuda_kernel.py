@@ -12,7 +12,7 @@ Two kernels compute the same thing as :func:`tinyflash.blocked_attention`, with 
 How fast, on an H200 (B=1, H=32, float32; figures/data/kernel_versions_h200.csv and
 bench_h200.csv, made by benchmarks/kernel_versions.py and ``python -m tinyflash.bench``): the
 simple kernel reaches about 19 TFLOP/s at d=64 but about 7 at d=128, where its per-row arrays no
-longer fit in registers; the fast kernel 32-37 at N=4096 and 37-40 at N=16384, against 45 for
+longer fit in registers; the fast kernel 32-37 at N=4096 and 37-41 at N=16384, against 45 for
 PyTorch's memory-efficient kernel at d=128, which uses the tensor cores (the README has the
 profile).
 
@@ -205,37 +205,100 @@ else:
 # ---------------------------------------------------------------------------------------------
 
 
+def _vector_load(n: int):
+    """A device function ``load(src, i)`` -> (src[i], ..., src[i+n-1]) in one vector load.
+
+    A warp's load instruction moves the most data when each thread asks for several neighbouring
+    elements at once (ld.global.v4: 4 elements). The GPU requires the address to be a multiple
+    of the vector's size; numba cannot know that, so the code it generates reads global arrays
+    one element at a time. This small intrinsic builds the vector load itself (LLVM IR: a
+    pointer to n elements, aligned to n elements); the caller guarantees the alignment. On the
+    simulator it is n ordinary loads.
+    """
+    if simulator_enabled():
+
+        @cuda.jit(device=True)
+        def load(src, i):
+            return tuple(src[i + e] for e in range(n))
+
+        return load
+
+    from llvmlite import ir
+    from numba import types
+    from numba.core.extending import intrinsic
+
+    @intrinsic
+    def load(typingctx, src, i):
+        ret = types.UniTuple(src.dtype, n)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            elt = context.get_value_type(sig.args[0].dtype)
+            ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.VectorType(elt, n).as_pointer())
+            vec = builder.load(ptr, align=n * context.get_abi_sizeof(elt))
+            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(n)]
+            return context.make_tuple(builder, ret, vals)
+
+        return ret(src, i), codegen
+
+    return load
+
+
+load4 = _vector_load(4)
+
+
+def vector_width(dtype) -> int:
+    """Elements each thread reads per global load in a full tile: 4 for float16 (8 bytes), 1 for float32.
+
+    With one float16 per thread a warp's load covers only 64 bytes, half of a 128-byte cache
+    line; one float32 per thread already covers a whole line. On an H200, 4 per thread made the
+    float16 kernel faster and the float32 one slower (benchmarks/vector_loads.py; the README
+    quotes the numbers).
+    """
+    return 4 if np.dtype(dtype).itemsize == 2 else 1
+
+
 @cuda.jit(device=True, inline="always")
-def _is_full(start, n_rows, n_cols, ROWS, COLS, NT):
+def _is_full(start, n_rows, n_cols, ROWS, COLS, NT, W):
     """Whether rows start .. start+ROWS of an (n_rows × n_cols) matrix are a full ROWS × COLS tile
-    that NT threads can share evenly, NT/COLS rows at a time (the same answer for every
-    thread of the block)."""
-    return start + ROWS <= n_rows and n_cols == COLS and NT % COLS == 0 and ROWS % (NT // COLS) == 0
+    that NT threads can share evenly, W neighbouring elements each, NT·W/COLS rows at a time (the
+    same answer for every thread of the block)."""
+    G = COLS // W  # threads per row
+    return start + ROWS <= n_rows and n_cols == COLS and NT % G == 0 and ROWS % (NT // G) == 0
 
 
 @cuda.jit(device=True, inline="always")
-def _fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, buf, b0):
+def _fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, b0):
     """A full tile, step 1 of 2: read this thread's ROWS·COLS/NT elements into ``buf[b0:]``.
 
     ``src`` is a whole input flattened to 1-D; this head's matrix, n_cols wide, begins at
-    ``src_off``. Consecutive threads take consecutive columns, so a warp reads consecutive
-    addresses (coalesced). ``buf`` is a register array: the loop has a constant length, the
-    compiler unrolls it, and all the loads are in flight at once: a tile costs one memory
-    latency, not one per row.
+    ``src_off``. Each thread reads W neighbouring columns at a time (W = 1, or 4 with one vector
+    load), and consecutive threads the next ones, so a warp reads consecutive addresses
+    (coalesced). ``buf`` is a register array: the loop has a constant length, the compiler
+    unrolls it, and all the loads are in flight at once: a tile costs one memory latency, not
+    one per row.
     """
-    r_step = NT // COLS  # rows between two elements of one thread
-    g = src_off + (start + tid // COLS) * n_cols + tid % COLS  # index into src of its first element
+    G = COLS // W  # threads per row
+    r_step = NT // G  # rows between two loads of one thread
+    g = src_off + (start + tid // G) * n_cols + (tid % G) * W  # index into src of its first element
     for e in range(ROWS // r_step):
-        buf[b0 + e] = float32(src[g + e * r_step * n_cols])
+        if W == ONE_U:
+            buf[b0 + e] = float32(src[g + e * r_step * n_cols])
+        else:
+            x = load4(src, g + e * r_step * n_cols)
+            for u in range(W):
+                buf[b0 + e * W + u] = float32(x[u])
 
 
 @cuda.jit(device=True, inline="always")
-def _store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, buf, b0):
+def _store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, b0):
     """A full tile, step 2 of 2: write ``buf[b0:]`` to dst[dst_off + r·stride + c] (shared memory)."""
-    r_step = NT // COLS
-    sh = dst_off + (tid // COLS) * stride + tid % COLS  # index into dst of its first element
+    G = COLS // W
+    r_step = NT // G
+    sh = dst_off + (tid // G) * stride + (tid % G) * W  # index into dst of its first element
     for e in range(ROWS // r_step):
-        dst[sh + e * r_step * stride] = buf[b0 + e]
+        for u in range(W):
+            dst[sh + e * r_step * stride + u] = buf[b0 + e * W + u]
 
 
 @cuda.jit(device=True, inline="always")
@@ -256,14 +319,14 @@ def _load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride,
 
 
 @cuda.jit(device=True, inline="always")
-def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, buf):
+def _load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf):
     """Copy rows start .. start+ROWS of one head's (n_rows × n_cols) matrix into shared memory,
     as float32, zero-padded to ROWS × COLS: the fast path for a full tile (the usual case), the
-    ragged path otherwise. ROWS, COLS and NT are constants: branches on them vanish at compile time.
+    ragged path otherwise. ROWS, COLS, NT and W are constants: branches on them vanish at compile time.
     """
-    if _is_full(start, n_rows, n_cols, ROWS, COLS, NT):
-        _fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, buf, ZERO_U)
-        _store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, buf, ZERO_U)
+    if _is_full(start, n_rows, n_cols, ROWS, COLS, NT, W):
+        _fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, ZERO_U)
+        _store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, ZERO_U)
     else:
         _load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT)
 
@@ -307,8 +370,8 @@ def make_simple_kernel(BR: int, BC: int, D: int, DV: int):
         k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else uint64(0)
         for k_start in range(uint64(0), k_stop, BC_):
             cuda.syncthreads()  # all threads are done reading the previous K_j, V_j before we overwrite them
-            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_, buf)
-            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_, buf)
+            _load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_, ONE_U, buf)
+            _load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_, ONE_U, buf)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
             m_new = m_i  # S_ij = scale · Q_i K_jᵀ, one row of it per thread
@@ -375,8 +438,9 @@ def _pipelined(load, fma, STEP, END):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: TileConfig):
-    """``flash_fwd`` for one :class:`TileConfig`.
+def make_kernel(cfg: TileConfig, vector: int = 1):
+    """``flash_fwd`` for one :class:`TileConfig`, reading full tiles ``vector`` elements per
+    thread and load (1, or 4: see :func:`vector_width`; 4 needs inputs aligned to 4 elements).
 
     Thread ``tid`` = (rg, ct) with rg = tid // CT, ct = tid % CT. In a tile it owns
       rows  row0 + i,            i < TM   (row0 = rg · TM; the same rows of S_ij, P_ij and O_i)
@@ -399,6 +463,9 @@ def make_kernel(cfg: TileConfig):
     BUF = max(1, cfg.BR * cfg.D // cfg.NT, KB + cfg.BC * cfg.DV // cfg.NT)  # Q_i, or K_j and V_j together
     KB = _u(KB)
     ZERO, ONE, TWO = _u(0), _u(1), _u(2)
+    if vector not in (1, 4):
+        raise ValueError(f"vector must be 1 or 4; got {vector!r}")
+    W = _u(vector)
 
     @cuda.jit(device=True, inline="always")
     def load_qk(smem, qf, kf, row0, ct, kk):
@@ -471,17 +538,17 @@ def make_kernel(cfg: TileConfig):
                 for e in range(FOUR):
                     acc[i, t, e] = float32(0.0)
 
-        _load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, buf)  # Q_i, once
+        _load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, W, buf)  # Q_i, once
         q_end = min(q_start + BR, n_q)
         k_stop = n_k if not causal else min(n_k, q_end + n_k - n_q) if q_end + n_k > n_q else ZERO
         for k_start in range(ZERO, k_stop, BC):
             cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
-            if _is_full(k_start, n_k, d, BC, D, NT) and _is_full(k_start, n_k, d_v, BC, DV, NT):
+            if _is_full(k_start, n_k, d, BC, D, NT, W) and _is_full(k_start, n_k, d_v, BC, DV, NT, W):
                 # all loads of both tiles in flight before the first store: one memory latency, not two
-                _fetch_tile(K, k_off, k_start, d, BC, D, tid, NT, buf, ZERO)
-                _fetch_tile(V, v_off, k_start, d_v, BC, DV, tid, NT, buf, KB)
-                _store_tile(smem, K_OFF, KS, BC, D, tid, NT, buf, ZERO)
-                _store_tile(smem, V_OFF, DV, BC, DV, tid, NT, buf, KB)
+                _fetch_tile(K, k_off, k_start, d, BC, D, tid, NT, W, buf, ZERO)
+                _fetch_tile(V, v_off, k_start, d_v, BC, DV, tid, NT, W, buf, KB)
+                _store_tile(smem, K_OFF, KS, BC, D, tid, NT, W, buf, ZERO)
+                _store_tile(smem, V_OFF, DV, BC, DV, tid, NT, W, buf, KB)
             else:  # the ragged last tile, or a padded head dim
                 _load_tile_ragged(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT)
                 _load_tile_ragged(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
@@ -609,25 +676,38 @@ def _is_device_array(x) -> bool:
 
 
 def _to_device_flat(x):
-    """A C-contiguous 1-D view of ``x`` on the GPU: a view of a device array, a copy of a host one.
+    """A C-contiguous 1-D view of ``x`` on the GPU, its data 16-byte aligned: a view of a device
+    array, a copy of a host one (or of a device view that starts at an unaligned address).
 
-    The kernels index each head's (N × d) matrix inside this flat array themselves.
+    The kernels index each head's (N × d) matrix inside this flat array themselves, and read
+    float16 tiles 4 elements (8 bytes) at a time, which needs aligned addresses.
     """
     if not _is_device_array(x):
         return cuda.to_device(np.ascontiguousarray(x).reshape(-1))
     xp = _array_module(x)
     if xp is not None:  # CuPy: ascontiguousarray copies only non-contiguous arrays
-        return xp.ascontiguousarray(x).reshape(-1)
+        flat = xp.ascontiguousarray(x).reshape(-1)
+        return flat if _aligned(flat) else flat.copy()
     if not hasattr(x, "is_c_contiguous"):  # another library's array (e.g. a PyTorch tensor)
         x = cuda.as_cuda_array(x)
     if not x.is_c_contiguous():
         raise ValueError(f"non-contiguous numba device arrays are not supported (got shape {x.shape}, strides "
                          f"{x.strides}); pass a contiguous array, or a CuPy array")
-    return x.reshape(x.size)
+    flat = x.reshape(x.size)
+    if not _aligned(flat):
+        copy = cuda.device_array(flat.shape, dtype=flat.dtype)
+        copy.copy_to_device(flat)
+        flat = copy
+    return flat
+
+
+def _aligned(x) -> bool:
+    """Whether a device array's data starts at a 16-byte boundary (always true on the simulator)."""
+    return simulator_enabled() or x.__cuda_array_interface__["data"][0] % 16 == 0
 
 
 def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str = "fast",
-                   config: TileConfig | None = None):
+                   config: TileConfig | None = None, vector: int | None = None):
     """Stage 2: FlashAttention's forward pass on the GPU. Returns ``(o, lse)``.
 
     Same contract as :func:`tinyflash.naive_attention`: q (..., Nq, d), k (..., Nk, d),
@@ -636,7 +716,9 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     NumPy inputs are copied to the GPU and the results back; device arrays (CuPy, numba, anything
     with ``__cuda_array_interface__``) stay on the GPU and the results are device arrays of the
     same kind. ``kernel`` is ``"fast"`` (register-tiled ``flash_fwd``) or ``"simple"`` (one
-    thread per query row); ``config`` overrides the fast kernel's tiling (tests use tiny ones).
+    thread per query row); ``config`` overrides the fast kernel's tiling (tests use tiny ones) and
+    ``vector`` the elements it reads per thread and global load (1 or 4; default
+    :func:`vector_width` of the dtype).
     """
     on_device = _is_device_array(q)
     if not on_device:
@@ -649,6 +731,8 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
     if kernel not in ("fast", "simple"):
         raise ValueError(f"kernel must be 'fast' or 'simple'; got {kernel!r}")
+    if vector not in (None, 1, 4):
+        raise ValueError(f"vector must be 1 or 4 (or None: the dtype's default); got {vector!r}")
     bh = math.prod(prob.lead)
     if bh > 65535:
         raise ValueError(f"the product of the leading dims (batch × heads) must be at most 65535; got {bh}")
@@ -661,7 +745,7 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if prob.n_q > 0 and bh > 0:
         args = (_to_device_flat(q), _to_device_flat(k), _to_device_flat(v), o, lse, prob.n_q, prob.n_k, prob.d,
                 prob.d_v, np.float32(prob.scale * LOG2E), prob.causal)
-        _launch(kernel, config, prob, args)
+        _launch(kernel, config, vector, prob, args)
 
     o = o.reshape(prob.out_shape)
     lse = lse.reshape(prob.lse_shape)
@@ -680,7 +764,7 @@ def _array_module(x):
     return None
 
 
-def _launch(kernel: str, config, prob, args) -> None:
+def _launch(kernel: str, config, vector, prob, args) -> None:
     """Size the grid and launch; one thread block per (query tile, batch·head)."""
     if kernel == "simple":
         BR, BC = (16, 16) if simulator_enabled() else (64, 32)
@@ -692,14 +776,15 @@ def _launch(kernel: str, config, prob, args) -> None:
     cfg = config or (default_config(prob.d, prob.d_v) if not simulator_enabled() else simulator_config(prob.d, prob.d_v))
     if cfg.D < prob.d or cfg.DV < prob.d_v:
         raise ValueError(f"config {cfg} is too small for d={prob.d}, dv={prob.d_v}")
-    fn = make_kernel(cfg)
+    vector = vector_width(prob.dtype) if vector is None else vector
+    fn = make_kernel(cfg, vector)
     try:
         allow_large_shared_memory(fn, args, cfg.smem_bytes)
     except Exception as exc:  # the driver refused: fall back to a tiling that needs no permission
         small = small_config(prob.d, prob.d_v)
         warnings.warn(f"could not enable {cfg.smem_bytes} bytes of shared memory ({exc}); "
                       f"falling back to the slower tiling {small}", RuntimeWarning, stacklevel=3)
-        cfg, fn = small, make_kernel(small)
+        cfg, fn = small, make_kernel(small, vector)
     grid = (-(-prob.n_q // cfg.BR), math.prod(prob.lead))  # (query tiles, batch·heads)
     fn[grid, cfg.NT, 0, cfg.smem_bytes](*args)
 
