@@ -26,7 +26,7 @@ Run from the repository root:  python lessons/02_online_softmax.py  (about a sec
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.testing import lse_error, rel_error
+from tinyflash.core.tolerance import lse_error, rel_error
 
 rng = np.random.default_rng()  # fresh inputs every run: the checks below hold for any seed
 

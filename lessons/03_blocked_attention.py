@@ -9,7 +9,7 @@ What you will learn
     * that tinyflash.blocked_attention gives the same O and lse as naive_attention, to 1e-12 in
       float64, for every tile size, causal or not;
     * that with a causal mask the key tiles above the diagonal are skipped, not computed and
-      masked: about half the tiles, counted from the tile loads with tinyflash.traffic.HBMCounter;
+      masked: about half the tiles, counted from the tile loads with tinyflash.measure.traffic.HBMCounter;
     * that nothing N × N is ever allocated (tracemalloc).
 
 What changed since the last lesson: lesson 02 ran the online softmax for one query row. Here it
@@ -26,9 +26,9 @@ Run from the repository root:  python lessons/03_blocked_attention.py  (a couple
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.memory import blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes
-from tinyflash.testing import lse_error, rel_error
-from tinyflash.traffic import HBMCounter
+from tinyflash.measure.memory import blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes
+from tinyflash.core.tolerance import lse_error, rel_error
+from tinyflash.measure.traffic import HBMCounter
 
 rng = np.random.default_rng()  # fresh inputs every run: the checks below hold for any seed
 

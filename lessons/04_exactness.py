@@ -13,7 +13,7 @@ What you will learn
 
 What changed since the last lesson: no new algorithm. Lesson 03 compared the stages in float64
 only, where the differences are 1e-16; here the same comparison runs in lower precisions, with
-tinyflash.testing's error metrics and tinyflash.testing.fa_rule.
+tinyflash.core.tolerance's error metrics and tinyflash.core.tolerance.fa_rule.
 
 Run from the repository root:  python lessons/04_exactness.py  (about a second)
 """
@@ -28,11 +28,11 @@ import math
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.testing import fa_rule, lse_error, rel_error
+from tinyflash.core.tolerance import F32_TOL, fa_rule, lse_error, rel_error
 
 rng = np.random.default_rng()  # fresh inputs every run: the checks below hold for any seed
 
-# %% [2] Pseudocode: FlashAttention's tolerance rule (flash-attn's tests; tinyflash.testing.fa_rule)
+# %% [2] Pseudocode: FlashAttention's tolerance rule (flash-attn's tests; tinyflash.core.tolerance.fa_rule)
 #   ref      = attention computed in float64 from the same low-precision inputs
 #   naive    = attention the simple way, inputs and output in the low precision
 #   fast     = the implementation under test, same inputs and output precision
@@ -68,7 +68,7 @@ assert all(abs(float(s) - exact) <= bound for s in sums.values())
 # 0 by construction; stage 1's float64 error shows the cost of a different order: a few units of
 # float64 roundoff. float16 inputs are computed in float32 and rounded to float16 at the end.
 n, d, B = 300, 64, 64  # 300 = 4 · 64 + 44: a ragged last tile
-tolerance = {np.float64: 1e-12, np.float32: 1e-5, np.float16: float(np.finfo(np.float16).eps)}
+tolerance = {np.float64: 1e-12, np.float32: F32_TOL, np.float16: float(np.finfo(np.float16).eps)}
 q64, k64, v64 = (rng.standard_normal((n, d)) for _ in range(3))  # (N, d) each
 errors = {}
 print(f"\nrelative error against reference_attention (float64), N = {n}, d = {d}, Br = Bc = {B}:")
@@ -86,7 +86,7 @@ for dtype in (np.float64, np.float32, np.float16):
         print(f"  {dtype.__name__:<8}  {causal!s:<6}   {eps:12.1e}   {e[0]:8.1e}   {e[1]:8.1e}   ({e[1] / eps:4.1f})  "
               f"  {e[2]:8.1e}   {e[3]:8.1e}")
         assert max(e[:2]) <= tolerance[dtype]  # O: within the tolerance of its precision
-        assert max(e[2:]) <= (1e-12 if dtype == np.float64 else 1e-5)  # lse: float32 unless inputs are float64
+        assert max(e[2:]) <= (1e-12 if dtype == np.float64 else F32_TOL)  # lse: float32 unless inputs are float64
         if dtype == np.float64:
             assert e[0] == 0 == e[2]  # stage 0 in float64 is the reference
 for causal in (False, True):  # each step down in precision costs at least a factor of 10
@@ -103,8 +103,8 @@ print(f"\nfloat32: blocked and naive differ in {differ:.0%} of the entries of O,
       f"{gap:.1e} of max|O| ({gap / np.finfo(np.float32).eps:.1f} float32 eps)")
 print(f"  yet both are within {tolerance[np.float32]:.0e} of the reference: naive {rel_error(naive_o, ref_o):.1e}, "
       f"blocked {rel_error(fast_o, ref_o):.1e}")
-assert differ > 0.5 and gap <= 1e-5  # not bitwise equal, but equal to rounding
-assert rel_error(naive_o, ref_o) <= 1e-5 and rel_error(fast_o, ref_o) <= 1e-5
+assert differ > 0.5 and gap <= F32_TOL  # not bitwise equal, but equal to rounding
+assert rel_error(naive_o, ref_o) <= F32_TOL and rel_error(fast_o, ref_o) <= F32_TOL
 # In float16 both stages compute in float32 and round once at the end; the float32 differences
 # are far below a float16 rounding step, so they survive only where a value sits near a boundary.
 q, k, v = (a.astype(np.float16) for a in (q64, k64, v64))  # (N, d) each
@@ -126,7 +126,7 @@ for n_q, n_k, causal in ((300, 300, False), (300, 300, True), (129, 257, True), 
     print(f"  {n_q:>5} {n_k:>5}  {causal!s:<6}  {check.fast_error:10.2e}   {check.naive_error:10.2e}  "
           f"{check.atol:9.2e}   {check.bound:9.2e}  {'ok' if check.ok else 'FAIL'}")
     assert check.ok
-    assert lse_error(fast_lse, ref_lse) <= 1e-5  # lse stays float32: the float32 tolerance applies
+    assert lse_error(fast_lse, ref_lse) <= F32_TOL  # lse stays float32: the float32 tolerance applies
 # The fast and naive errors are usually identical here: in float16 the largest error is the final
 # rounding of O, and both stages round (almost) the same float32 values ([5]).
 # The rule is no rubber stamp: an approximation that ignores the last 16 keys fails it.

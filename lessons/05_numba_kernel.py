@@ -36,9 +36,10 @@ if not HAS_GPU:
 import numpy as np  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
-from tinyflash import cuda_kernel as ck  # noqa: E402
-from tinyflash.testing import assert_close, assert_fa_rule  # noqa: E402
-from tinyflash.traffic import HBMCounter  # noqa: E402
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
+from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
+from tinyflash.gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT  # noqa: E402
+from tinyflash.measure.traffic import HBMCounter  # noqa: E402
 
 print(f"running the kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}")
 
@@ -55,17 +56,23 @@ print(f"running the kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator 
 #       O_i = acc / l_i, lse_i = m_i + log(l_i)    -> the only writes to HBM
 #
 # Between the steps, cuda.syncthreads() makes the block wait until every thread has finished
-# writing (or reading) shared memory; src/tinyflash/cuda_kernel.py names the race at each one.
+# writing (or reading) shared memory; the kernels name the race at each one.
+#
+# The kernels live in src/tinyflash/forward/kernels/, one file per version, each registered once.
+# Each one is a complete kernel; the next one changes one thing, which the table says:
+print("\n" + version_table())
+print(f"cuda_attention runs {LATEST} unless told otherwise (kernel='v1' ... '{LATEST}')")
+assert list(VERSIONS)[-1] == LATEST
 
-# %% [2] The thread/tile map of the fast kernel, as it runs on an H200 for d = 128
-cfg = ck.default_config(128, 128)
+# %% [2] The thread/tile map of the register-tiled kernels (v2 on), as they run on an H200 for d = 128
+cfg = tiling.default_config(128, 128)
 print(f"\n{cfg}: {cfg.NT} threads per block; {cfg.RG} row groups of {cfg.CT} threads;")
 print(f"each thread owns TM = {cfg.TM} rows, TN = {cfg.TN} keys of S_ij and {4 * cfg.TO4} columns of O_i")
 assert cfg.RG * cfg.CT == cfg.NT and cfg.RG * cfg.TM == cfg.BR and cfg.CT * cfg.TN == cfg.BC
 assert cfg.TM * cfg.TN * cfg.NT == cfg.BR * cfg.BC  # the score tile is split exactly, no overlap
 
 
-def owner(row: int, key: int, c: ck.TileConfig) -> int:
+def owner(row: int, key: int, c: tiling.TileConfig) -> int:
     """The thread that computes S_ij[row, key]: rows in blocks of TM, keys strided by CT."""
     return (row // c.TM) * c.CT + key % c.CT
 
@@ -80,23 +87,24 @@ owners = np.array([[owner(r, k, cfg) for k in range(cfg.BC)] for r in range(cfg.
 assert np.all(np.bincount(owners.ravel()) == cfg.TM * cfg.TN)  # every thread: exactly TM × TN scores
 
 # %% [3] Why it fits: shared memory per block
+# TileConfig.smem_layout() is the one description of a block's shared memory: the kernels take
+# their offsets from it, the launch its size, and this lesson prints it.
 print("\nShared memory per block (float32 tiles, rows padded by 4 floats):")
 for d in (64, 128):
-    c = ck.default_config(d, d)
-    parts = {"Q_i": c.BR * c.QS * 4, "K_j, then P_ij": max(c.BC * c.KS, c.BC * c.PS) * 4,
-             "V_j": c.BC * c.DV * 4, "row max / sum exchange": c.BR * c.CT * 4}
-    print(f"  d = {d:3d}, Br = {c.BR}, Bc = {c.BC}: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in parts.items())
-          + f"  -> {c.smem_bytes / 1024:.1f} KiB")
-    assert sum(parts.values()) == c.smem_bytes
-    assert ck.STATIC_SMEM_LIMIT < c.smem_bytes <= 227 * 1024  # more than 48 KiB: must be asked for
+    c = tiling.default_config(d, d)
+    regions = c.smem_layout()
+    print(f"  d = {d:3d}, Br = {c.BR}, Bc = {c.BC}: " + ", ".join(f"{r.name} {4 * r.floats / 1024:.1f} KiB"
+                                                               for r in regions) + f"  -> {c.smem_bytes / 1024:.1f} KiB")
+    assert 4 * sum(r.floats for r in regions) == c.smem_bytes
+    assert STATIC_SMEM_LIMIT < c.smem_bytes <= MAX_SMEM_PER_BLOCK  # more than 48 KiB: must be asked for
 # P_ij can overwrite K_j: once every thread has its scores (a barrier guarantees it), K_j is not
-# read again in this tile. Above 48 KiB a kernel must ask the driver first (allow_large_shared_memory);
+# read again in this tile. Above 48 KiB a kernel must ask the driver first (gpu/smem.py);
 # if the driver refuses, cuda_attention warns and falls back to a tiling of at most 48 KiB:
-small = ck.small_config(128, 128)
+small = tiling.small_config(128, 128)
 print(f"  fallback for d = 128: {small}, {small.smem_bytes / 1024:.1f} KiB")
-assert small.smem_bytes <= ck.STATIC_SMEM_LIMIT
+assert small.smem_bytes <= STATIC_SMEM_LIMIT
 
-# %% [4] Check: both kernels against stage 1 and the float64 reference
+# %% [4] Check: every kernel version against stage 1 and the float64 reference
 rng = np.random.default_rng()
 lead, n_q, n_k, d = ((2,), 40, 37, 16) if not HAS_GPU else ((2, 4), 1000, 777, 64)
 q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float32) for n in (n_q, n_k, n_k))  # (..., N, d)
@@ -104,12 +112,12 @@ print(f"\nq {q.shape}, k {k.shape}, v {v.shape}, float32 (N not a multiple of an
 for causal in (False, True):
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)  # float64
     blk_o, blk_lse = tf.blocked_attention(q, k, v, causal=causal)  # stage 1, float32
-    for kernel in ("simple", "fast"):
+    for kernel in VERSIONS:
         o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=kernel)  # stage 2
-        e_ref = assert_close(o, ref_o, 1e-5, f"{kernel} o vs reference")
-        e_blk = assert_close(o, blk_o, 1e-5, f"{kernel} o vs stage 1")
-        assert_close(lse, ref_lse, 1e-5, f"{kernel} lse vs reference", is_lse=True)
-        print(f"  causal={causal!s:5} {kernel:6}: rel. error vs float64 {e_ref:.1e}, vs stage 1 {e_blk:.1e}")
+        e_ref = assert_close(o, ref_o, F32_TOL, f"{kernel} o vs reference")
+        e_blk = assert_close(o, blk_o, F32_TOL, f"{kernel} o vs stage 1")
+        assert_close(lse, ref_lse, F32_TOL, f"{kernel} lse vs reference", is_lse=True)
+        print(f"  causal={causal!s:5} {kernel}: rel. error vs float64 {e_ref:.1e}, vs stage 1 {e_blk:.1e}")
 
 # float16 in memory, float32 arithmetic: FlashAttention's rule against the naive float16 result
 q16, k16, v16 = (x.astype(np.float16) for x in (q, k, v))
@@ -119,9 +127,10 @@ rule = assert_fa_rule(o16, tf.naive_attention(q16, k16, v16, causal=True)[0],
 print(f"  float16, causal: {rule}")
 
 # %% [5] Causal: key tiles above the diagonal are skipped, not computed and masked
-# The kernel's loop over K_j stops at the last key that the tile's last query may see
-# (tinyflash.blocked.last_allowed_key). Stage 1 stops at the same place, so counting its K_j
-# loads with the kernel's tile sizes counts the kernel's tiles.
+# The kernel's loop over K_j stops at key_stop(q_end): the keys that the tile's last query may see
+# (tinyflash.core.masks, the one causal rule, which the kernels compile as a device function).
+# Stage 1 stops at the same place, so counting its K_j loads with the kernel's tile sizes counts
+# the kernel's tiles.
 n = 1024
 qc, kc, vc = (rng.standard_normal((n, 8)) for _ in range(3))  # (N, 8)
 tiles = {}

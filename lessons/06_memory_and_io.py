@@ -28,10 +28,10 @@ import sys
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, GiB, KiB, MiB, attention_memory,
+from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, GiB, KiB, MiB, attention_memory,
                               blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes,
                               tile_bytes)
-from tinyflash.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form,
+from tinyflash.measure.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form,
                                standard_attention_traffic, standard_traffic_closed_form, theta_flash, theta_standard,
                                tile_sizes, traffic_ratio)
 
@@ -123,7 +123,7 @@ assert 12.9 < ratios[h200_m] < 13.1 and ratios[4096] < 1  # big SRAM: 13× less;
 
 # %% [6] The picture
 if args.figures:
-    from tinyflash import plots
+    from tinyflash.measure import plots
 
     plots.plot_memory_model(f"{args.figures}/memory_model.png")
     plots.plot_memory_cpu_measured(f"{args.figures}/memory_cpu_measured.png", naive_ns=[256, 512, 1024, 2048],

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tinyflash as tf
-from tinyflash.testing import assert_close
+from tinyflash.core.tolerance import assert_close
 
 CPU_STAGES = [tf.naive_attention, tf.blocked_attention, tf.reference_attention]
 
@@ -128,3 +128,41 @@ def test_lists_are_accepted_as_arrays():
     q, k, v = qkv(lead=(), dtype=np.float64)
     o, lse = tf.naive_attention(q.tolist(), k.tolist(), v.tolist())
     np.testing.assert_array_equal(o, tf.naive_attention(q, k, v)[0])
+
+
+class FakeDtype:
+    """A dtype NumPy does not know, printed as PyTorch prints its own (``torch.float32``)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+class FakeTorchTensor:
+    """What a PyTorch CUDA tensor shows the checks: a shape, a dtype object NumPy does not know,
+    and a ``__cuda_array_interface__`` whose typestr says what the elements are (PyTorch says
+    ``<V2``, raw bytes, for bfloat16). No GPU memory behind it: only the checks may look."""
+
+    def __init__(self, shape, dtype, typestr):
+        self.shape, self.dtype = shape, FakeDtype(dtype)
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (0, False), "version": 2}
+
+
+def test_gpu_tensors_whose_dtype_numpy_does_not_know():
+    """PyTorch tensors' dtypes are read from their interface; bfloat16 gets a clear error."""
+    from tinyflash.core.checks import check_attention_inputs
+    from tinyflash.forward.cuda import SUPPORTED
+
+    f32 = [FakeTorchTensor((2, 5, 8), "torch.float32", "<f4") for _ in range(3)]
+    prob = check_attention_inputs(*f32, causal=False, scale=None, allowed=SUPPORTED)
+    assert prob.dtype == np.float32 and prob.n_q == 5 and prob.lead == (2,)
+    bf16 = [FakeTorchTensor((2, 5, 8), "torch.bfloat16", "<V2") for _ in range(3)]
+    with pytest.raises(TypeError, match=r"q has dtype torch.bfloat16; expected one of float16, float32 \(no stage"):
+        check_attention_inputs(*bf16, causal=False, scale=None, allowed=SUPPORTED)
+    with pytest.raises(TypeError, match="q has dtype torch.bfloat16; expected one of float16, float32"):
+        tf.cuda_attention(*bf16)
+    mixed = [f32[0], FakeTorchTensor((2, 5, 8), "torch.float16", "<f2"), f32[2]]
+    with pytest.raises(TypeError, match="q, k and v must share one dtype; got q float32, k float16, v float32"):
+        check_attention_inputs(*mixed, causal=False, scale=None, allowed=SUPPORTED)

@@ -2,7 +2,8 @@
 
 Sizes from 1 to 4096 (ragged tiles everywhere but 128 and 4096), head dims 32, 64, 80 and 128,
 causal and not, float32 and float16, against the float64 reference with the stage-1 rules;
-plus determinism, device-array round trips and the >48 KiB shared-memory path.
+every registered kernel version; plus determinism, CuPy, numba and PyTorch arrays in and out,
+more than 65,535 heads and the >48 KiB shared-memory path.
 """
 
 import warnings
@@ -12,11 +13,12 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash import cuda_kernel as ck
-from tinyflash.testing import assert_close, assert_fa_rule
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
+from tinyflash.forward.kernels import VERSIONS, tiling
+from tinyflash.gpu.arrays import is_device_array
+from tinyflash.gpu.smem import STATIC_SMEM_LIMIT
 
 pytestmark = pytest.mark.gpu
-F32_TOL = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -63,16 +65,58 @@ def test_other_head_dims(rng, d):
     assert_close(lse, ref_lse, F32_TOL, f"lse d={d}", is_lse=True)
 
 
+@pytest.mark.parametrize("kernel", list(VERSIONS))
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_simple_kernel(rng, dtype):
-    q, k, v = make_qkv(rng, (2,), 777, 777, d=64, dtype=dtype)
-    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="simple")
+def test_every_version(rng, kernel, dtype):
+    """Every registered version, with its GPU tiling, at a ragged size with Nq != Nk and d != dv."""
+    q, k, v = make_qkv(rng, (2,), 777, 1000, d=64, d_v=80, dtype=dtype)
+    for causal in (False, True):
+        o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=kernel)
+        ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
+        if dtype == np.float16:
+            assert_fa_rule(o, tf.naive_attention(q, k, v, causal=causal)[0], ref_o, np.float16, what=f"{kernel} o")
+        else:
+            assert_close(o, ref_o, F32_TOL, f"{kernel} o")
+        assert_close(lse, ref_lse, F32_TOL, f"{kernel} lse", is_lse=True)
+
+
+def test_simple_kernel_with_head_dim_256(rng):
+    """v1 with d = dv = 256 takes 64 KiB of shared memory: granted, not a driver error."""
+    q, k, v = make_qkv(rng, (2,), 300, 300, d=256, dtype=np.float32)
+    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v1")
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True)
-    if dtype == np.float16:
-        assert_fa_rule(o, tf.naive_attention(q, k, v, causal=True)[0], ref_o, np.float16, what="o")
-    else:
-        assert_close(o, ref_o, F32_TOL, "o")
+    assert_close(o, ref_o, F32_TOL, "o")
     assert_close(lse, ref_lse, F32_TOL, "lse", is_lse=True)
+
+
+def test_more_than_65535_heads(rng):
+    """B × H = 70,000 > 65,535, CUDA's limit on blocks along y: launched in two slices."""
+    q, k, v = make_qkv(rng, (70, 1000), 3, 5, d=8, dtype=np.float32)
+    for kernel in ("v1", "v5"):
+        o, lse = tf.cuda_attention(q, k, v, causal=True, kernel=kernel)
+        ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True)
+        assert_close(o, ref_o, F32_TOL, f"{kernel} o")
+        assert_close(lse, ref_lse, F32_TOL, f"{kernel} lse", is_lse=True)
+
+
+def test_torch_in_torch_out(rng):
+    """PyTorch CUDA tensors are read in place and the results are tensors on the same device;
+    bfloat16 is refused with the supported dtypes named."""
+    torch = pytest.importorskip("torch")
+    q, k, v = make_qkv(rng, (2, 3), 300, 257, d=64, dtype=np.float16)
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    tq_t = tq.transpose(-1, -2).contiguous().transpose(-1, -2)  # the same values, not contiguous
+    o, lse = tf.cuda_attention(tq_t, tk, tv, causal=True)
+    assert isinstance(o, torch.Tensor) and o.is_cuda and o.dtype == torch.float16 and o.shape == (2, 3, 300, 64)
+    assert isinstance(lse, torch.Tensor) and lse.dtype == torch.float32 and lse.shape == (2, 3, 300)
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True)
+    assert_fa_rule(o.cpu().numpy(), tf.naive_attention(q, k, v, causal=True)[0], ref_o, np.float16, what="o")
+    assert_close(lse.cpu().numpy(), ref_lse, F32_TOL, "lse", is_lse=True)
+    for x, t in ((q, tq), (k, tk), (v, tv)):
+        assert np.array_equal(t.cpu().numpy(), x)  # inputs untouched
+    b16 = tq.to(torch.bfloat16)
+    with pytest.raises(TypeError, match="q has dtype torch.bfloat16; expected one of float16, float32"):
+        tf.cuda_attention(b16, b16, b16)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -106,7 +150,7 @@ def test_non_contiguous_cupy_and_numba_device_arrays(rng):
     o, _ = tf.cuda_attention(qt, cupy.asarray(k), cupy.asarray(v))
     assert_close(o.get(), tf.reference_attention(q, k, v)[0], F32_TOL, "o, transposed CuPy q")
     o, lse = tf.cuda_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v))
-    assert ck._is_device_array(o) and not isinstance(o, np.ndarray)
+    assert is_device_array(o) and not isinstance(o, np.ndarray)
     assert_close(o.copy_to_host(), tf.reference_attention(q, k, v)[0], F32_TOL, "o, numba arrays")
 
 
@@ -142,7 +186,7 @@ def test_unaligned_device_views(rng, dtype):
 def test_large_shared_memory_is_granted():
     """The default tilings need more than 48 KiB; the driver must grant it (no fallback warning)."""
     for d in (64, 128, 256):
-        assert ck.default_config(d, d).smem_bytes > ck.STATIC_SMEM_LIMIT
+        assert tiling.default_config(d, d).smem_bytes > STATIC_SMEM_LIMIT
     rng = np.random.default_rng()
     q, k, v = make_qkv(rng, (1,), 256, 256, d=128, dtype=np.float32)
     o, _ = tf.cuda_attention(q, k, v)  # the autouse fixture turns a fallback warning into an error

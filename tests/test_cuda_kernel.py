@@ -2,7 +2,8 @@
 
 The simulator runs one Python thread per CUDA thread, so these tests use tiny tiles
 (simulator_config: 8 × 8 tiles, 16 threads) and N <= 48; on a machine with a GPU they run there.
-Each test compares against stage 1 (blocked_attention) and the float64 reference.
+Each test compares against stage 1 (blocked_attention) and the float64 reference. Every
+registered kernel version is tested; the latest one (what cuda_attention runs by default) most.
 """
 
 import warnings
@@ -12,11 +13,14 @@ import pytest
 from conftest import HAS_GPU, make_qkv
 
 import tinyflash as tf
-from tinyflash import cuda_kernel as ck
-from tinyflash.testing import assert_close, assert_fa_rule
+import tinyflash.gpu
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
+from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, v1_row_per_thread, v5_branch_free
+from tinyflash.gpu import arrays, launch, runtime
+from tinyflash.gpu.smem import STATIC_SMEM_LIMIT
 
 pytestmark = pytest.mark.simulator
-F32_TOL = 1e-5
+TILED = [name for name, v in VERSIONS.items() if "config" in v.options]  # the register-tiled versions
 SHAPES = [(1, 1), (7, 7), (8, 8), (9, 17), (17, 9), (48, 48), (33, 20), (20, 33)]
 
 
@@ -62,22 +66,25 @@ def test_fast_kernel_leading_dims_float16(rng, lead):
     check_against_stages(o, lse, q, k, v, True, "float16")
 
 
+@pytest.mark.parametrize("kernel", list(VERSIONS))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_q, n_k, dtype", [(17, 9, np.float32), (9, 40, np.float32), (24, 24, np.float16)])
-def test_simple_kernel(rng, n_q, n_k, dtype, causal):
-    """Version 1 (one thread per query row) computes the same thing."""
+def test_every_version(rng, kernel, n_q, n_k, dtype, causal):
+    """Every registered version computes the same thing: ragged tiles, Nq != Nk, d != dv, float16."""
     q, k, v = make_qkv(rng, (2,), n_q, n_k, d=8, d_v=5, dtype=dtype)
-    o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel="simple")
-    check_against_stages(o, lse, q, k, v, causal, "simple")
+    o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=kernel)
+    assert o.dtype == dtype and o.shape == (2, n_q, 5) and lse.dtype == np.float32
+    check_against_stages(o, lse, q, k, v, causal, kernel)
 
 
-def test_config_with_several_rows_per_thread_and_a_ragged_last_tile(rng):
+@pytest.mark.parametrize("kernel", TILED)
+def test_config_with_several_rows_per_thread_and_a_ragged_last_tile(rng, kernel):
     """A tiling shaped like the GPU one (TM = 4 rows per thread, strided keys), still small."""
-    cfg = ck.TileConfig(BR=16, BC=16, TM=4, NT=16, D=8, DV=16)
+    cfg = tiling.TileConfig(BR=16, BC=16, TM=4, NT=16, D=8, DV=16)
     q, k, v = make_qkv(rng, (), 37, 45, d=8, d_v=10, dtype=np.float32)
     for causal in (False, True):
-        o, lse = tf.cuda_attention(q, k, v, causal=causal, config=cfg)
-        check_against_stages(o, lse, q, k, v, causal, "TM=4")
+        o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=kernel, config=cfg)
+        check_against_stages(o, lse, q, k, v, causal, f"{kernel} TM=4")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -85,7 +92,7 @@ def test_config_with_fewer_tile_rows_than_a_load_step(rng, dtype):
     """128 threads load an 8-wide K_j 16 rows at a time (float16, 4 elements per thread: 64
     rows), but the tile has only 8 rows: the fast (full-tile) load path must not be taken. Here
     V_j (dv = 64) is full too, so both take it together unless the tile shape is checked."""
-    cfg = ck.TileConfig(BR=16, BC=8, TM=1, NT=128, D=8, DV=64)
+    cfg = tiling.TileConfig(BR=16, BC=8, TM=1, NT=128, D=8, DV=64)
     q, k, v = make_qkv(rng, (), 20, 33, d=8, d_v=64, dtype=dtype)
     o, lse = tf.cuda_attention(q, k, v, config=cfg)
     check_against_stages(o, lse, q, k, v, False, "BC=8, NT=128")
@@ -93,7 +100,7 @@ def test_config_with_fewer_tile_rows_than_a_load_step(rng, dtype):
 
 def test_fully_masked_rows(rng):
     q, k, v = make_qkv(rng, (), 12, 5, d=8, dtype=np.float32)
-    for kernel in ("fast", "simple"):
+    for kernel in VERSIONS:
         o, lse = tf.cuda_attention(q, k, v, causal=True, kernel=kernel)
         assert np.all(o[:7] == 0) and np.all(np.isneginf(lse[:7]))  # rows 0..6 may attend no key
         assert np.isfinite(lse[7:]).all()
@@ -144,7 +151,7 @@ def test_device_arrays_stay_on_the_device(rng):
 
     q, k, v = make_qkv(rng, (2,), 11, 13, d=8, dtype=np.float32)
     o, lse = tf.cuda_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v))
-    assert ck._is_device_array(o) and ck._is_device_array(lse) and not isinstance(o, np.ndarray)
+    assert arrays.is_device_array(o) and arrays.is_device_array(lse) and not isinstance(o, np.ndarray)
     assert o.shape == (2, 11, 8) and lse.shape == (2, 11)
     check_against_stages(o.copy_to_host(), lse.copy_to_host(), q, k, v, False, "device arrays")
 
@@ -152,13 +159,57 @@ def test_device_arrays_stay_on_the_device(rng):
 def test_shared_memory_fallback_warns_and_stays_correct(rng, monkeypatch):
     """If the driver refuses more than 48 KiB of shared memory, a smaller tiling is used, with a warning."""
     def refuse(kernel, args, nbytes):
-        raise RuntimeError("refused for the test")
+        if nbytes > STATIC_SMEM_LIMIT:
+            raise RuntimeError("refused for the test")
 
-    monkeypatch.setattr(ck, "allow_large_shared_memory", refuse)
+    monkeypatch.setattr(launch, "allow_large_shared_memory", refuse)
     q, k, v = make_qkv(rng, (), 20, 20, d=8, dtype=np.float32)
+    big = tiling.TileConfig(BR=64, BC=128, TM=8, NT=128, D=8, DV=64)  # 87 KiB: more than 48
+    assert big.smem_bytes > STATIC_SMEM_LIMIT
     with pytest.warns(RuntimeWarning, match="falling back to the slower tiling"):
-        o, lse = tf.cuda_attention(q, k, v, config=ck.TileConfig(BR=8, BC=8, TM=2, NT=16, D=8, DV=16))
+        o, lse = tf.cuda_attention(q, k, v, config=big)
     check_against_stages(o, lse, q, k, v, False, "fallback")
+
+
+def test_more_heads_than_one_grid_column_holds(rng, monkeypatch):
+    """B × H above CUDA's 65,535 blocks along y is launched in slices of heads; here the limit is
+    lowered to 2 so that 7 heads take 4 launches (the GPU tests run 70,000 real heads)."""
+    monkeypatch.setattr(launch, "MAX_GRID_Y", 2)
+    q, k, v = make_qkv(rng, (7,), 10, 9, d=8, d_v=5, dtype=np.float32)
+    for kernel in ("v1", LATEST):
+        o, lse = tf.cuda_attention(q, k, v, causal=True, kernel=kernel)
+        check_against_stages(o, lse, q, k, v, True, f"{kernel}, 7 heads in slices of 2")
+
+
+def test_launch_slices_the_heads(monkeypatch):
+    """What the launch helper does with 7 heads and at most 2 blocks along y: 4 launches, each on
+    views that start at the first head of its slice."""
+    monkeypatch.setattr(launch, "MAX_GRID_Y", 2)
+    calls = []
+
+    class Kernel:  # records each launch's grid and the first element of each array it is given
+        def __getitem__(self, config):
+            return lambda *args: calls.append((config[0], [int(a[0]) for a in args[:2]], args[2:]))
+
+    per_head = ((np.arange(7 * 4), 4), (np.arange(7 * 3), 3))  # two arrays: 4 and 3 elements per head
+    launch.launch(Kernel(), 5, 16, 1024, launch.LaunchArgs(per_head=per_head, scalars=(9, True), n_heads=7))
+    assert calls == [((5, 2), [0, 0], (9, True)), ((5, 2), [8, 6], (9, True)), ((5, 2), [16, 12], (9, True)),
+                     ((5, 1), [24, 18], (9, True))]
+
+
+def test_simple_kernel_asks_for_large_shared_memory(rng, monkeypatch):
+    """v1 with d = dv = 256 needs 64 KiB of shared memory on a GPU (its tiles there: GPU_TILE),
+    more than a kernel may use without asking: its launch goes through the one launch helper,
+    which asks (the GPU tests run it for real)."""
+    BR, BC = v1_row_per_thread.GPU_TILE
+    assert 4 * BC * (256 + 256) == 64 * 1024 > STATIC_SMEM_LIMIT
+    asked = []
+    monkeypatch.setattr(launch, "allow_large_shared_memory", lambda kernel, args, nbytes: asked.append(nbytes))
+    q, k, v = make_qkv(rng, (), 3, 3, d=256, dtype=np.float32)
+    o, lse = tf.cuda_attention(q, k, v, kernel="v1")
+    BR, BC = v1_row_per_thread.SIMULATOR_TILE if runtime.simulator_enabled() else v1_row_per_thread.GPU_TILE
+    assert asked == [4 * BC * (256 + 256)]
+    check_against_stages(o, lse, q, k, v, False, "v1, d = 256")
 
 
 # ---- configuration and errors (no kernel launch) ----------------------------------------------
@@ -166,18 +217,44 @@ def test_shared_memory_fallback_warns_and_stays_correct(rng, monkeypatch):
 
 def test_tile_configs_fit_the_hardware():
     for d in range(1, 257, 7):
-        assert ck.small_config(d, d).smem_bytes <= 48 * 1024
-        cfg = ck.default_config(d, d)
+        assert tiling.small_config(d, d).smem_bytes <= 48 * 1024
+        cfg = tiling.default_config(d, d)
         assert cfg.D >= d and cfg.DV >= d and cfg.smem_bytes <= 227 * 1024  # Hopper's per-block maximum
     with pytest.raises(ValueError, match="invalid tile configuration"):
-        ck.TileConfig(BR=64, BC=64, TM=8, NT=96, D=64, DV=64).validate()
+        tiling.TileConfig(BR=64, BC=64, TM=8, NT=96, D=64, DV=64).validate()
+
+
+def test_shared_memory_layout_is_the_one_description():
+    """The regions follow each other, cover smem_bytes exactly, and hold what the kernels put there."""
+    for cfg in (tiling.default_config(64, 64), tiling.default_config(128, 128), tiling.simulator_config(8, 8)):
+        regions = cfg.smem_layout()
+        assert [r.name for r in regions] == ["Q_i", "K_j, then P_ij", "V_j", "row max / row sum exchange"]
+        assert regions[0].offset == 0 and all(a.offset + a.floats == b.offset for a, b in zip(regions, regions[1:]))
+        assert 4 * (regions[-1].offset + regions[-1].floats) == cfg.smem_bytes
+        assert regions[1].floats >= cfg.BC * cfg.KS and regions[1].floats >= cfg.BC * cfg.PS  # K_j and P_ijᵀ fit
+    assert tiling.default_config(128, 128).smem_bytes // 1024 == 102
 
 
 def test_vector_width():
     """float16 tiles are read 4 elements (8 bytes) per thread and load, float32 ones 1 (README)."""
-    assert ck.vector_width(np.float16) == 4 and ck.vector_width(np.float32) == 1
+    assert v5_branch_free.vector_width(np.float16) == 4 and v5_branch_free.vector_width(np.float32) == 1
     with pytest.raises(ValueError, match="vector must be 1 or 4; got 2"):
-        ck.make_kernel(ck.simulator_config(8, 8), 2)
+        v5_branch_free.make_kernel(tiling.simulator_config(8, 8), 2)
+    with pytest.raises(ValueError, match=r"vector must be 1 or 4 \(or None: the dtype's default\); got 3"):
+        tf.cuda_attention(np.ones((4, 8), np.float32), np.ones((4, 8), np.float32), np.ones((4, 8), np.float32),
+                          vector=3)
+
+
+def test_registry():
+    """Every version is registered once, in order, with a file, a line on what changed and a launch."""
+    from tinyflash.forward import kernels
+
+    assert list(VERSIONS) == [f"v{i}" for i in range(1, len(VERSIONS) + 1)] and LATEST == list(VERSIONS)[-1]
+    for name, version in VERSIONS.items():
+        assert version.module.startswith(name + "_") and version.changed and callable(version.launch)
+    assert kernels.get() is VERSIONS[LATEST] and kernels.get("v1") is VERSIONS["v1"]
+    table = kernels.version_table().splitlines()
+    assert len(table) == 2 + len(VERSIONS) and all(f"| {name} |" in " ".join(table) for name in VERSIONS)
 
 
 def test_bad_inputs():
@@ -189,8 +266,10 @@ def test_bad_inputs():
         tf.cuda_attention(big, big, big)
     with pytest.raises(ValueError, match="head dims up to 256; got dv"):
         tf.cuda_attention(x, x, np.ones((4, 300), np.float32))
-    with pytest.raises(ValueError, match="kernel must be 'fast' or 'simple'; got 'fastest'"):
+    with pytest.raises(ValueError, match="kernel must be one of v1, v2, .* got 'fastest'"):
         tf.cuda_attention(x, x, x, kernel="fastest")
+    with pytest.raises(TypeError, match=r"kernel v1 takes the options \[\]; got \['config'\]"):
+        tf.cuda_attention(x, x, x, kernel="v1", config=tiling.simulator_config(8, 8))
     with pytest.raises(ValueError, match="same head dimension"):
         tf.cuda_attention(x, x[:, :4], x)
     with pytest.raises(ValueError, match="at least one key"):
@@ -198,7 +277,7 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="causal must be True or False"):
         tf.cuda_attention(x, x, x, causal="yes")
     with pytest.raises(ValueError, match="too small for d=8"):
-        tf.cuda_attention(x, x, x, config=ck.TileConfig(BR=8, BC=8, TM=2, NT=16, D=0, DV=16))
+        tf.cuda_attention(x, x, x, config=tiling.TileConfig(BR=8, BC=8, TM=2, NT=16, D=0, DV=16))
 
 
 def test_mixed_host_and_device_arrays():
@@ -213,11 +292,11 @@ def test_numpy_25_is_refused_with_a_clear_message(monkeypatch):
     monkeypatch.setattr(np, "__version__", "2.5.2")
     monkeypatch.delattr(np, "row_stack", raising=False)
     with pytest.raises(ImportError, match=r"needs numpy < 2.5 .*pip install 'numpy<2.5'"):
-        ck._check_numpy_for_numba_cuda()
+        tinyflash.gpu._check_numpy_for_numba_cuda()
 
 
 def test_simulator_flag_matches_the_machine():
-    assert ck.simulator_enabled() == (not HAS_GPU)
+    assert runtime.simulator_enabled() == (not HAS_GPU)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert ck.default_config(64, 64).BC == 128
+        assert tiling.default_config(64, 64).BC == 128

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tinyflash as tf
-from tinyflash.testing import assert_close
+from tinyflash.core.tolerance import assert_close
 
 
 def test_seed_example_rescales_by_exp_4_minus_9(rng):

@@ -2,13 +2,12 @@
 synthetic benchmark CSV and without one. The synthetic CSV lives in tmp_path only."""
 
 import csv
-import importlib.util
 
 import pytest
 from matplotlib.image import imread
 
-from tinyflash import plots
-from tinyflash.memory import GiB, attention_memory
+from tinyflash.measure import harness, plot_gpu, plot_memory, plot_traffic, plots
+from tinyflash.measure.memory import GiB, attention_memory
 
 DEVICE = "NVIDIA H200 (synthetic test data)"
 
@@ -31,7 +30,7 @@ def write_bench_csv(path, rows):
                     torch="", dtype="float16", causal="False", batch=1, heads=2, d=64, time_ms="", tflops="",
                     peak_bytes="", status="ok", max_rel_err="")
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=plots.GPU_CSV_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=harness.FIELDS)
         writer.writeheader()
         for row in rows:
             writer.writerow({**defaults, **row})
@@ -66,7 +65,7 @@ def synthetic_rows():
 
 def test_memory_model_figure(tmp_path):
     png, data = tmp_path / "memory_model.png", tmp_path / "data" / "memory_model.csv"
-    assert plots.plot_memory_model(png, data, ns=[512, 4096, 32_768]) == png
+    assert plot_memory.plot_memory_model(png, data, ns=[512, 4096, 32_768]) == png
     assert_png(png)
     rows = read_rows(data)
     assert len(rows) == 2 * 2 * 3  # heads × dtypes × ns
@@ -78,7 +77,7 @@ def test_memory_model_figure(tmp_path):
 
 def test_memory_cpu_figure(tmp_path):
     png, data = tmp_path / "cpu.png", tmp_path / "cpu.csv"
-    plots.plot_memory_cpu_measured(png, data, naive_ns=[256, 512], blocked_ns=[256, 512, 1024], block=64,
+    plot_memory.plot_memory_cpu_measured(png, data, naive_ns=[256, 512], blocked_ns=[256, 512, 1024], block=64,
                                    progress=False)
     assert_png(png)
     rows = read_rows(data)
@@ -90,7 +89,7 @@ def test_memory_cpu_figure(tmp_path):
 
 def test_hbm_traffic_figure(tmp_path):
     png = tmp_path / "traffic.png"
-    plots.plot_hbm_traffic(png, tmp_path, ns=[512, 1000, 2048], m_panel_n=1000, count_max_n=1000, progress=False)
+    plot_traffic.plot_hbm_traffic(png, tmp_path, ns=[512, 1000, 2048], m_panel_n=1000, count_max_n=1000, progress=False)
     assert_png(png)
     by_n = read_rows(tmp_path / "hbm_traffic_vs_n.csv")
     flash = [r for r in by_n if r["algorithm"] == "flash"]
@@ -109,9 +108,9 @@ def test_counted_and_closed_form_disagreeing_is_an_error(monkeypatch):
     class Off:
         total = 1
 
-    monkeypatch.setattr(plots, "flash_attention_traffic", lambda *a, **k: Off())
+    monkeypatch.setattr(plot_traffic, "flash_attention_traffic", lambda *a, **k: Off())
     with pytest.raises(AssertionError, match="counted traffic 1 != closed form"):
-        plots._flash_traffic(256, 64, 16_384, False, True, "float16")
+        plot_traffic._flash_traffic(256, 64, 16_384, False, True, "float16")
 
 
 # --- the two GPU figures -------------------------------------------------------------------
@@ -119,8 +118,8 @@ def test_counted_and_closed_form_disagreeing_is_an_error(monkeypatch):
 
 def test_gpu_figures_without_csv_show_a_placeholder(tmp_path):
     missing = tmp_path / "data" / "bench_h200.csv"
-    assert plots.read_bench_csv(missing) is None
-    for fn, name in ((plots.plot_memory_gpu_measured, "mem.png"), (plots.plot_time_gpu, "time.png")):
+    assert plot_gpu.read_bench_csv(missing) is None
+    for fn, name in ((plot_gpu.plot_memory_gpu_measured, "mem.png"), (plot_gpu.plot_time_gpu, "time.png")):
         fn(tmp_path / name, missing)
         assert_png(tmp_path / name)
         assert imread(tmp_path / name).shape[:2] == (440, 1100)  # the placeholder's fixed size
@@ -128,14 +127,14 @@ def test_gpu_figures_without_csv_show_a_placeholder(tmp_path):
 
 def test_gpu_figures_from_a_synthetic_csv(tmp_path):
     path = write_bench_csv(tmp_path / "bench.csv", synthetic_rows())
-    rows = plots.read_bench_csv(path)
+    rows = plot_gpu.read_bench_csv(path)
     assert all(r["status"] != "unsupported" for r in rows)  # torch_flash fp32 rows dropped
     wrong = [r for r in rows if r["status"] == "wrong"]
     assert len(wrong) == 1 and wrong[0]["time_ms"] is None and wrong[0]["status_detail"].startswith("wrong (error")
-    assert plots._impl_label(rows, "torch_flash") == "PyTorch SDPA, flash backend"  # failed rows give no error bound
-    assert plots._impl_label(rows, "tinyflash") == "tinyflash (numba kernel) (max rel. error 3.0e-04)"
-    assert plots.gpu_panels(rows) == [("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)]
-    for fn, name in ((plots.plot_memory_gpu_measured, "mem.png"), (plots.plot_time_gpu, "time.png")):
+    assert plot_gpu._impl_label(rows, "torch_flash") == "PyTorch SDPA, flash backend"  # failed rows give no error bound
+    assert plot_gpu._impl_label(rows, "tinyflash") == "tinyflash (numba kernel) (max rel. error 3.0e-04)"
+    assert plot_gpu.gpu_panels(rows) == [("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)]
+    for fn, name in ((plot_gpu.plot_memory_gpu_measured, "mem.png"), (plot_gpu.plot_time_gpu, "time.png")):
         fn(tmp_path / name, path)
         assert_png(tmp_path / name, min_size=(1000, 500))
 
@@ -144,27 +143,27 @@ def test_crossover_and_oom_come_from_the_data():
     rows = [{**r, "causal": False, "batch": 1, "heads": 2, "d": 64, "time_ms": r.get("time_ms"),
              "status": r.get("status", "ok")} for r in synthetic_rows()]
     config = ("float16", 64, False, 1, 2)
-    assert plots.crossover_n(rows, config) == 2048
-    assert plots.first_oom_n(rows, config) == 8192
-    assert plots.first_oom_n(rows, config, impl="tinyflash") is None
+    assert plot_gpu.crossover_n(rows, config) == 2048
+    assert plot_gpu.first_oom_n(rows, config) == 8192
+    assert plot_gpu.first_oom_n(rows, config, impl="tinyflash") is None
     # tinyflash slower at the largest N both ran: no crossover; faster everywhere: the first N
     slower = [dict(r, time_ms=100.0) if r["impl"] == "tinyflash" else r for r in rows]
-    assert plots.crossover_n(slower, config) is None
+    assert plot_gpu.crossover_n(slower, config) is None
     faster = [dict(r, time_ms=0.001) if r["impl"] == "tinyflash" else r for r in rows]
-    assert plots.crossover_n(faster, config) == 256
+    assert plot_gpu.crossover_n(faster, config) == 256
     # a win at a short N that is lost again later does not count as the crossover
     wobbly = [dict(r, time_ms=0.01) if r["impl"] == "tinyflash" and r["n"] == 256 else r for r in rows]
-    assert plots.crossover_n(wobbly, config) == 2048
+    assert plot_gpu.crossover_n(wobbly, config) == 2048
 
 
 def test_bench_csv_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("device,impl,n\nH200,tinyflash,256\n")
     with pytest.raises(ValueError, match="lacks the columns"):
-        plots.read_bench_csv(bad)
+        plot_gpu.read_bench_csv(bad)
     path = write_bench_csv(tmp_path / "status.csv", [dict(impl="tinyflash", n=256, status="crashed")])
     with pytest.raises(ValueError, match=r"status must be ok, oom, unsupported or wrong \(...\); got 'crashed'"):
-        plots.read_bench_csv(path)
+        plot_gpu.read_bench_csv(path)
 
 
 # --- the command line ----------------------------------------------------------------------
@@ -182,19 +181,12 @@ def test_main_writes_named_figures(tmp_path, capsys):
                                   "time_gpu")
 
 
-def test_remeasure_gpu_without_the_benchmark_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(SystemExit, match="tinyflash.bench is not in this checkout"):
-        plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu"])
-
-
 def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypatch):
     calls = []
 
     class Done:
         returncode = 0
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(plots.subprocess, "run", lambda cmd: calls.append(cmd) or Done())
     plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
     assert calls and calls[0][1:] == ["-m", "tinyflash.bench", "--csv", str(tmp_path / "data" / "bench_h200.csv")]
@@ -205,6 +197,6 @@ def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypat
 
 def test_bad_sequence_lengths():
     with pytest.raises(ValueError, match="ns must be a non-empty list"):
-        plots.memory_model_data([])
+        plot_memory.memory_model_data([])
     with pytest.raises(ValueError, match="naive_ns"):
-        plots.memory_cpu_data([0], [256], progress=False)
+        plot_memory.memory_cpu_data([0], [256], progress=False)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinyflash as tf
-from tinyflash.testing import assert_close
+from tinyflash.core.tolerance import assert_close
 
 dims = st.integers(min_value=1, max_value=70)
 

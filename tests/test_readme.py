@@ -4,8 +4,8 @@ import re
 from pathlib import Path
 
 from tinyflash import bench
-from tinyflash.memory import CONSUMER_GPU_BYTES, GiB, H200_MEMORY_BYTES, MiB, attention_memory, max_sequence_length
-from tinyflash.traffic import HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, traffic_ratio
+from tinyflash.measure.memory import CONSUMER_GPU_BYTES, GiB, H200_MEMORY_BYTES, MiB, attention_memory, max_sequence_length
+from tinyflash.measure.traffic import HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, traffic_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

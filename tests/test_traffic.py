@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from tinyflash.memory import measure_peak_bytes
-from tinyflash.traffic import (SRAM_ELEMENTS, HBMCounter, flash_attention_traffic, flash_traffic_closed_form,
+from tinyflash.measure.memory import measure_peak_bytes
+from tinyflash.measure.traffic import (SRAM_ELEMENTS, HBMCounter, flash_attention_traffic, flash_traffic_closed_form,
                                keys_read_per_query_tile, standard_attention_traffic, standard_traffic_closed_form,
                                theta_flash, theta_standard, tile_sizes, traffic_ratio)
 

@@ -4,15 +4,30 @@ Stages, each checked against the one before and against a float64 reference:
 
 0. :func:`naive_attention` — the textbook formula, materialising S and P (NumPy).
 1. :func:`blocked_attention` — FlashAttention's tiles and online softmax (NumPy).
-2. :func:`cuda_attention` — the same loop as a numba.cuda kernel with shared-memory tiles.
+2. :func:`cuda_attention` — the same loop as numba.cuda kernels with shared-memory tiles.
 
 All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv).
+
+The package, one home for each idea:
+
+    core/      the rules of the mathematics, each written once: input checks, the causal mask,
+               the online softmax, the tolerance rules
+    forward/   the forward pass: naive.py (stage 0, and the float64 reference), blocked.py
+               (stage 1), cuda.py (stage 2's host wrapper), kernels/ (stage 2's kernel versions)
+    gpu/       the GPU runtime, no attention mathematics: device arrays, shared memory, tile
+               loads, launches
+    measure/   tooling, not teaching code: memory model, HBM traffic, the benchmark harness, figures
+    backward/  the backward pass (not built yet)
+    decode/    decoding with a KV cache (not built yet)
+
+``python -m tinyflash.bench`` and ``python -m tinyflash.plots`` are the two commands of measure/.
 """
 
-from .blocked import blocked_attention
-from .memory import attention_memory, format_bytes, tile_bytes
-from .naive import causal_mask, naive_attention, reference_attention
-from .online_softmax import OnlineSoftmax, online_softmax
+from .core.masks import causal_mask
+from .core.online_softmax import OnlineSoftmax, online_softmax
+from .forward.blocked import blocked_attention
+from .forward.naive import naive_attention, reference_attention
+from .measure.memory import attention_memory, format_bytes, tile_bytes
 
 __all__ = [
     "OnlineSoftmax",
@@ -33,7 +48,7 @@ def __getattr__(name):
     # The CUDA stage imports numba, which is slow and must see NUMBA_ENABLE_CUDASIM before it is
     # imported; load it only when asked for.
     if name == "cuda_attention":
-        from .cuda_kernel import cuda_attention
+        from .forward.cuda import cuda_attention
 
         return cuda_attention
     raise AttributeError(f"module 'tinyflash' has no attribute {name!r}")

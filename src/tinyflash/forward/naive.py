@@ -4,30 +4,18 @@
     P = softmax(S) row-wise   (Nq × Nk probabilities)
     O = P V                   (Nq × dv output)
 
-This is the trusted reference of the project: every later stage is checked against it, and
-:func:`reference_attention` runs it in float64.
+Run in float64, this is the trusted reference of the project, :func:`reference_attention`, and
+the only one: every later stage, the lessons and the benchmarks are checked against it.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from ._checks import as_array, check_attention_inputs
-
-
-def causal_mask(n_q: int, n_k: int, q_start: int = 0, k_start: int = 0, rows: int | None = None,
-                cols: int | None = None) -> np.ndarray:
-    """Boolean mask of allowed (query, key) pairs, True where query i may attend key j.
-
-    Bottom-right alignment, as in FlashAttention >= 2.1 and PyTorch's ``is_causal`` for
-    Nq == Nk: query i may attend key j iff ``j <= i + (n_k - n_q)``. The optional window
-    (``q_start``, ``rows``) × (``k_start``, ``cols``) gives one tile of the full mask.
-    """
-    rows = n_q - q_start if rows is None else rows
-    cols = n_k - k_start if cols is None else cols
-    i = np.arange(q_start, q_start + rows)[:, None]  # (rows, 1) query indices
-    j = np.arange(k_start, k_start + cols)[None, :]  # (1, cols) key indices
-    return j <= i + (n_k - n_q)  # (rows, cols)
+from ..core.checks import as_array, check_attention_inputs
+from ..core.masks import allowed
 
 
 def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
@@ -41,6 +29,11 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     prob = check_attention_inputs(q, k, v, causal=causal, scale=scale)
+    return _textbook(q, k, v, prob, rows=np.arange(prob.n_q))
+
+
+def _textbook(q, k, v, prob, rows):
+    """The formula for the query ``rows`` (indices into Nq, which the causal mask needs) of q."""
     ct = prob.compute_dtype
     Q, K, V = q.astype(ct, copy=False), k.astype(ct, copy=False), v.astype(ct, copy=False)
 
@@ -49,7 +42,8 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     S = Q @ np.swapaxes(K, -1, -2)  # (..., Nq, Nk)  <- the N×N score matrix
     S *= prob.scale
     if prob.causal:
-        np.copyto(S, -np.inf, where=~causal_mask(prob.n_q, prob.n_k))  # masked pairs get probability 0
+        # masked pairs get probability 0 (the (Nq, Nk) mask is freed at once: no third N×N array at the peak)
+        np.copyto(S, -np.inf, where=~allowed(rows, np.arange(prob.n_k), prob.n_q, prob.n_k))
     m = S.max(axis=-1, keepdims=True)  # (..., Nq, 1) row maxima
     m_safe = np.where(m == -np.inf, 0.0, m)  # a fully masked row has m = -inf; avoid -inf - -inf
     P = S - m_safe  # (..., Nq, Nk)  <- the second N×N matrix; subtracting the max keeps exp finite
@@ -63,12 +57,23 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     return O.astype(prob.dtype, copy=False), lse.astype(ct, copy=False)
 
 
-def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = None, rows=None):
     """The float64 reference every stage is measured against: stage 0 on float64 copies.
 
-    Returns ``(o, lse)`` in float64 whatever the input dtype.
+    Returns ``(o, lse)`` in float64 whatever the input dtype. ``rows``, if given, is a 1-D array
+    of query indices (into axis -2 of q): only those rows are computed, against every key, with
+    the causal mask of their true positions; o is then (..., len(rows), dv). The benchmarks check
+    a sample of rows this way at sequence lengths where all of S would not fit.
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
-    check_attention_inputs(q, k, v, causal=causal, scale=scale)  # the same errors as every stage
-    f64 = np.float64
-    return naive_attention(q.astype(f64), k.astype(f64), v.astype(f64), causal=causal, scale=scale)
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale)  # the same errors as every stage
+    if rows is None:
+        rows = np.arange(prob.n_q)
+    else:
+        rows = np.asarray(rows)
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or (rows.size and not 0 <= rows.min() <= rows.max() < prob.n_q):
+            raise ValueError(f"rows must be a 1-D array of query indices in [0, {prob.n_q}); got {rows!r}")
+        q = q[..., rows, :]  # (..., rows, d)
+    f64 = np.dtype(np.float64)
+    prob64 = replace(prob, dtype=f64, compute_dtype=f64)  # the same problem, computed and returned in float64
+    return _textbook(q.astype(f64), k.astype(f64), v.astype(f64), prob64, rows)

@@ -10,6 +10,13 @@ matching value rows V_1, V_2, ...), carry three things from chunk to chunk:
 starting from m_0 = -inf, l_0 = 0, o_0 = 0. After the last chunk, softmax(s) = exp(s - m)/l,
 the attention output is o/l and the log-sum-exp is m + log(l). The factor exp(m_{t-1} - m_t)
 puts what was summed against the old maximum on the scale of the new one.
+
+Those three lines are written once, in :func:`online_softmax_update`, for any number of rows at
+once: :class:`OnlineSoftmax` (one row, lesson 02) and stage 1 (:func:`tinyflash.blocked_attention`,
+a tile of Br rows) both call it, and :func:`online_softmax_finish` turns the state into (O, lse).
+The GPU kernels do the same arithmetic on registers, one phase per line of the update, in
+base 2: with S2 = S · log2(e), exp(S - m) = exp2(S2 - m2), one hardware instruction (ex2.approx)
+per score, and at the end lse = (m2 + log2(l)) · ln(2). LOG2E and LN2 below are those constants.
 """
 
 from __future__ import annotations
@@ -18,7 +25,38 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import check_positive_int
+from .checks import check_positive_int
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
+LN2 = 0.6931471805599453  # ln(2):   log(x) = log2(x) · LN2
+
+
+def online_softmax_update(m_i, l_i, acc, S_ij, V_j=None):
+    """Fold one chunk of scores into the running state; return ``(m_i, l_i, acc, alpha)`` after it.
+
+    m_i, l_i: (..., Br) running max and denominator; acc: (..., Br, dv) running unnormalised
+    output (or None when no values are given); S_ij: (..., Br, Bc) scores of the chunk, -inf where
+    masked; V_j: (..., Bc, dv) its values. alpha = exp(m_old - m_new) is what rescaled the old sums.
+    A row that has seen only -inf so far keeps m = -inf and l = 0 (0 stands in for its max, so
+    that exp(-inf - -inf) never occurs).
+    """
+    m_new = np.maximum(m_i, S_ij.max(axis=-1))  # (..., Br)      row max
+    m_safe = np.where(m_new == -np.inf, 0.0, m_new)  # (..., Br)  rows with no allowed key yet
+    P_ij = np.exp(S_ij - m_safe[..., None])  # (..., Br, Bc)  unnormalised probabilities
+    alpha = np.exp(m_i - m_safe)  # (..., Br)      rescale: exp(m_old - m_new)
+    l_i = alpha * l_i + P_ij.sum(axis=-1)  # (..., Br)
+    if V_j is not None:
+        acc = alpha[..., None] * acc + P_ij @ V_j  # (..., Br, dv)  P·V
+    return m_new, l_i, acc, alpha
+
+
+def online_softmax_finish(m_i, l_i, acc=None):
+    """The epilogue: ``(O, lse)`` = (acc / l, m + log l) from the final state; O = 0 and lse = -inf
+    for rows that had no allowed key (l = 0). O: (..., Br, dv), None without acc; lse: (..., Br)."""
+    with np.errstate(invalid="ignore", divide="ignore"):  # l_i == 0 only for fully masked rows
+        O = None if acc is None else np.where(l_i[..., None] == 0, 0.0, acc / l_i[..., None])  # (..., Br, dv)
+        lse = np.where(l_i == 0, -np.inf, m_i + np.log(l_i))  # (..., Br)
+    return O, lse
 
 
 @dataclass
@@ -45,31 +83,27 @@ class OnlineSoftmax:
         s_t = np.asarray(s_t, dtype=np.float64)  # (Bc,)
         if s_t.ndim != 1 or s_t.size == 0:
             raise ValueError(f"s_t must be a non-empty 1-D chunk of scores; got shape {s_t.shape}")
-        m_new = max(self.m, float(s_t.max()))
-        m_safe = 0.0 if m_new == -np.inf else m_new  # nothing seen but -inf: keep exp well defined
-        alpha = float(np.exp(self.m - m_safe))  # exp(m_old - m_new); 0 on the first chunk
-        p_t = np.exp(s_t - m_safe)  # (Bc,)
-        self.l = alpha * self.l + float(p_t.sum())
         if v_t is not None:
             v_t = np.asarray(v_t, dtype=np.float64)  # (Bc, dv)
             if v_t.ndim != 2 or v_t.shape[0] != s_t.shape[0]:
                 raise ValueError(f"v_t must have shape ({s_t.shape[0]}, dv) to match s_t; got {v_t.shape}")
-            o_old = np.zeros(v_t.shape[1]) if self.o is None else self.o
-            self.o = alpha * o_old + p_t @ v_t  # (dv,)
-        self.m = m_new
+            if self.o is None:
+                self.o = np.zeros(v_t.shape[1])  # (dv,)
+        m, l, o, alpha = online_softmax_update(np.float64(self.m), np.float64(self.l), self.o, s_t, v_t)
+        self.m, self.l, self.o, alpha = float(m), float(l), o, float(alpha)
         self.history.append((self.m, self.l, alpha))
         return alpha
 
     @property
     def lse(self) -> float:
         """log(sum(exp(s))) over everything seen: m + log(l)."""
-        return -np.inf if self.l == 0 else self.m + float(np.log(self.l))
+        return float(online_softmax_finish(np.float64(self.m), np.float64(self.l))[1])
 
     def output(self) -> np.ndarray:
         """The attention output o / l for the values seen so far."""
         if self.o is None:
             raise ValueError("no values were given to update(); pass v_t to accumulate an output")
-        return self.o / self.l
+        return online_softmax_finish(np.float64(self.m), np.float64(self.l), self.o)[0]
 
 
 def online_softmax(x, chunk_size: int):

@@ -1,6 +1,6 @@
 """Counting main-memory (HBM) traffic: standard attention against FlashAttention.
 
-:class:`HBMCounter` is handed to :func:`tinyflash.blocked_attention` (argument ``io``), which
+The :class:`HBMCounter` is handed to :func:`tinyflash.blocked_attention` (argument ``io``), which
 reports each tile it reads from or writes to main memory exactly as the GPU kernel moves them.
 
 Three ways of getting the bytes moved by one attention call, which the tests hold equal:
@@ -24,12 +24,14 @@ from collections import defaultdict
 
 import numpy as np
 
-from ._checks import check_causal, check_positive_int
+from ..core.checks import check_causal, check_positive_int
+from ..core.masks import key_stop
+from ..forward.blocked import blocked_attention
 from .memory import dtype_bytes
 
 # M, the on-chip memory (in elements) that the tiles of this project are sized for. With d = 64,
 # tile_sizes(SRAM_ELEMENTS, 64) gives Br = Bc = 64: the default tiles of blocked_attention, and
-# the tiles the stage-2 kernel uses on a GPU (cuda_kernel.default_config: BR = BC = 64).
+# the tiles the stage-2 kernel uses on a GPU for d = 128 (forward/kernels/tiling.py: default_config).
 SRAM_ELEMENTS = 16_384
 # On-chip shared memory per SM on Hopper (H100/H200, compute capability 9.0): up to 228 KiB
 # (CUDA C++ Programming Guide, technical specifications per compute capability). As fp16 elements:
@@ -165,8 +167,6 @@ def flash_attention_traffic(n_q: int, d: int, *, n_k: int | None = None, d_v: in
     the blocked stage makes is reported to the counter, as the kernel makes them. Time and memory
     grow as Nq·Nk and Nq·d: fine up to a few thousand, use :func:`flash_traffic_closed_form` beyond.
     """
-    from .blocked import blocked_attention  # blocked imports nothing from here; import late anyway
-
     n_q, d, n_k, d_v, heads = _sizes(n_q, d, n_k, d_v, heads)
     rng = np.random.default_rng(seed)
     try:
@@ -184,18 +184,13 @@ def flash_attention_traffic(n_q: int, d: int, *, n_k: int | None = None, d_v: in
 def keys_read_per_query_tile(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool) -> np.ndarray:
     """Keys each query tile loads, (Tr,): Nk, or with ``causal`` only up to the last tile it may see.
 
-    Query tile i holds rows [i·Br, min((i+1)·Br, Nq)). Its last row may attend keys up to
-    k_last = min(q_end - 1 + Nk - Nq, Nk - 1) (bottom-right causal alignment); it loads the key
-    tiles that start at or before k_last: ceil((k_last + 1) / Bc) of them, the last one ragged
-    if it reaches Nk, none if k_last < 0.
+    Query tile i holds rows [i·Br, q_end) with q_end = min((i+1)·Br, Nq). Its rows may attend keys
+    below key_stop(q_end) (:func:`tinyflash.core.masks.key_stop`); it loads the key tiles that
+    start below that: ceil(key_stop / Bc) of them, the last one ragged if it reaches Nk.
     """
-    n_tiles = -(-n_q // block_q)  # Tr
-    if not causal:
-        return np.full(n_tiles, n_k, dtype=np.int64)  # (Tr,)
-    q_end = np.minimum(np.arange(1, n_tiles + 1, dtype=np.int64) * block_q, n_q)  # (Tr,) one past the last row
-    k_last = np.minimum(q_end - 1 + (n_k - n_q), n_k - 1)  # (Tr,) last allowed key of the tile
-    key_tiles = np.where(k_last < 0, 0, k_last // block_k + 1)  # (Tr,) key tiles loaded
-    return np.minimum(key_tiles * block_k, n_k)  # (Tr,) keys loaded
+    q_ends = [min((i + 1) * block_q, n_q) for i in range(-(-n_q // block_q))]  # (Tr,) one past each tile's last row
+    key_tiles = [-(-key_stop(q_end, n_q, n_k, causal) // block_k) for q_end in q_ends]  # (Tr,) key tiles loaded
+    return np.minimum(np.array(key_tiles, dtype=np.int64) * block_k, n_k)  # (Tr,) keys loaded
 
 
 def flash_traffic_closed_form(n_q: int, d: int, *, n_k: int | None = None, d_v: int | None = None, heads: int = 1,

@@ -2,7 +2,9 @@
 
 Every public attention function calls :func:`check_attention_inputs` first, so all stages accept
 the same inputs and reject bad ones with the same messages. The checks read only ``.shape`` and
-``.dtype``, so they work for NumPy arrays and for GPU arrays (CuPy, numba device arrays) alike.
+``.dtype`` (or, for a GPU array whose dtype NumPy does not know, such as a PyTorch tensor, the
+``typestr`` of its ``__cuda_array_interface__``), so they work for NumPy arrays and for GPU arrays
+(CuPy, numba, PyTorch) alike, and they import no GPU library.
 """
 
 from __future__ import annotations
@@ -55,15 +57,28 @@ def as_array(x, name: str):
         raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}") from exc
 
 
-def check_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
+def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
+    """The NumPy dtype of ``x``, checked against ``allowed``.
+
+    ``x.dtype`` if NumPy knows it; else, for a GPU array of another library (a PyTorch tensor's
+    dtype is ``torch.float32``), the ``typestr`` of its ``__cuda_array_interface__``. A dtype that
+    has no NumPy equivalent (``torch.bfloat16``, whose interface says ``<V2``) is reported by its
+    own name.
+    """
+    expected = ", ".join(_dtype_name(a) for a in allowed)
     try:
         dt = np.dtype(x.dtype)
-    except TypeError as exc:
-        raise TypeError(f"{name} has dtype {x.dtype!r}, which NumPy does not know; "
-                        f"expected one of {', '.join(_dtype_name(a) for a in allowed)}") from exc
+    except TypeError:
+        try:
+            dt = np.dtype(x.__cuda_array_interface__["typestr"])
+        except Exception as exc:  # no interface, or one that cannot describe this array
+            raise TypeError(f"{name} has dtype {x.dtype}, which NumPy does not know; expected one of "
+                            f"{expected}") from exc
+        if dt.kind != "f":  # e.g. '<V2': raw bytes, what PyTorch's interface says for bfloat16
+            raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} "
+                            "(no stage of tinyflash supports it yet)")
     if dt not in allowed:
-        raise TypeError(f"{name} has dtype {dt.name}; expected one of "
-                        f"{', '.join(_dtype_name(a) for a in allowed)}")
+        raise TypeError(f"{name} has dtype {dt.name}; expected one of {expected}")
     return dt
 
 
@@ -99,17 +114,17 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes or values, each
     message naming the argument, what was received and what is expected.
     """
-    shapes = {}
+    shapes, dtypes = {}, {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
-        check_dtype(x, name, allowed)
+        dtypes[name] = array_dtype(x, name, allowed)
         shapes[name] = tuple(int(n) for n in x.shape)  # a plain tuple, whatever the array library
         if len(shapes[name]) < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., N, d); got shape {shapes[name]}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype; got q {_dtype_name(q.dtype)}, "
-                        f"k {_dtype_name(k.dtype)}, v {_dtype_name(v.dtype)}")
+    if not (dtypes["q"] == dtypes["k"] == dtypes["v"]):
+        raise TypeError(f"q, k and v must share one dtype; got q {dtypes['q'].name}, k {dtypes['k'].name}, "
+                        f"v {dtypes['v'].name}")
     qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
     if not (qs[:-2] == ks[:-2] == vs[:-2]):
         raise ValueError("q, k and v must have identical leading (batch, head, ...) dimensions; "
@@ -129,7 +144,7 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
                          f"(Nk={n_k}) and v {vs} (Nk={n_v})")
     if n_k < 1:
         raise ValueError(f"k and v must hold at least one key (Nk >= 1); got k {ks}")
-    dtype = np.dtype(q.dtype)
+    dtype = dtypes["q"]
     compute = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
     return AttentionProblem(lead=qs[:-2], n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
                             scale=check_scale(scale, d), causal=check_causal(causal))

@@ -1,0 +1,86 @@
+"""Stage 1: FlashAttention in NumPy — tiles of Q, K, V and the online softmax.
+
+The loops are written the way the GPU kernels of stage 2 run them, with the same names:
+
+    for each query tile Q_i (Br rows):                 <- one GPU thread block
+        m_i = -inf, l_i = 0, acc = 0                   <- state kept on chip (registers)
+        for each key/value tile K_j, V_j (Bc rows):    <- loaded into shared memory
+            S_ij = scale · Q_i K_jᵀ                    scores (Br × Bc, never written to HBM)
+            S_ij = -inf where masked                   mask (only tiles crossing the diagonal or Nk)
+            m_new = max(m_i, rowmax(S_ij))             row max
+            P_ij  = exp(S_ij - m_new)                  \\
+            alpha = exp(m_i - m_new)                    | rescale: alpha puts what came before
+            l_i   = alpha · l_i + rowsum(P_ij)          | on the scale of the new maximum
+            acc   = alpha · acc + P_ij V_j             /  P·V
+            m_i   = m_new
+        O_i = acc / l_i,  lse_i = m_i + log(l_i)       epilogue: the only writes to HBM
+
+The lines from "row max" to "P·V" are the online softmax, written once in
+:func:`tinyflash.core.online_softmax.online_softmax_update`; the epilogue is
+:func:`~tinyflash.core.online_softmax.online_softmax_finish`; the causal bounds are
+:func:`tinyflash.core.masks.key_stop`. The kernels name their phases after these lines.
+Only Br × Bc scores exist at any time; nothing of size Nq × Nk is ever allocated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.checks import as_array, check_attention_inputs, check_positive_int
+from ..core.masks import causal_mask, key_stop
+from ..core.online_softmax import online_softmax_finish, online_softmax_update
+
+
+def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = None, block_q: int = 64,
+                      block_k: int = 64, io=None):
+    """Stage 1: FlashAttention's tiled loop with the online softmax, in NumPy. Returns ``(o, lse)``.
+
+    Same contract as :func:`tinyflash.naive_attention`. ``block_q`` (Br) and ``block_k`` (Bc) are
+    the tile sizes; they need not divide Nq or Nk (the last tile is ragged). With ``causal=True``,
+    key tiles that lie entirely above the diagonal are skipped, not computed and masked.
+    ``io``, if given, is a :class:`tinyflash.measure.traffic.HBMCounter` told of every tile read
+    from and written to main memory, as the GPU kernel would move them.
+    """
+    q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale)
+    Br, Bc = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+    compute, n_q, n_k = prob.compute_dtype, prob.n_q, prob.n_k
+    Tr, Tc = -(-n_q // Br), -(-n_k // Bc)  # number of query tiles, of key/value tiles (ceil)
+
+    O = np.empty(prob.out_shape, dtype=prob.dtype)  # (..., Nq, dv) the output, in HBM
+    lse = np.empty(prob.lse_shape, dtype=compute)  # (..., Nq)     log-sum-exp per row, in HBM
+    for i in range(Tr):  # one query tile: one thread block on the GPU
+        q_start = i * Br
+        q_end = min(q_start + Br, n_q)  # ragged last tile: q_end - q_start <= Br
+        Q_i = q[..., q_start:q_end, :].astype(compute, copy=False)  # (..., Br, d)  load Q_i once
+        if io is not None:
+            io.read("Q", q[..., q_start:q_end, :])
+        m_i = np.full((*prob.lead, q_end - q_start), -np.inf, dtype=compute)  # (..., Br) running row max
+        l_i = np.zeros((*prob.lead, q_end - q_start), dtype=compute)  # (..., Br) running denominator
+        acc = np.zeros((*prob.lead, q_end - q_start, prob.d_v), dtype=compute)  # (..., Br, dv) unnormalised O_i
+        # Causal: the keys any row of this tile may see end at k_stop; later tiles are skipped.
+        k_stop = key_stop(q_end, n_q, n_k, prob.causal)
+        for j in range(Tc):  # one key/value tile
+            k_start = j * Bc
+            if k_start >= k_stop:
+                break  # this tile and all later ones are entirely masked: skip, don't compute
+            k_end = min(k_start + Bc, n_k)
+            K_j = k[..., k_start:k_end, :].astype(compute, copy=False)  # (..., Bc, d)
+            V_j = v[..., k_start:k_end, :].astype(compute, copy=False)  # (..., Bc, dv)
+            if io is not None:
+                io.read("K", k[..., k_start:k_end, :])
+                io.read("V", v[..., k_start:k_end, :])
+
+            S_ij = prob.scale * (Q_i @ np.swapaxes(K_j, -1, -2))  # (..., Br, Bc) scores, on chip only
+            # mask: only a tile that reaches past the keys its first row may see holds a masked pair
+            if k_end > key_stop(q_start + 1, n_q, n_k, prob.causal):
+                S_ij = np.where(causal_mask(n_q, n_k, q_start, k_start, q_end - q_start, k_end - k_start),
+                                S_ij, -np.inf)  # (..., Br, Bc)
+            m_i, l_i, acc, _ = online_softmax_update(m_i, l_i, acc, S_ij, V_j)  # row max, rescale, P·V
+
+        # epilogue: O_i = acc / l_i (..., Br, dv) and lse_i = m_i + log(l_i) (..., Br), straight into HBM
+        O[..., q_start:q_end, :], lse[..., q_start:q_end] = online_softmax_finish(m_i, l_i, acc)
+        if io is not None:
+            io.write("O", O[..., q_start:q_end, :])
+            io.write("lse", lse[..., q_start:q_end])
+    return O, lse

@@ -1,0 +1,69 @@
+"""Stage 2: FlashAttention's forward pass as numba.cuda kernels — the host wrapper.
+
+:func:`cuda_attention` does what every kernel's host side does, in this order: check the inputs,
+allocate the outputs, size the grid and launch. The kernels themselves, one file per version,
+are in ``tinyflash/forward/kernels/``; which one runs is chosen by name from its registry.
+
+Kernels run on a real GPU, or under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set
+before numba is imported), where tiny tile sizes keep the tests fast enough for a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.checks import as_array, check_attention_inputs
+from ..core.online_softmax import LOG2E
+from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
+from ..gpu.launch import LaunchArgs
+from . import kernels
+
+SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str | None = None,
+                   **options):
+    """Stage 2: FlashAttention's forward pass on the GPU. Returns ``(o, lse)``.
+
+    Same contract as :func:`tinyflash.naive_attention`: q (..., Nq, d), k (..., Nk, d),
+    v (..., Nk, dv); o (..., Nq, dv) in the input dtype, lse (..., Nq) in float32. Inputs are
+    float16 or float32 (float16 is read from memory and computed in float32) with 1 <= d, dv <= 256.
+    NumPy inputs are copied to the GPU and the results back; device arrays (CuPy, numba, PyTorch
+    CUDA tensors, anything with ``__cuda_array_interface__``) stay on the GPU and the results are
+    device arrays of the same library. ``kernel`` names a version of
+    :data:`tinyflash.forward.kernels.VERSIONS` (default: the latest); ``options`` are that
+    version's (``config``: a :class:`~tinyflash.forward.kernels.tiling.TileConfig` for v2 to v5;
+    ``vector``: elements per thread and load, 1 or 4, for v5).
+    """
+    # 1. check the inputs
+    on_device = is_device_array(q)
+    if not on_device:
+        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    version = kernels.get(kernel)
+    for name, dim in (("d (head dim of q and k)", prob.d), ("dv (head dim of v)", prob.d_v)):
+        if dim > version.max_head_dim:
+            raise ValueError(f"cuda_attention supports head dims up to {version.max_head_dim}; got {name} = {dim}")
+    unknown = sorted(set(options) - set(version.options))
+    if unknown:
+        raise TypeError(f"kernel {version.name} takes the options {list(version.options)}; got {unknown}")
+    if on_device != is_device_array(k) or on_device != is_device_array(v):
+        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+
+    # 2. allocate the outputs (for device inputs, in the caller's array library)
+    heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
+    like = q if on_device else None
+    o = empty(like, heads * prob.n_q * prob.d_v, prob.dtype)  # (BH·Nq·dv,) flat, C order
+    lse = empty(like, heads * prob.n_q, np.float32)  # (BH·Nq,)
+
+    # 3. size the grid and launch: the version's launch function does both
+    if prob.n_q > 0 and heads > 0:
+        n_q, n_k, d, d_v = prob.n_q, prob.n_k, prob.d, prob.d_v
+        args = LaunchArgs(per_head=((to_device_flat(q), n_q * d), (to_device_flat(k), n_k * d),
+                                    (to_device_flat(v), n_k * d_v), (kernel_view(o), n_q * d_v),
+                                    (kernel_view(lse), n_q)),
+                          scalars=(n_q, n_k, d, d_v, np.float32(prob.scale * LOG2E), prob.causal), n_heads=heads)
+        version.launch(args, prob, **options)
+    return result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)

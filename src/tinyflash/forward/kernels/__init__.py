@@ -1,0 +1,72 @@
+"""Stage 2's kernels, one file per version, and the registry that lists them.
+
+Each version is a complete, runnable numba.cuda kernel computing what stage 1
+(``tinyflash.forward.blocked``) computes, with its names. A version imports ``tinyflash.core``
+(the attention rules: the causal mask, the online softmax's constants), ``tinyflash.gpu`` (the
+runtime: loads, shared memory, launch) and, for the register-tiled ones, ``tiling.py`` beside
+it; never a sibling version. So two neighbouring files differ by what changed between them, and
+a learner can read, diff, run and time any of them:
+
+    python -m tinyflash.bench versions       # check each version, then time them side by side
+
+:data:`VERSIONS` registers each version once; ``cuda_attention(kernel=...)``, the tests, the
+benchmark, lesson 05 and the README's version table all iterate over it. The later stages go
+beside these: ``tinyflash/forward/kernels/`` takes the tensor-core forward kernels (next in the
+numbering), ``tinyflash/backward/`` the backward pass, ``tinyflash/decode/`` split-KV decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered, v5_branch_free
+
+
+@dataclass(frozen=True)
+class KernelVersion:
+    """One registered kernel version."""
+
+    name: str  # "v1", "v2", ...: the order in which they were written
+    module: str  # its file in tinyflash/forward/kernels/
+    changed: str  # one line on what changed since the version before
+    launch: Callable  # launch(args: LaunchArgs, prob: AttentionProblem, **options)
+    options: tuple = ()  # keyword options its launch takes
+    dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes (computed in float32)
+    max_head_dim: int = 256  # largest d and dv
+
+
+def _version(name, module, changed, options=()):
+    return KernelVersion(name, module.__name__.rsplit(".", 1)[-1] + ".py", changed, module.launch, options)
+
+
+VERSIONS = {v.name: v for v in (
+    _version("v1", v1_row_per_thread, "one thread per query row; K_j, V_j shared through shared memory"),
+    _version("v2", v2_register_tiling, "register tiling: a block's threads split each Br × Bc tile of "
+             "scores, TM rows × TN strided keys each; row maxima exchanged in shared memory", ("config",)),
+    _version("v3", v3_unrolled_loads, "full tiles loaded through registers, all loads in flight at once; "
+             "mask only on tiles that need it; P·V two keys a step", ("config",)),
+    _version("v4", v4_double_buffered, "two sets of fragment registers: the next step's shared-memory loads "
+             "in flight while the current one is multiplied", ("config",)),
+    _version("v5", v5_branch_free, "no branch inside the inner loops (last step peeled); K_j and V_j loads in "
+             "flight together; float16 tiles read 4 elements per thread", ("config", "vector")),
+)}
+LATEST = "v5"  # what cuda_attention runs unless told otherwise
+
+
+def get(name: str | None = None) -> KernelVersion:
+    """The registered version ``name`` (None: :data:`LATEST`); a ValueError names the versions."""
+    if name is None:
+        name = LATEST
+    if name not in VERSIONS:
+        raise ValueError(f"kernel must be one of {', '.join(VERSIONS)} (None: {LATEST}); got {name!r}")
+    return VERSIONS[name]
+
+
+def version_table() -> str:
+    """The README's table of kernel versions, as Markdown."""
+    lines = ["| version | file | what changed |", "|---|---|---|"]
+    lines += [f"| {v.name} | `{v.module}` | {v.changed} |" for v in VERSIONS.values()]
+    return "\n".join(lines)

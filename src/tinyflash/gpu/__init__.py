@@ -1,0 +1,28 @@
+"""The GPU runtime: everything a kernel needs that is not attention.
+
+    runtime.py   the simulator switch, compiling a plain function as a device function, unsigned constants
+    arrays.py    device arrays in and out: NumPy, CuPy, numba and PyTorch inputs, outputs of the same kind
+    smem.py      the block's dynamic shared memory, and the permission to use more than 48 KiB of it
+    loads.py     copying a tile of a (heads, N, d) array from global into shared memory (vector loads)
+    launch.py    sizing the grid and launching, more than 65,535 heads included
+
+Nothing here knows the softmax, the mask or the tiles of attention: the kernels in
+``tinyflash.forward.kernels`` import these pieces, and the attention mathematics from
+``tinyflash.core``. (The later tensor-core stage will put its inline PTX here too, in one module.)
+
+Importing this package checks first that numba-cuda can work with the installed NumPy.
+"""
+
+import numpy as np
+
+
+def _check_numpy_for_numba_cuda() -> None:
+    """numba-cuda 0.30.4 calls np.row_stack, which numpy 2.5 removed: fail early and clearly."""
+    major, minor = (int(p) for p in np.__version__.split(".")[:2])
+    if (major, minor) >= (2, 5) and not hasattr(np, "row_stack"):
+        raise ImportError(f"tinyflash's CUDA stage needs numpy < 2.5 (numba-cuda 0.30.4 calls np.row_stack, "
+                          f"removed in numpy 2.5); this environment has numpy {np.__version__}. "
+                          "Install it with: pip install 'numpy<2.5'")
+
+
+_check_numpy_for_numba_cuda()

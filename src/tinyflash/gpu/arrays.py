@@ -1,0 +1,92 @@
+"""Device arrays in and out of the kernels.
+
+A kernel reads each input as one flat, C-contiguous 1-D array on the GPU and writes its outputs
+to flat arrays. The host wrapper of a stage accepts:
+
+* NumPy arrays: copied to the GPU, results copied back (NumPy in, NumPy out);
+* CuPy arrays, numba device arrays, PyTorch CUDA tensors, or anything else with
+  ``__cuda_array_interface__``: used where they are, results allocated by the same library
+  (CuPy in, CuPy out; PyTorch in, PyTorch out; anything else: numba device arrays).
+
+PyTorch is never imported unless the caller passed a tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .runtime import simulator_enabled
+
+
+def is_device_array(x) -> bool:
+    """CuPy, numba (also the simulator's), PyTorch CUDA tensors, or any other array on the GPU."""
+    return hasattr(x, "__cuda_array_interface__") or bool(getattr(x, "__cuda_ndarray__", False))
+
+
+def library(x) -> str:
+    """'cupy', 'torch' or 'numba' (numba device arrays, and any other library's GPU arrays)."""
+    top = type(x).__module__.split(".")[0]
+    return top if top in ("cupy", "torch") else "numba"
+
+
+def to_device_flat(x):
+    """A C-contiguous 1-D view of ``x`` on the GPU, its data 16-byte aligned: a view of a device
+    array, a copy of a host one (or of a device array that is not contiguous or not aligned).
+
+    The kernels index each head's (N × d) matrix inside this flat array themselves, and read
+    float16 tiles 4 elements (8 bytes) at a time, which needs aligned addresses.
+    """
+    if not is_device_array(x):
+        return cuda.to_device(np.ascontiguousarray(x).reshape(-1))
+    lib = library(x)
+    if lib == "cupy":
+        import cupy
+
+        flat = cupy.ascontiguousarray(x).reshape(-1)  # copies only a non-contiguous array
+        return flat if _aligned(flat) else flat.copy()
+    if lib == "torch":  # a torch tensor has methods for both; then numba reads it in place
+        x = cuda.as_cuda_array(x.detach().contiguous())
+    elif not hasattr(x, "is_c_contiguous"):  # another library's array
+        x = cuda.as_cuda_array(x)
+    if not x.is_c_contiguous():
+        raise ValueError(f"non-contiguous numba device arrays are not supported (got shape {x.shape}, strides "
+                         f"{x.strides}); pass a contiguous array, or a CuPy array")
+    flat = x.reshape(x.size)
+    if not _aligned(flat):
+        copy = cuda.device_array(flat.shape, dtype=flat.dtype)
+        copy.copy_to_device(flat)
+        flat = copy
+    return flat
+
+
+def _aligned(x) -> bool:
+    """Whether a device array's data starts at a 16-byte boundary (always true on the simulator)."""
+    return simulator_enabled() or x.__cuda_array_interface__["data"][0] % 16 == 0
+
+
+def empty(like, size: int, dtype):
+    """An uninitialised 1-D device array of ``size`` elements, from the library of ``like`` (a
+    device array), or numba's for host inputs (``like=None``)."""
+    lib = None if like is None else library(like)
+    if lib == "cupy":
+        import cupy
+
+        return cupy.empty(size, dtype=dtype)
+    if lib == "torch":
+        import torch
+
+        return torch.empty(size, dtype=getattr(torch, np.dtype(dtype).name), device=like.device)
+    return cuda.device_array(size, dtype=dtype)
+
+
+def kernel_view(x):
+    """What a kernel launch takes for an output made by :func:`empty`: numba reads CuPy and numba
+    arrays as they are; a PyTorch tensor becomes a numba view of the same memory."""
+    return cuda.as_cuda_array(x) if library(x) == "torch" else x
+
+
+def result(x, shape: tuple, to_host: bool):
+    """An output in the caller's form: reshaped, and copied to a NumPy array if the inputs were."""
+    x = x.reshape(shape)
+    return x.copy_to_host() if to_host else x

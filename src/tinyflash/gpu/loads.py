@@ -1,0 +1,140 @@
+"""Copying a tile of one head's (N × d) matrix from global memory into shared memory.
+
+Every kernel keeps its inputs as flat 1-D arrays (``src``) and finds a head's matrix at an offset
+(``src_off``). A tile is ROWS consecutive rows of it, padded with zeros to COLS columns (the
+kernel's head dim, rounded up) and to ROWS rows past the end of the matrix, so that padding adds
+nothing to any dot product; it is stored as float32 at ``dst[dst_off + r·stride + c]``.
+
+Two paths, chosen per tile (the same choice for every thread of the block):
+
+* :func:`fetch_tile` then :func:`store_tile`, for a full tile: each thread reads its elements into
+  registers, all loads in flight at once, then writes them to shared memory; W = 4 neighbouring
+  elements per thread and load uses one vector load (:func:`vector_load`);
+* :func:`load_tile_ragged`, for the last tile and padded head dims: one bounds check per element.
+
+:func:`load_tile` picks between them. ROWS, COLS, NT (threads) and W are compile-time constants:
+the branches on them vanish when the kernel is compiled.
+"""
+
+from __future__ import annotations
+
+from numba import cuda, float32
+
+from .runtime import simulator_enabled, u
+
+ZERO, ONE = u(0), u(1)
+
+
+def vector_load(n: int):
+    """A device function ``load(src, i)`` -> (src[i], ..., src[i+n-1]) in one vector load.
+
+    A warp's load instruction moves the most data when each thread asks for several neighbouring
+    elements at once (ld.global.v4: 4 elements). The GPU requires the address to be a multiple
+    of the vector's size; numba cannot know that, so the code it generates reads global arrays
+    one element at a time. This small intrinsic builds the vector load itself (LLVM IR: a
+    pointer to n elements, aligned to n elements); the caller guarantees the alignment. On the
+    simulator it is n ordinary loads.
+    """
+    if simulator_enabled():
+
+        @cuda.jit(device=True)
+        def load(src, i):
+            return tuple(src[i + e] for e in range(n))
+
+        return load
+
+    from llvmlite import ir
+    from numba import types
+    from numba.core.extending import intrinsic
+
+    @intrinsic
+    def load(typingctx, src, i):
+        ret = types.UniTuple(src.dtype, n)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            elt = context.get_value_type(sig.args[0].dtype)
+            ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.VectorType(elt, n).as_pointer())
+            vec = builder.load(ptr, align=n * context.get_abi_sizeof(elt))
+            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(n)]
+            return context.make_tuple(builder, ret, vals)
+
+        return ret(src, i), codegen
+
+    return load
+
+
+load4 = vector_load(4)
+
+
+@cuda.jit(device=True, inline="always")
+def is_full_tile(start, n_rows, n_cols, ROWS, COLS, NT, W):
+    """Whether rows start .. start+ROWS of an (n_rows × n_cols) matrix are a full ROWS × COLS tile
+    that NT threads can share evenly, W neighbouring elements each, NT·W/COLS rows at a time (the
+    same answer for every thread of the block)."""
+    G = COLS // W  # threads per row
+    return start + ROWS <= n_rows and n_cols == COLS and NT % G == 0 and ROWS % (NT // G) == 0
+
+
+@cuda.jit(device=True, inline="always")
+def fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, b0):
+    """A full tile, step 1 of 2: read this thread's ROWS·COLS/NT elements into ``buf[b0:]``.
+
+    ``src`` is a whole input flattened to 1-D; this head's matrix, n_cols wide, begins at
+    ``src_off``. Each thread reads W neighbouring columns at a time (W = 1, or 4 with one vector
+    load), and consecutive threads the next ones, so a warp reads consecutive addresses
+    (coalesced). ``buf`` is a register array: the loop has a constant length, the compiler
+    unrolls it, and all the loads are in flight at once: a tile costs one memory latency, not
+    one per row.
+    """
+    G = COLS // W  # threads per row
+    r_step = NT // G  # rows between two loads of one thread
+    g = src_off + (start + tid // G) * n_cols + (tid % G) * W  # index into src of its first element
+    for e in range(ROWS // r_step):
+        if W == ONE:
+            buf[b0 + e] = float32(src[g + e * r_step * n_cols])
+        else:
+            x = load4(src, g + e * r_step * n_cols)
+            for w in range(W):
+                buf[b0 + e * W + w] = float32(x[w])
+
+
+@cuda.jit(device=True, inline="always")
+def store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, b0):
+    """A full tile, step 2 of 2: write ``buf[b0:]`` to dst[dst_off + r·stride + c] (shared memory)."""
+    G = COLS // W
+    r_step = NT // G
+    sh = dst_off + (tid // G) * stride + (tid % G) * W  # index into dst of its first element
+    for e in range(ROWS // r_step):
+        for w in range(W):
+            dst[sh + e * r_step * stride + w] = buf[b0 + e * W + w]
+
+
+@cuda.jit(device=True, inline="always")
+def load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT):
+    """Any tile, element by element: one bounds check (and a division) per element.
+
+    Writes dst[dst_off + r·stride + c] = src[src_off + (start + r)·n_cols + c] for r < ROWS,
+    c < COLS, and 0 where the tile runs past the matrix (the ragged last tile, or the head-dim
+    padding c >= n_cols), so that those entries add nothing to any dot product.
+    """
+    for idx in range(tid, ROWS * COLS, NT):
+        r = idx // COLS
+        c = idx % COLS
+        x = float32(0.0)
+        if start + r < n_rows and c < n_cols:
+            x = float32(src[src_off + (start + r) * n_cols + c])
+        dst[dst_off + r * stride + c] = x
+
+
+@cuda.jit(device=True, inline="always")
+def load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf):
+    """Copy rows start .. start+ROWS of one head's (n_rows × n_cols) matrix into shared memory,
+    as float32, zero-padded to ROWS × COLS: the fast path for a full tile (the usual case), the
+    ragged path otherwise. ROWS, COLS, NT and W are constants: branches on them vanish at compile time.
+    """
+    if is_full_tile(start, n_rows, n_cols, ROWS, COLS, NT, W):
+        fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, ZERO)
+        store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, ZERO)
+    else:
+        load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT)

@@ -1,0 +1,51 @@
+"""The block's shared memory: one dynamic float32 buffer, and the permission to make it large.
+
+A kernel sees its dynamic shared memory as one array (:func:`shared_floats`) whose size is given at
+launch; the kernel's tiling says where each tile lives inside it. Any kernel may use up to 48 KiB;
+more (up to 227 KiB per block on Hopper) must be asked for first, per compiled kernel
+(:func:`allow_large_shared_memory`).
+"""
+
+from __future__ import annotations
+
+from numba import cuda, float32
+
+from .runtime import simulator_enabled
+
+STATIC_SMEM_LIMIT = 48 * 1024  # what any kernel may use without asking
+MAX_SMEM_PER_BLOCK = 227 * 1024  # the most a block may ask for on Hopper (compute capability 9.0)
+
+if simulator_enabled():  # the simulator rejects the alignment argument; its arrays are NumPy arrays
+
+    @cuda.jit(device=True)
+    def shared_floats():
+        """The block's dynamic shared memory as one float32 array (its size is set at launch)."""
+        return cuda.shared.array(0, float32)
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def shared_floats():
+        """The block's dynamic shared memory as one float32 array (its size is set at launch).
+
+        16-byte alignment lets the compiler turn 4 neighbouring float loads into one vector load.
+        """
+        return cuda.shared.array(0, float32, alignment=16)
+
+
+def allow_large_shared_memory(kernel, args, nbytes: int) -> None:
+    """Let ``kernel``, compiled for ``args``, launch with ``nbytes`` of dynamic shared memory.
+
+    Above 48 KiB CUDA requires the function attribute MAX_DYNAMIC_SHARED_SIZE_BYTES to be raised
+    first. numba has no public API for it, so this compiles the kernel for the argument types,
+    takes the driver handle of the compiled function and calls cuKernelSetAttribute, as numba's
+    own ``set_shared_memory_carveout`` does. Raises the driver's error if the device refuses.
+    """
+    if nbytes <= STATIC_SMEM_LIMIT or simulator_enabled():
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    cufunc = compiled.library.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)

@@ -1,0 +1,245 @@
+"""The one benchmark harness: check against the float64 reference, then time, then one CSV row.
+
+Every GPU measurement of the project (``python -m tinyflash.bench``: the comparison with
+PyTorch, the kernel versions, the tile sweep, the vector loads) goes through :func:`measure`:
+
+1. **check** (:func:`check`): the output on a sample of query rows of the first and the last head
+   against the float64 reference (:func:`tinyflash.reference_attention` with ``rows=``), by the
+   project's one rule per dtype (:func:`tinyflash.core.tolerance.within_tolerance`): float32 within
+   ``F32_TOL``; float16 by FlashAttention's rule, against standard attention computed in float16
+   on the same rows (:func:`naive_same_precision`). Only a result that passes is timed;
+2. **time** (:func:`time_call`): CUDA events around single calls, after warm-up calls, at least
+   ``MIN_REPS`` of them; the median, with the fastest and slowest, goes into the row;
+3. **record**: one row of :data:`FIELDS`, the one CSV schema (device, library versions and date
+   in every row), written as it comes (:class:`CsvWriter`).
+
+TFLOP/s counts 4·B·H·Nq·Nk·d floating-point operations (two matrix products), halved for causal
+attention. Peak extra memory is the largest number of bytes the call holds in the framework's
+allocator beyond what was live before it: for CuPy arrays (tinyflash allocates its outputs there
+when given CuPy arrays; its kernels allocate nothing else) a CuPy memory hook counts every
+allocation from CuPy's pool; for PyTorch, ``torch.cuda.max_memory_allocated()``. Workspace a
+library allocates outside these allocators (e.g. cuBLAS's own) is not counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import math
+import statistics
+
+import numpy as np
+
+from ..core.masks import allowed
+from ..core.tolerance import within_tolerance
+from ..forward.naive import reference_attention
+
+FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "benchmark", "impl", "variant", "dtype",
+          "causal", "batch", "heads", "n", "d", "time_ms", "time_min_ms", "time_max_ms", "reps", "tflops",
+          "peak_bytes", "regs", "smem_bytes", "status", "max_rel_err", "tolerance"]
+STATUSES = ("ok", "oom", "unsupported", "wrong")  # 'wrong' rows say by how much: "wrong (error ... > ...)"
+WARMUP, MIN_REPS, MIN_TOTAL_MS, MAX_REPS = 2, 5, 300.0, 50
+CHECK_ROWS = 64  # query rows sampled per checked head
+
+
+def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, causal: bool) -> float:
+    """4·B·H·Nq·Nk·d: Q Kᵀ and P V, 2 operations per multiply-add; causal does about half."""
+    f = 4.0 * batch * heads * n_q * n_k * d
+    return f / 2 if causal else f
+
+
+def environment() -> dict:
+    """Device, library versions and date, written into every CSV row."""
+    import cupy
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "numpy": np.__version__, "cupy": cupy.__version__}
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    env["device"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    try:
+        from importlib.metadata import version
+
+        env["numba_cuda"] = version("numba-cuda")
+    except Exception:
+        env["numba_cuda"] = "unknown"
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+    except ImportError:
+        env["torch"] = ""
+    return env
+
+
+def time_call(fn) -> dict:
+    """CUDA-event times of ``fn()``, one call each, after WARMUP untimed calls: at least MIN_REPS,
+    and more (up to MAX_REPS) until MIN_TOTAL_MS have passed. Returns the median, min and max (ms)."""
+    import cupy
+
+    for _ in range(WARMUP):
+        fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    while len(times) < MIN_REPS or (sum(times) < MIN_TOTAL_MS and len(times) < MAX_REPS):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return {"time_ms": statistics.median(times), "time_min_ms": min(times), "time_max_ms": max(times),
+            "reps": len(times)}
+
+
+def _xp(x):
+    """The array module of ``x``: CuPy for CuPy arrays, else NumPy."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _host(x) -> np.ndarray:
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def naive_same_precision(q, k, v, *, causal: bool = False, rows=None):
+    """Standard attention with S and P stored in the input dtype (CuPy on the GPU: cuBLAS products,
+    S and P in HBM; NumPy on the CPU). q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv).
+
+    It is the baseline of the benchmark ("naive CuPy") and, on a sample of ``rows`` (query
+    indices), the "naive computation in the same precision" of FlashAttention's tolerance rule.
+    Like a plain softmax, it gives NaN for a row that may attend no key (causal with Nq > Nk);
+    the benchmark has Nq = Nk.
+    """
+    xp = _xp(q)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    query_rows = range(n_q) if rows is None else rows
+    q = q if rows is None else q[..., xp.asarray(rows), :]  # (..., rows, d)
+    S = xp.matmul(q, k.swapaxes(-1, -2))  # (..., Nq, Nk)  written to HBM
+    S *= S.dtype.type(1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        xp.copyto(S, S.dtype.type(-np.inf), where=~allowed(query_rows, np.arange(n_k), n_q, n_k, xp=xp))
+    P = S - S.max(axis=-1, keepdims=True)  # (..., Nq, Nk)  read S, write P
+    del S
+    xp.exp(P, out=P)
+    P /= P.sum(axis=-1, keepdims=True, dtype=np.float32).astype(P.dtype)
+    return xp.matmul(P, v)  # (..., Nq, dv)  read P
+
+
+def check(o, q, k, v, *, causal: bool, rng, rows: int = CHECK_ROWS) -> dict:
+    """The output ``o`` of q, k, v (B, H, N, d) on sampled rows of the first and last head, by the
+    project's rule (module docstring). Returns ``ok``, ``max_rel_err`` and ``tolerance`` (the
+    relative error the rule allowed, the smaller of the two heads')."""
+    n_q = q.shape[-2]
+    ok, worst, tolerance = True, 0.0, math.inf
+    for b, h in sorted({(0, 0), (q.shape[0] - 1, q.shape[1] - 1)}):
+        idx = np.sort(rng.choice(n_q, size=min(rows, n_q), replace=False))  # (rows,)
+        ref = reference_attention(_host(q[b, h]), _host(k[b, h]), _host(v[b, h]), causal=causal, rows=idx)[0]
+        naive = naive_same_precision(q[b, h], k[b, h], v[b, h], causal=causal, rows=idx)
+        verdict = within_tolerance(_host(o[b, h][_xp(o).asarray(idx)]), ref, np.dtype(q.dtype), _host(naive))
+        ok, worst = ok and verdict.ok, max(worst, verdict.error)
+        tolerance = min(tolerance, verdict.tolerance)
+    return {"ok": ok, "max_rel_err": worst, "tolerance": tolerance}
+
+
+def _peak_hook_class():
+    import cupy
+
+    class PeakMemory(cupy.cuda.MemoryHook):
+        """Counts bytes taken from CuPy's pool while active; ``peak`` is the most held at once."""
+
+        name = "PeakMemory"
+
+        def __init__(self):
+            self.live = 0
+            self.peak = 0
+
+        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+            self.live += mem_size
+            self.peak = max(self.peak, self.live)
+
+        def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+            self.live -= mem_size
+
+    return PeakMemory
+
+
+def call_metered(fn, q, k, v, causal: bool, meter: str):
+    """``(o, peak extra bytes)`` of one call; ``meter`` is 'cupy' or 'torch' (module docstring)."""
+    import cupy
+
+    if meter == "torch":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = fn(q, k, v, causal)
+        torch.cuda.synchronize()
+        return cupy.from_dlpack(out), torch.cuda.max_memory_allocated() - base
+    with _peak_hook_class()() as hook:
+        o = fn(q, k, v, causal)
+        cupy.cuda.Device().synchronize()
+    return o, hook.peak
+
+
+def measure(fn, q, k, v, causal: bool, rng, meter: str = "cupy") -> dict:
+    """Check one implementation ``fn(q, k, v, causal) -> o`` on one input, then time it.
+
+    Returns the measured fields of a row: status, times, peak_bytes, max_rel_err, tolerance.
+    An implementation that runs out of memory gets status 'oom'; one that refuses the inputs
+    (PyTorch's flash backend with float32) 'unsupported'; one that fails the check 'wrong (...)',
+    and is not timed.
+    """
+    import cupy
+
+    try:
+        o, peak = call_metered(fn, q, k, v, causal, meter)
+        verdict = check(o, q, k, v, causal=causal, rng=rng)
+        del o
+        res = {"peak_bytes": peak, "max_rel_err": verdict["max_rel_err"], "tolerance": verdict["tolerance"]}
+        if not verdict["ok"]:
+            return {**res, "status": f"wrong (error {verdict['max_rel_err']:.2e} > {verdict['tolerance']:.2e})"}
+        return {**res, **time_call(lambda: fn(q, k, v, causal)), "status": "ok"}
+    except Exception as exc:  # out of memory, or a backend that refuses these inputs
+        if type(exc).__name__ == "OutOfMemoryError":
+            return {"status": "oom"}
+        if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
+            return {"status": "unsupported"}
+        raise
+    finally:
+        cupy.get_default_memory_pool().free_all_blocks()
+        if meter == "torch":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+class CsvWriter:
+    """Rows of :data:`FIELDS`, written and flushed one by one (a long run leaves what it measured)."""
+
+    def __init__(self, path):
+        self.file = open(path, "w", newline="") if path else None
+        self.writer = csv.DictWriter(self.file, fieldnames=FIELDS) if self.file else None
+        if self.writer:
+            self.writer.writeheader()
+
+    def write(self, row: dict) -> None:
+        unknown = set(row) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"row has fields outside the schema: {sorted(unknown)}")
+        if self.writer:
+            self.writer.writerow({f: f"{row[f]:.6g}" if isinstance(row.get(f), float) else row.get(f, "")
+                                  for f in FIELDS})
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def read_csv(path) -> list[dict]:
+    """The rows of a CSV as dicts of strings."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,93 @@
+"""The figures of the README: memory, HBM traffic and time against sequence length.
+
+    python -m tinyflash.plots                  # run from the repository root; all five figures
+    python -m tinyflash.plots --only hbm_traffic memory_model
+    python -m tinyflash.plots --remeasure-gpu  # on a GPU machine: run the benchmark first
+
+Each figure draws what was measured (or counted) beside the model it is compared with, and
+writes its data to ``figures/data/*.csv`` beside the PNG:
+
+| figure                      | what is drawn                          | where the numbers come from        |
+|-----------------------------|----------------------------------------|------------------------------------|
+| memory_model.png            | bytes of S, P, Q/K/V/O vs N            | memory.attention_memory (formula)  |
+| memory_cpu_measured.png     | peak bytes of the NumPy stages         | tracemalloc, this machine          |
+| memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
+| hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
+| time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
+
+The figures themselves are drawn in plot_memory.py, plot_traffic.py and plot_gpu.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+from .plot_gpu import plot_memory_gpu_measured, plot_time_gpu
+from .plot_memory import plot_memory_cpu_measured, plot_memory_model
+from .plot_traffic import plot_hbm_traffic
+
+FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu")
+GPU_CSV_NAME = "bench_h200.csv"
+
+
+def remeasure_gpu(csv_path: Path) -> None:
+    """Run the benchmark (``python -m tinyflash.bench --csv PATH``); stop if it fails."""
+    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)  # the benchmark opens the file, not the folder
+    cmd = [sys.executable, "-m", "tinyflash.bench", "--csv", str(csv_path)]
+    print("running:", " ".join(cmd), flush=True)
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise SystemExit(f"the benchmark failed with exit code {done.returncode}; figures not regenerated")
+
+
+def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, progress: bool = True) -> list[Path]:
+    """Write the named figures into ``out`` and their data into ``out/data``; return the PNG paths."""
+    out, data = Path(out), Path(out) / "data"
+    unknown = [n for n in names if n not in FIGURE_NAMES]
+    if unknown:
+        raise ValueError(f"names must be among {FIGURE_NAMES}; got unknown {unknown}")
+    gpu_csv = data / GPU_CSV_NAME if gpu_csv is None else Path(gpu_csv)
+    makers = {
+        "memory_model": lambda p: plot_memory_model(p, data / "memory_model.csv"),
+        "memory_cpu_measured": lambda p: plot_memory_cpu_measured(p, data / "memory_cpu_measured.csv",
+                                                                  progress=progress),
+        "memory_gpu_measured": lambda p: plot_memory_gpu_measured(p, gpu_csv),
+        "hbm_traffic": lambda p: plot_hbm_traffic(p, data, progress=progress),
+        "time_gpu": lambda p: plot_time_gpu(p, gpu_csv),
+    }
+    written = []
+    for name in names:
+        start = time.perf_counter()
+        written.append(makers[name](out / f"{name}.png"))
+        print(f"wrote {written[-1]}  ({time.perf_counter() - start:.1f} s)", flush=True)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tinyflash.plots", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("figures"), help="output folder (default: figures)")
+    parser.add_argument("--only", nargs="+", choices=FIGURE_NAMES, default=list(FIGURE_NAMES), metavar="NAME",
+                        help=f"draw only these figures: {', '.join(FIGURE_NAMES)}")
+    parser.add_argument("--gpu-csv", type=Path, default=None, help=f"benchmark CSV (default: OUT/data/{GPU_CSV_NAME})")
+    parser.add_argument("--remeasure-gpu", action="store_true",
+                        help="first run `python -m tinyflash.bench --csv GPU_CSV` (needs a GPU)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    matplotlib.use("Agg")  # files only, no window (the figures are drawn on Agg canvases anyway)
+    gpu_csv = args.gpu_csv or args.out / "data" / GPU_CSV_NAME
+    start = time.perf_counter()
+    if args.remeasure_gpu:
+        remeasure_gpu(gpu_csv)
+    make_figures(args.out, args.only, gpu_csv=gpu_csv, progress=not args.no_progress)
+    print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Printing benchmark results: one line per measurement, and the README's Markdown tables.
+
+The README's tables are generated from the committed CSVs by these functions (``python -m
+tinyflash.bench --summary CSV`` prints them) and tests/test_readme.py checks that the README
+holds exactly what they produce.
+"""
+
+from __future__ import annotations
+
+LINE_HEADER = (f"{'impl':16} {'variant':28} {'dtype':8} {'causal':6} {'N':>6} {'d':>4} {'ms':>9} {'spread %':>8} "
+               f"{'TFLOP/s':>8} {'extra MiB':>10} {'rel err':>8} {'tol':>8}  status")
+
+
+def _num(row: dict, key: str):
+    value = row.get(key)
+    return None if value in (None, "") else float(value)
+
+
+def line(row: dict) -> str:
+    """One measurement as a line of text (the harness's rows, or rows read back from a CSV)."""
+    ms, lo, hi = _num(row, "time_ms"), _num(row, "time_min_ms"), _num(row, "time_max_ms")
+    cells = [f"{ms:9.3f}" if ms else f"{'-':>9}",
+             f"{100 * (hi - lo) / ms:8.1f}" if ms and lo is not None and hi is not None else f"{'-':>8}",
+             f"{_num(row, 'tflops'):8.1f}" if _num(row, "tflops") else f"{'-':>8}",
+             f"{_num(row, 'peak_bytes') / 2**20:10.1f}" if _num(row, "peak_bytes") is not None else f"{'-':>10}",
+             f"{_num(row, 'max_rel_err'):8.1e}" if _num(row, "max_rel_err") is not None else f"{'-':>8}",
+             f"{_num(row, 'tolerance'):8.1e}" if _num(row, "tolerance") is not None else f"{'-':>8}"]
+    return (f"{row['impl']:16} {row.get('variant', ''):28} {row['dtype']:8} {str(row['causal']):6} {int(row['n']):6d} "
+            f"{int(row['d']):4d} " + " ".join(cells) + f"  {row['status']}")
+
+
+def summary_table(rows: list[dict], n: int = 16384) -> str:
+    """The README's results table: one line per (dtype, d, causal) at sequence length ``n`` of the
+    sweep CSV, with TFLOP/s of each implementation, tinyflash's speed relative to PyTorch's
+    memory-efficient backend and to naive CuPy, and extra memory against naive CuPy."""
+    ok = {(r["impl"], r["dtype"], r["d"], r["causal"]): r for r in rows if r["status"] == "ok" and int(r["n"]) == n}
+    seen = {r["impl"]: r["status"] for r in rows if int(r["n"]) == n}
+    if not ok:
+        raise ValueError(f"no successful measurement at N={n} in the CSV")
+
+    def cell(impl, key, field, fmt):
+        r = ok.get((impl, *key))
+        return fmt.format(float(r[field])) if r else ("OOM" if seen.get(impl) == "oom" else "–")
+
+    lines = ["| dtype | d | causal | tinyflash TFLOP/s | SDPA efficient | SDPA flash | naive CuPy | "
+             "tinyflash / efficient | speed-up over naive | extra memory, tinyflash / naive |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({k[1:] for k in ok}, key=lambda k: (k[0], int(k[1]), k[2]))
+    for key in keys:
+        tf_row, eff, naive = ok.get(("tinyflash", *key)), ok.get(("torch_efficient", *key)), ok.get(("cupy_naive", *key))
+        ratio = f"{float(eff['time_ms']) / float(tf_row['time_ms']):.2f}×" if tf_row and eff else "–"
+        speed = f"{float(naive['time_ms']) / float(tf_row['time_ms']):.1f}×" if tf_row and naive else "–"
+        mem = (f"{int(float(tf_row['peak_bytes'])) / 2**20:.0f} MiB / {int(float(naive['peak_bytes'])) / 2**20:.0f} MiB"
+               if tf_row and naive else "–")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {cell('tinyflash', key, 'tflops', '{:.1f}')} | "
+                     f"{cell('torch_efficient', key, 'tflops', '{:.1f}')} | {cell('torch_flash', key, 'tflops', '{:.1f}')} | "
+                     f"{cell('cupy_naive', key, 'tflops', '{:.1f}')} | {ratio} | {speed} | {mem} |")
+    return "\n".join(lines)
+
+
+def versions_table(rows: list[dict], dtype: str = "float32", causal: str = "False") -> str:
+    """The README's kernel-version table: TFLOP/s (median) of each version per head dim, from the
+    versions CSV, with the registry's line on what changed."""
+    from ..forward.kernels import VERSIONS
+
+    ok = {(r["variant"], r["d"]): r for r in rows
+          if r["status"] == "ok" and r["dtype"] == dtype and r["causal"] == causal}
+    ns = sorted({r["n"] for r in rows}, key=int)
+    if len(ns) != 1:
+        raise ValueError(f"the versions CSV should hold one sequence length; got {ns}")
+    ds = sorted({d for _, d in ok}, key=int)
+    lines = ["| version | what changed | " + " | ".join(f"d = {d}" for d in ds) + " |",
+             "|---|---|" + "---|" * len(ds)]
+    for name, version in VERSIONS.items():
+        cells = [f"{float(ok[name, d]['tflops']):.1f}" if (name, d) in ok else "–" for d in ds]
+        lines.append(f"| {name} | {version.changed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seed_example_table(row: dict) -> str:
+    """The README's Markdown table of a seed-example result (one CSV row)."""
+    gib = 2**30
+    return "\n".join([
+        "| time (median) | TFLOP/s | memory held (inputs + extra) | q, k, v, o, lse alone | fp16 scores alone would need | "
+        "max rel. error (sampled rows, float64 reference) |",
+        "|---|---|---|---|---|---|",
+        f"| {float(row['time_ms']):.1f} ms | {float(row['tflops']):.1f} | {int(row['total_peak_bytes']) / gib:.2f} GiB | "
+        f"{int(row['model_qkvo_lse_bytes']) / gib:.2f} GiB | {int(row['model_fp16_scores_bytes']) / gib:.0f} GiB | "
+        f"{float(row['max_rel_err']):.1e} |",
+    ])
+
+
+def table_for(rows: list[dict], n: int = 16384) -> str:
+    """The README table that fits a CSV: the seed example's, the versions', or the sweep's at ``n``."""
+    if "total_peak_bytes" in rows[0]:
+        return seed_example_table(rows[0])
+    if rows[0].get("benchmark") == "versions":
+        return versions_table(rows)
+    return summary_table(rows, n)

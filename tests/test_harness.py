@@ -1,0 +1,84 @@
+"""The benchmark harness's parts that need no GPU: the check, the baseline, the CSV schema, the tables.
+
+(Timing needs CUDA events and runs only on a GPU, in ``python -m tinyflash.bench``.)
+"""
+
+import csv
+
+import numpy as np
+import pytest
+from conftest import make_qkv
+
+import tinyflash as tf
+from tinyflash.core.tolerance import F32_TOL
+from tinyflash.forward.kernels import VERSIONS
+from tinyflash.measure import harness, report
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_on_sampled_rows_is_the_reference(rng, causal):
+    """reference_attention(rows=...) computes those rows with their true causal positions."""
+    q, k, v = make_qkv(rng, (), 37, 29, d=8, d_v=5)
+    rows = np.array([0, 3, 8, 20, 36])
+    full_o, full_lse = tf.reference_attention(q, k, v, causal=causal)
+    o, lse = tf.reference_attention(q, k, v, causal=causal, rows=rows)
+    assert np.array_equal(o, full_o[rows]) and np.array_equal(lse, full_lse[rows])
+    with pytest.raises(ValueError, match=r"rows must be a 1-D array of query indices in \[0, 37\)"):
+        tf.reference_attention(q, k, v, rows=np.array([37]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_same_precision_keeps_s_and_p_in_the_input_dtype(rng, causal):
+    """The benchmark's baseline: on sampled rows it equals the full computation's rows; in float16
+    it is less accurate than tinyflash's naive stage (which computes in float32)."""
+    q, k, v = make_qkv(rng, (2,), 41, 50, d=16, dtype=np.float16)  # Nq <= Nk: every row sees a key
+    rows = np.array([1, 7, 30, 40])
+    full = harness.naive_same_precision(q, k, v, causal=causal)
+    part = harness.naive_same_precision(q, k, v, causal=causal, rows=rows)
+    assert full.dtype == np.float16 and np.array_equal(part, full[..., rows, :])
+    ref = tf.reference_attention(q, k, v, causal=causal)[0]
+    err16 = np.abs(full.astype(np.float64) - ref).max()
+    err32 = np.abs(tf.naive_attention(q, k, v, causal=causal)[0].astype(np.float64) - ref).max()
+    assert err16 > err32 > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_check_passes_right_results_and_catches_wrong_ones(rng, dtype):
+    q, k, v = make_qkv(rng, (2, 3), 90, 90, d=16, dtype=dtype)
+    o = tf.blocked_attention(q, k, v, causal=True)[0]
+    verdict = harness.check(o, q, k, v, causal=True, rng=rng, rows=16)
+    assert verdict["ok"] and verdict["max_rel_err"] <= verdict["tolerance"]
+    if dtype == np.float32:
+        assert verdict["tolerance"] == F32_TOL
+    wrong = o.copy()
+    wrong[-1, -1] = tf.blocked_attention(q, k, v, causal=False)[0][-1, -1]  # the last head without its mask
+    assert not harness.check(wrong, q, k, v, causal=True, rng=rng, rows=90)["ok"]
+
+
+def test_csv_writer_keeps_to_the_schema(tmp_path):
+    writer = harness.CsvWriter(tmp_path / "x.csv")
+    writer.write({"impl": "tinyflash", "dtype": "float32", "n": 64, "time_ms": 1.234567891, "status": "ok"})
+    with pytest.raises(ValueError, match="outside the schema"):
+        writer.write({"impl": "tinyflash", "colour": "green"})
+    writer.close()
+    rows = list(csv.DictReader(open(tmp_path / "x.csv")))
+    assert list(rows[0]) == harness.FIELDS and rows[0]["time_ms"] == "1.23457" and rows[0]["regs"] == ""
+
+
+def test_flops():
+    assert harness.attention_flops(1, 32, 4096, 4096, 128, False) == 4 * 32 * 4096**2 * 128
+    assert harness.attention_flops(2, 1, 10, 20, 8, True) == 2 * 2 * 10 * 20 * 8
+
+
+def test_versions_table_and_lines():
+    rows = [dict(benchmark="versions", impl="tinyflash", variant=name, dtype="float32", causal="False", n="16384",
+                 d=str(d), time_ms="10", time_min_ms="9.5", time_max_ms="11", tflops=str(i + d / 100), status="ok",
+                 max_rel_err="1e-6", tolerance="1e-5", peak_bytes="100")
+            for i, name in enumerate(VERSIONS) for d in (64, 128)]
+    table = report.versions_table(rows).splitlines()
+    assert table[0] == "| version | what changed | d = 64 | d = 128 |" and len(table) == 2 + len(VERSIONS)
+    assert table[2].startswith("| v1 | ") and table[2].endswith("| 0.6 | 1.3 |")
+    assert report.table_for(rows).splitlines() == table
+    assert "15.0" in report.line(rows[0])  # spread: (11 - 9.5) / 10
+    with pytest.raises(ValueError, match="one sequence length"):
+        report.versions_table(rows + [dict(rows[0], n="1024")])
