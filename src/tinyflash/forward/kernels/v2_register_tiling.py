@@ -156,12 +156,11 @@ def make_kernel(cfg: TileConfig):
         qk_product(smem, s, qf, kf, row0, ct)
 
     @cuda.jit(device=True, inline="always")
-    def scale_mask_row_max(smem, s, m_new, m_i, q_start, k_start, row0, ct, n_q, n_k, causal, needs_mask,
-                           scale_log2):
+    def scale_mask_row_max(smem, s, q_start, k_start, row0, ct, n_q, n_k, causal, needs_mask, scale_log2):
         """In one loop over this thread's scores: S_ij = scale · S_ij (in base 2), -inf where masked
         (if the tile ``needs_mask``: keys at or past Nk and, if causal, after the diagonal), and
-        each thread's max of its keys; then m_new = max(m_i, rowmax(S_ij)) across the CT threads of
-        a row through shared memory."""
+        each thread's max of its keys, exchanged through shared memory (the max over the CT threads
+        of a row is the first line of :func:`rescale`)."""
         for i in range(TM):
             stop = key_stop(q_start + row0 + i + ONE, n_q, n_k, causal)  # keys < stop are allowed for this row
             m_part = NEG_INF
@@ -173,18 +172,18 @@ def make_kernel(cfg: TileConfig):
                 m_part = max(m_part, x)
             smem[R_OFF + (row0 + i) * CT + ct] = m_part
         cuda.syncthreads()  # partial maxima are visible; every thread is done reading Ks (P overwrites it)
-        for i in range(TM):
-            m_new[i] = m_i[i]
-            for c in range(CT):
-                m_new[i] = max(m_new[i], smem[R_OFF + (row0 + i) * CT + c])
 
     @cuda.jit(device=True, inline="always")
-    def rescale(s, m_new, m_i, l_i, acc):
-        """alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(S_ij - m_new) replaces S_ij."""
+    def rescale(smem, s, m_i, l_i, acc, row0):
+        """m_new = max(m_i, rowmax(S_ij)); alpha = exp(m_i - m_new) rescales l_i and acc;
+        P_ij = exp(S_ij - m_new) replaces S_ij."""
         for i in range(TM):
-            m_safe = m_new[i] if m_new[i] != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
+            m_new = m_i[i]
+            for c in range(CT):
+                m_new = max(m_new, smem[R_OFF + (row0 + i) * CT + c])
+            m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
             alpha = math.exp2(m_i[i] - m_safe)
-            m_i[i] = m_new[i]
+            m_i[i] = m_new
             l_i[i] *= alpha
             for t in range(TO4):
                 for e in range(FOUR):
@@ -236,7 +235,6 @@ def make_kernel(cfg: TileConfig):
         s = cuda.local.array((TM_, TN_), float32)  # this thread's piece of S_ij, then of P_ij
         acc = cuda.local.array((TM_, TO4_, 4), float32)  # its piece of the unnormalised O_i
         m_i = cuda.local.array(TM_, float32)  # running max (base 2) of its rows
-        m_new = cuda.local.array(TM_, float32)  # the max after this tile
         l_i = cuda.local.array(TM_, float32)  # its share of the running denominators
         qf = cuda.local.array((TM_, 4), float32)  # Q_i[its rows, kk:kk+4]: one vector load per row
         kf = cuda.local.array((TN_, 4), float32)  # K_j[its keys, kk:kk+4]
@@ -257,9 +255,9 @@ def make_kernel(cfg: TileConfig):
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
             scores(smem, s, qf, kf, row0, ct)
             needs_mask = k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal)  # past the first row's keys
-            scale_mask_row_max(smem, s, m_new, m_i, q_start, k_start, row0, ct, n_q, n_k, causal, needs_mask,
+            scale_mask_row_max(smem, s, q_start, k_start, row0, ct, n_q, n_k, causal, needs_mask,
                                scale_log2)  # (has a barrier: after it, Ks may be overwritten)
-            rescale(s, m_new, m_i, l_i, acc)
+            rescale(smem, s, m_i, l_i, acc, row0)
             store_p(smem, s, row0, ct)
             cuda.syncthreads()  # P_ij is fully written before any thread reads it
             pv_product(smem, acc, pf, vf, row0, ct)  # P·V: acc += P_ij V_j

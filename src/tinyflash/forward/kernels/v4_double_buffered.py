@@ -141,27 +141,27 @@ def make_kernel(cfg: TileConfig):
                     s[i, jj] = NEG_INF
 
     @cuda.jit(device=True, inline="always")
-    def row_max(smem, s, m_new, m_i, row0, ct):
-        """m_new = max(m_i, rowmax(S_ij)): each thread's max of its keys, then across the CT threads
-        of a row through shared memory."""
+    def row_max(smem, s, row0, ct):
+        """rowmax(S_ij), step 1 of 2: each thread's max of its keys, exchanged through shared memory
+        (step 2, the max over the CT threads of a row, is the first line of :func:`rescale`)."""
         for i in range(TM):
             m_part = NEG_INF
             for jj in range(TN):
                 m_part = max(m_part, s[i, jj])
             smem[R_OFF + (row0 + i) * CT + ct] = m_part
         cuda.syncthreads()  # partial maxima are visible; every thread is done reading Ks (P overwrites it)
-        for i in range(TM):
-            m_new[i] = m_i[i]
-            for c in range(CT):
-                m_new[i] = max(m_new[i], smem[R_OFF + (row0 + i) * CT + c])
 
     @cuda.jit(device=True, inline="always")
-    def rescale(s, m_new, m_i, l_i, acc):
-        """alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(S_ij - m_new) replaces S_ij."""
+    def rescale(smem, s, m_i, l_i, acc, row0):
+        """m_new = max(m_i, rowmax(S_ij)); alpha = exp(m_i - m_new) rescales l_i and acc;
+        P_ij = exp(S_ij - m_new) replaces S_ij."""
         for i in range(TM):
-            m_safe = m_new[i] if m_new[i] != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
+            m_new = m_i[i]
+            for c in range(CT):
+                m_new = max(m_new, smem[R_OFF + (row0 + i) * CT + c])
+            m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
             alpha = math.exp2(m_i[i] - m_safe)
-            m_i[i] = m_new[i]
+            m_i[i] = m_new
             l_i[i] *= alpha
             for t in range(TO4):
                 for e in range(FOUR):
@@ -213,7 +213,6 @@ def make_kernel(cfg: TileConfig):
         s = cuda.local.array((TM_, TN_), float32)  # this thread's piece of S_ij, then of P_ij
         acc = cuda.local.array((TM_, TO4_, 4), float32)  # its piece of the unnormalised O_i
         m_i = cuda.local.array(TM_, float32)  # running max (base 2) of its rows
-        m_new = cuda.local.array(TM_, float32)  # the max after this tile
         l_i = cuda.local.array(TM_, float32)  # its share of the running denominators
         qa = cuda.local.array((TM_, 4), float32)  # Q_i[its rows, kk:kk+4]: one vector load per row
         ka = cuda.local.array((TN_, 4), float32)  # K_j[its keys, kk:kk+4]
@@ -240,8 +239,8 @@ def make_kernel(cfg: TileConfig):
             scores(smem, s, qa, ka, qb, kb, row0, ct, scale_log2)
             if k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal):  # past the first row's keys
                 mask(s, q_start, k_start, row0, ct, n_q, n_k, causal)
-            row_max(smem, s, m_new, m_i, row0, ct)  # (has a barrier: after it, Ks may be overwritten)
-            rescale(s, m_new, m_i, l_i, acc)
+            row_max(smem, s, row0, ct)  # (has a barrier: after it, Ks may be overwritten)
+            rescale(smem, s, m_i, l_i, acc, row0)
             store_p(smem, s, row0, ct)
             cuda.syncthreads()  # P_ij is fully written before any thread reads it
             pv_product(smem, acc, pa, va, pb, vb, row0, ct)  # P·V: acc += P_ij V_j
