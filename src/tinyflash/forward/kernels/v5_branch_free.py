@@ -256,12 +256,13 @@ def make_kernel(cfg: TileConfig, vector: int = 1):
 
         load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, W, buf)  # Q_i, once
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
+        first_row_stop = key_stop(q_start + ONE, n_q, n_k, causal)  # the keys that Q_i's first row may see
         for k_start in range(ZERO, k_stop, BC):
             cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
             load_kv(K, V, k_off, v_off, k_start, n_k, d, d_v, smem, tid, buf)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
             scores(smem, s, qa, ka, qb, kb, row0, ct, scale_log2)
-            if k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal):  # past the first row's keys
+            if k_start + BC > first_row_stop:  # the tile reaches past them: some pair is masked
                 mask(s, q_start, k_start, row0, ct, n_q, n_k, causal)
             row_max(smem, s, row0, ct)  # (has a barrier: after it, Ks may be overwritten)
             rescale(smem, s, m_i, l_i, acc, row0)
