@@ -2,7 +2,7 @@
 
 What you will learn
     * how many bytes standard attention needs at sequence length N, and where it stops fitting
-      on a GPU, from an exact model (the seeds' 32k-token example falls out of it);
+      on a GPU, from an exact model (the 32k-token example falls out of it);
     * that the model is right: tracemalloc sees naive_attention allocate S, P and O and nothing
       else of note, and blocked_attention allocate its output plus a few tiles, whatever N is;
     * how many bytes each algorithm moves to and from main memory (HBM): counted from the tile
@@ -21,7 +21,7 @@ figures in figures/ are made by  python -m tinyflash.plots.
 """
 
 # %% [1] Why: the N × N matrix is the problem
-# One head, N = 32,768 tokens, d = 128, fp16 (the seeds' example). S has N² entries.
+# One head, N = 32,768 tokens, d = 128, fp16 (the 32k-token example). S has N² entries.
 import argparse
 import sys
 
@@ -66,7 +66,7 @@ fit_h200 = max_sequence_length(H200_MEMORY_BYTES, heads=32, dtype="float16", mat
 fit_24 = max_sequence_length(CONSUMER_GPU_BYTES, heads=32, dtype="float16", matrices=2)
 print(f"S + P for 32 heads in fp16 fit in 141 GB up to N = {fit_h200:,} and in 24 GiB up to N = {fit_24:,}")
 assert (fit_h200, fit_24) == (33_189, 14_188)
-assert fit_24 < 32_768 <= fit_h200  # the seeds' 32k example: fits an H200 (just), not a 24 GiB card
+assert fit_24 < 32_768 <= fit_h200  # the 32k-token example: fits an H200 (just), not a 24 GiB card
 
 # %% [3] Measure: tracemalloc sees every NumPy buffer
 # measure_peak_bytes(fn, ...) = the highest allocation during the call beyond what existed before.

@@ -74,7 +74,7 @@ def test_max_sequence_length_is_the_exact_boundary():
         n = max_sequence_length(budget, heads=heads, dtype="float16", matrices=matrices)
         need = lambda n: heads * matrices * n * n * 2  # noqa: E731  bytes of the N × N matrices
         assert need(n) <= budget < need(n + 1)
-    # the seeds' 32 heads at 32k tokens: S and P in fp16 take 128 GiB, which fits in 141 GB, just
+    # 32 heads at 32k tokens: S and P in fp16 take 128 GiB, which fits in 141 GB, just
     assert max_sequence_length(H200_MEMORY_BYTES, heads=32) == 33_189
     assert max_sequence_length(CONSUMER_GPU_BYTES, heads=32) == 14_188
     with pytest.raises(ValueError, match="heads must be a positive integer"):

@@ -1,11 +1,11 @@
-"""The memory model reproduces the seeds' 32k-token example exactly."""
+"""The memory model reproduces the 32k-token example exactly."""
 
 import pytest
 
 from tinyflash.measure.memory import GiB, KiB, MiB, attention_memory, dtype_bytes, format_bytes, tile_bytes
 
 
-def test_seed_32k_example_one_head():
+def test_32k_example_one_head():
     m = attention_memory(32_768, 128, heads=1, dtype="float16")
     assert 32_768 * 32_768 == 1_073_741_824
     assert m.scores == 2 * GiB
@@ -15,7 +15,7 @@ def test_seed_32k_example_one_head():
     assert m.o == 8 * MiB
 
 
-def test_seed_32k_example_32_heads():
+def test_32k_example_32_heads():
     m = attention_memory(32_768, 128, heads=32, dtype="float16")
     assert m.scores == 64 * GiB
     assert m.logits_and_probabilities == 128 * GiB

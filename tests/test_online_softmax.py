@@ -1,4 +1,4 @@
-"""The online softmax and the seeds' worked example: a first tile with max 4, a later tile with 9."""
+"""The online softmax and the worked example: a first tile with max 4, a later tile with 9."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import tinyflash as tf
 from tinyflash.core.tolerance import assert_close
 
 
-def test_seed_example_rescales_by_exp_4_minus_9(rng):
+def test_worked_example_rescales_by_exp_4_minus_9(rng):
     s1 = np.array([1.0, 4.0, 2.5])  # first tile: max 4
     s2 = np.array([9.0, 0.5, 3.0])  # later tile: contains 9
     v1, v2 = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))

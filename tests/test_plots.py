@@ -70,7 +70,7 @@ def test_memory_model_figure(tmp_path):
     rows = read_rows(data)
     assert len(rows) == 2 * 2 * 3  # heads × dtypes × ns
     seed = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("1", "float16", "32768"))
-    assert int(seed["scores_bytes"]) == 2 * GiB  # the seeds' 32k example, one head
+    assert int(seed["scores_bytes"]) == 2 * GiB  # the 32k-token example, one head
     seed32 = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("32", "float16", "32768"))
     assert int(seed32["scores_and_probabilities_bytes"]) == 128 * GiB
 

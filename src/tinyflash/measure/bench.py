@@ -4,11 +4,11 @@
     python -m tinyflash.bench versions --csv figures/data/kernel_versions_h200.csv   # every kernel version
     python -m tinyflash.bench tiles --csv figures/data/tile_sweep_h200.csv   # tilings of the latest kernel
     python -m tinyflash.bench vector --csv figures/data/vector_loads_h200.csv  # 1 or 4 elements per load
-    python -m tinyflash.bench seed-example --csv figures/data/seed_example_h200.csv   # B=1, H=32, N=32k
+    python -m tinyflash.bench example-32k --csv figures/data/example_32k_h200.csv   # B=1, H=32, N=32k
     python -m tinyflash.bench --summary figures/data/bench_h200.csv          # the README's table of a CSV
 
 Each measurement is checked before it is timed (``tinyflash.measure.harness`` says how); all
-but the seed example write rows of one schema (``harness.FIELDS``). Needs CuPy; PyTorch is
+but the 32k-token example write rows of one schema (``harness.FIELDS``). Needs CuPy; PyTorch is
 optional (the SDPA columns). ``--summary`` needs neither.
 """
 
@@ -154,7 +154,7 @@ def sweep(benchmark: str, variants_for, *, ns, ds, dtypes, causals, batch: int, 
     return rows
 
 
-def seed_example(csv_path: str | None, seed: int | None = None) -> dict:
+def example_32k(csv_path: str | None, seed: int | None = None) -> dict:
     """The 32k-token example end to end: B=1, H=32, N=32,768, d=128, float16, causal, on tinyflash.
 
     Reports the time, the device memory held during the call (inputs included, compared with the
@@ -177,7 +177,7 @@ def seed_example(csv_path: str | None, seed: int | None = None) -> dict:
     o, extra = call_metered(run, q, k, v, True, "cupy")
     verdict = check(o, q, k, v, causal=True, rng=rng, rows=128)
     if not verdict["ok"]:
-        raise AssertionError(f"the seed example failed its check: {verdict}")
+        raise AssertionError(f"the 32k-token example failed its check: {verdict}")
     timing = time_call(lambda: run(q, k, v, True))
     model = attention_memory(N, d, heads=H, batch=B, dtype="float16")
     res = {**env, **timing, "tflops": attention_flops(B, H, N, N, d, True) / (timing["time_ms"] * 1e9),
@@ -205,7 +205,7 @@ SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, de
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tinyflash.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "seed-example"],
+    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k"],
                     help="which benchmark (default: sweep)")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
@@ -231,8 +231,8 @@ def main(argv=None) -> int:
     except Exception as exc:
         print(f"tinyflash.bench needs a CUDA GPU and CuPy: {exc}", file=sys.stderr)
         return 2
-    if args.what == "seed-example":
-        seed_example(args.csv, args.seed)
+    if args.what == "example-32k":
+        example_32k(args.csv, args.seed)
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]
     if args.impl:

@@ -74,7 +74,7 @@ def plot_memory_model(png: Path, csv_path: Path | None = None, *, ns=MODEL_NS, d
             notes.append(f"    in {text.split(': ')[-1].replace(' card', '')} up to N = {n_max:,}")
             if ns[0] <= n_max <= ns[-1]:  # where S + P in fp16 stops fitting
                 ax.plot([n_max], [budget], "kv", ms=8, zorder=5)
-        seed = attention_memory(32_768, d, heads=heads, dtype="float16")  # the seeds' 32k example
+        seed = attention_memory(32_768, d, heads=heads, dtype="float16")  # the 32k-token example
         shown, what = (seed.scores, "S") if heads == 1 else (seed.logits_and_probabilities, "S + P")
         ax.plot([32_768], [shown], "o", color="black", ms=7, zorder=5)
         notes.append(f"● N = 32k: {what} in fp16 = {format_bytes(shown)}")

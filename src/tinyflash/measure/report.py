@@ -77,8 +77,8 @@ def versions_table(rows: list[dict], dtype: str = "float32", causal: str = "Fals
     return "\n".join(lines)
 
 
-def seed_example_table(row: dict) -> str:
-    """The README's Markdown table of a seed-example result (one CSV row)."""
+def example_32k_table(row: dict) -> str:
+    """The README's Markdown table of the 32k-token example (one CSV row)."""
     gib = 2**30
     return "\n".join([
         "| time (median) | TFLOP/s | memory held (inputs + extra) | q, k, v, o, lse alone | fp16 scores alone would need | "
@@ -91,9 +91,9 @@ def seed_example_table(row: dict) -> str:
 
 
 def table_for(rows: list[dict], n: int = 16384) -> str:
-    """The README table that fits a CSV: the seed example's, the versions', or the sweep's at ``n``."""
+    """The README table that fits a CSV: the 32k-token example's, the versions', or the sweep's at ``n``."""
     if "total_peak_bytes" in rows[0]:
-        return seed_example_table(rows[0])
+        return example_32k_table(rows[0])
     if rows[0].get("benchmark") == "versions":
         return versions_table(rows)
     return summary_table(rows, n)
