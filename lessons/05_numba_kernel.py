@@ -39,6 +39,8 @@ import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
 from tinyflash.gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT  # noqa: E402
+from tinyflash.measure.harness import read_csv  # noqa: E402
+from tinyflash.measure.report import versions_table  # noqa: E402
 from tinyflash.measure.traffic import HBMCounter  # noqa: E402
 
 print(f"running the kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}")
@@ -163,4 +165,14 @@ for r in ok:
         assert float(r["time_ms"]) < float(x["time_ms"]), (r, x)
         assert int(r["peak_bytes"]) < int(x["peak_bytes"]) / 20, (r, x)
 print("checked: from N = 4096 up the kernel beats naive CuPy in time and uses < 1/20 of its memory")
+
+# And what each step of the kernel's history bought, every version checked and then timed in one
+# run (python -m tinyflash.bench versions; float32, not causal, N = 16384, median TFLOP/s):
+versions = [r for r in read_csv(csv_path.parent / "kernel_versions_h200.csv")
+            if r["status"] == "ok" and r["dtype"] == "float32" and r["causal"] == "False"]
+print("\n" + versions_table(versions))
+for d in ("64", "128"):
+    tflops = [float(r["tflops"]) for name in VERSIONS for r in versions if r["variant"] == name and r["d"] == d]
+    assert len(tflops) == len(VERSIONS) and tflops == sorted(tflops)  # every version faster than the one before
+print("checked: in float32 every version is faster than the one before it, at d = 64 and at d = 128")
 sys.exit(0)
