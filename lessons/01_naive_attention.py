@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.measure.memory import KiB, MiB, GiB, attention_memory, format_bytes, measure_peak_bytes, tile_bytes
 from tinyflash.core.tolerance import lse_error, rel_error
+from tinyflash.measure.memory import GiB, KiB, MiB, attention_memory, format_bytes, measure_peak_bytes, tile_bytes
 
 rng = np.random.default_rng()  # fresh inputs every run: the checks below hold for any seed
 

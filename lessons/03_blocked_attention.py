@@ -26,8 +26,8 @@ Run from the repository root:  python lessons/03_blocked_attention.py  (a couple
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.measure.memory import blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes
 from tinyflash.core.tolerance import lse_error, rel_error
+from tinyflash.measure.memory import blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes
 from tinyflash.measure.traffic import HBMCounter
 
 rng = np.random.default_rng()  # fresh inputs every run: the checks below hold for any seed

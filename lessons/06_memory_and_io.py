@@ -29,11 +29,12 @@ import numpy as np
 
 import tinyflash as tf
 from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, GiB, KiB, MiB, attention_memory,
-                              blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes,
-                              tile_bytes)
-from tinyflash.measure.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form,
-                               standard_attention_traffic, standard_traffic_closed_form, theta_flash, theta_standard,
-                               tile_sizes, traffic_ratio)
+                                      blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes,
+                                      tile_bytes)
+from tinyflash.measure.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic,
+                                       flash_traffic_closed_form, standard_attention_traffic,
+                                       standard_traffic_closed_form, theta_flash, theta_standard, tile_sizes,
+                                       traffic_ratio)
 
 parser = argparse.ArgumentParser(description="Lesson 06: memory and HBM traffic vs sequence length")
 parser.add_argument("--figures", metavar="DIR", help="also draw small versions of the CPU figures into DIR")

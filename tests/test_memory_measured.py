@@ -8,8 +8,8 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, KiB, attention_memory, blocked_workspace_bytes,
-                              max_sequence_length, measure_peak_bytes)
+from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, KiB, attention_memory,
+                                      blocked_workspace_bytes, max_sequence_length, measure_peak_bytes)
 
 D = 64
 

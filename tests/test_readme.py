@@ -12,7 +12,8 @@ from pathlib import Path
 from tinyflash.forward.kernels.tiling import default_config
 from tinyflash.measure import report
 from tinyflash.measure.harness import attention_flops, read_csv
-from tinyflash.measure.memory import CONSUMER_GPU_BYTES, GiB, H200_MEMORY_BYTES, MiB, attention_memory, max_sequence_length
+from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, GiB, H200_MEMORY_BYTES, MiB, attention_memory,
+                                      max_sequence_length)
 from tinyflash.measure.traffic import HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, traffic_ratio
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,7 +36,8 @@ import numpy as np
 F32_TOL = 1e-5  # float32 arithmetic against the float64 reference: max relative error
 
 
-def _to_host64(x) -> np.ndarray:
+def to_host64(x) -> np.ndarray:
+    """A NumPy float64 copy of ``x``: a NumPy array, a CuPy array or a numba device array."""
     if hasattr(x, "get"):  # CuPy arrays
         x = x.get()
     elif hasattr(x, "copy_to_host"):  # numba device arrays
@@ -46,7 +47,7 @@ def _to_host64(x) -> np.ndarray:
 
 def _errors(x, ref, floor: float) -> tuple[float, tuple]:
     """(relative error, index of the worst entry)."""
-    a, r = _to_host64(x), _to_host64(ref)
+    a, r = to_host64(x), to_host64(ref)
     if a.shape != r.shape:
         raise ValueError(f"shapes differ: got {a.shape}, reference {r.shape}")
     finite = np.isfinite(r)
@@ -83,7 +84,7 @@ def assert_close(x, ref, tol: float, what: str = "output", *, is_lse: bool = Fal
     """
     err, where = _errors(x, ref, 1.0 if is_lse else 0.0)
     if not err <= tol:
-        a, r = _to_host64(x), _to_host64(ref)
+        a, r = to_host64(x), to_host64(ref)
         got = a[where] if where else None
         want = r[where] if where else None
         raise AssertionError(f"{what}: relative error {err:.3e} > tolerance {tol:.1e}; worst entry at index "
@@ -115,7 +116,7 @@ class RuleCheck:
 
 def rounding_atol(ref, dtype) -> float:
     """flash-attn's ``fwd_atol``: 2·max|(r + 0.3) - 0.3 - r| with r = ref rounded to ``dtype``, in ``dtype``."""
-    r = _to_host64(ref)
+    r = to_host64(ref)
     r = r[np.isfinite(r)].astype(dtype)
     if r.size == 0:
         return 0.0
@@ -125,7 +126,7 @@ def rounding_atol(ref, dtype) -> float:
 
 def fa_rule(fast, naive, ref, dtype, factor: float = 2.0) -> RuleCheck:
     """FlashAttention's rule: max|fast - ref| <= factor · max|naive - ref| + rounding_atol(ref)."""
-    f, n, r = _to_host64(fast), _to_host64(naive), _to_host64(ref)
+    f, n, r = to_host64(fast), to_host64(naive), to_host64(ref)
     finite = np.isfinite(r)
 
     def max_error(a: np.ndarray) -> float:  # non-finite entries must match the reference exactly
@@ -165,6 +166,6 @@ def within_tolerance(x, ref, dtype, naive=None) -> Verdict:
     if naive is None:
         raise ValueError("float16 results are judged against a naive float16 result; got naive=None")
     rule = fa_rule(x, naive, ref, np.float16)
-    r = _to_host64(ref)
+    r = to_host64(ref)
     scale = float(np.abs(r[np.isfinite(r)]).max(initial=0.0)) or 1.0  # the bound, relative like the error
     return Verdict(rule.ok, error, rule.bound / scale)

@@ -71,7 +71,8 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
         rows = np.arange(prob.n_q)
     else:
         rows = np.asarray(rows)
-        if rows.ndim != 1 or rows.dtype.kind not in "iu" or (rows.size and not 0 <= rows.min() <= rows.max() < prob.n_q):
+        inside = rows.size == 0 or 0 <= rows.min() <= rows.max() < prob.n_q
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or not inside:
             raise ValueError(f"rows must be a 1-D array of query indices in [0, {prob.n_q}); got {rows!r}")
         q = q[..., rows, :]  # (..., rows, d)
     f64 = np.dtype(np.float64)

@@ -18,6 +18,7 @@ import argparse
 import csv
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -121,7 +122,6 @@ def sweep(benchmark: str, variants_for, *, ns, ds, dtypes, causals, batch: int, 
     causal and N; print a line and write a CSV row per measurement. Returns the rows."""
     import cupy
     from numba.core.errors import NumbaPerformanceWarning
-    import warnings
 
     warnings.simplefilter("ignore", NumbaPerformanceWarning)  # small grids at small N are intended
     env, rng, rows = environment(), np.random.default_rng(seed), []

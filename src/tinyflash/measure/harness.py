@@ -31,7 +31,7 @@ import statistics
 import numpy as np
 
 from ..core.masks import allowed
-from ..core.tolerance import within_tolerance
+from ..core.tolerance import to_host64, within_tolerance
 from ..forward.naive import reference_attention
 
 FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "benchmark", "impl", "variant", "dtype",
@@ -100,10 +100,6 @@ def _xp(x):
     return np
 
 
-def _host(x) -> np.ndarray:
-    return x.get() if hasattr(x, "get") else np.asarray(x)
-
-
 def naive_same_precision(q, k, v, *, causal: bool = False, rows=None):
     """Standard attention with S and P stored in the input dtype (CuPy on the GPU: cuBLAS products,
     S and P in HBM; NumPy on the CPU). q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv).
@@ -136,9 +132,10 @@ def check(o, q, k, v, *, causal: bool, rng, rows: int = CHECK_ROWS) -> dict:
     ok, worst, tolerance = True, 0.0, math.inf
     for b, h in sorted({(0, 0), (q.shape[0] - 1, q.shape[1] - 1)}):
         idx = np.sort(rng.choice(n_q, size=min(rows, n_q), replace=False))  # (rows,)
-        ref = reference_attention(_host(q[b, h]), _host(k[b, h]), _host(v[b, h]), causal=causal, rows=idx)[0]
+        host = [to_host64(x[b, h]) for x in (q, k, v)]  # (N, d) each: this head, on the host
+        ref = reference_attention(*host, causal=causal, rows=idx)[0]  # (rows, dv) float64
         naive = naive_same_precision(q[b, h], k[b, h], v[b, h], causal=causal, rows=idx)
-        verdict = within_tolerance(_host(o[b, h][_xp(o).asarray(idx)]), ref, np.dtype(q.dtype), _host(naive))
+        verdict = within_tolerance(to_host64(o[b, h][_xp(o).asarray(idx)]), ref, np.dtype(q.dtype), to_host64(naive))
         ok, worst = ok and verdict.ok, max(worst, verdict.error)
         tolerance = min(tolerance, verdict.tolerance)
     return {"ok": ok, "max_rel_err": worst, "tolerance": tolerance}

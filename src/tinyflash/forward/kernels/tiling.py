@@ -116,10 +116,11 @@ def round_up(x: int, m: int) -> int:
 def default_config(d: int, d_v: int) -> TileConfig:
     """The tiling used on a GPU for head dims d and dv.
 
-    Chosen by measurement on an H200 (``python -m tinyflash.bench tiles``, results in
-    figures/data/tile_sweep_h200.csv): 64 query rows per block and 128 threads, each thread
-    owning 8 rows; 128 keys per tile for d <= 64, 64 for d <= 128 (102 KiB of shared memory, two
-    blocks per SM). Beyond 128 a block owns 4 rows per thread with 256 threads, one block per SM.
+    Chosen by measurement on an H200 (the tile sweep, now ``python -m tinyflash.bench tiles``; the
+    results of the run that chose them are in figures/data/tile_sweep_h200.csv): 64 query rows per
+    block and 128 threads, each thread owning 8 rows; 128 keys per tile for d <= 64, 64 for
+    d <= 128 (102 KiB of shared memory, two blocks per SM). Beyond 128 a block owns 4 rows per
+    thread with 256 threads, one block per SM.
     """
     D, DV = round_up(d, 8), round_up(d_v, 64)
     if max(D, DV) <= 64:
