@@ -10,7 +10,7 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash.core.tolerance import F32_TOL
+from tinyflash.core.tolerance import F32_TOL, within_tolerance
 from tinyflash.forward.kernels import VERSIONS
 from tinyflash.measure import harness, report
 
@@ -82,3 +82,19 @@ def test_versions_table_and_lines():
     assert "15.0" in report.line(rows[0])  # spread: (11 - 9.5) / 10
     with pytest.raises(ValueError, match="one sequence length"):
         report.versions_table(rows + [dict(rows[0], n="1024")])
+
+
+@pytest.mark.simulator
+def test_benchmark_variants_compute_attention(rng):
+    """What `python -m tinyflash.bench versions | vector | tiles` measure, run once each at a tiny
+    size (on the simulator without a GPU): every variant's function gives the reference's output."""
+    from tinyflash.measure import bench
+
+    q, k, v = make_qkv(rng, (1, 1), 10, 13, d=64, dtype=np.float32)  # one query tile for every tiling
+    ref = tf.reference_attention(q, k, v, causal=True)[0]
+    variants = bench.version_variants() + bench.vector_variants() + bench.tile_variants(64, np.float32)
+    assert [x.variant for x in variants[:len(VERSIONS)]] == list(VERSIONS)
+    assert len(variants) == len(VERSIONS) + 2 + len(bench.TILE_SWEEP[64])
+    for variant in variants:
+        assert variant.impl == "tinyflash"
+        assert within_tolerance(variant.fn(q, k, v, True), ref, np.float32).ok, variant.variant
