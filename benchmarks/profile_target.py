@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     if which == "tinyflash":
         import cupy
 
-        from tinyflash.cuda_kernel import cuda_attention
+        from tinyflash.forward.cuda import cuda_attention
 
         gen = cupy.random.default_rng()
         q, k, v = (gen.standard_normal((1, 32, n, d), dtype=np.float32) for _ in range(3))
