@@ -22,7 +22,6 @@ at a tiny size; with a GPU and CuPy it runs them there at a larger one.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
-import csv
 import os
 import sys
 from pathlib import Path
@@ -150,7 +149,7 @@ assert tiles[False] == t * t and tiles[True] == t * (t + 1) // 2  # the diagonal
 
 # %% [6] Picture: what it costs on an H200 (from the committed benchmark, not measured here)
 csv_path = Path(__file__).resolve().parent.parent / "figures" / "data" / "bench_h200.csv"
-rows = list(csv.DictReader(open(csv_path)))
+rows = read_csv(csv_path)
 ok = [r for r in rows if r["status"] == "ok"]
 print(f"\nFrom {csv_path.name} ({ok[0]['device']}, {ok[0]['date']}), B=1, H=32, N=16384, not causal:")
 print(f"  {'impl':16} {'dtype':8} {'d':>4} {'ms':>9} {'TFLOP/s':>8} {'extra MiB':>10}")

@@ -63,6 +63,10 @@ def test_csv_writer_keeps_to_the_schema(tmp_path):
     writer.close()
     rows = list(csv.DictReader(open(tmp_path / "x.csv")))
     assert list(rows[0]) == harness.FIELDS and rows[0]["time_ms"] == "1.23457" and rows[0]["regs"] == ""
+    writer = harness.CsvWriter(tmp_path / "y.csv", fields={"time_ms": 0.0, "total_peak_bytes": 0})  # its own columns
+    writer.write({"time_ms": 218.14123, "total_peak_bytes": 1090912256})
+    writer.close()
+    assert list(csv.DictReader(open(tmp_path / "y.csv"))) == [{"time_ms": "218.141", "total_peak_bytes": "1090912256"}]
 
 
 def test_flops():

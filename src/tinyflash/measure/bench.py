@@ -15,7 +15,6 @@ optional (the SDPA columns). ``--summary`` needs neither.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import warnings
@@ -186,11 +185,9 @@ def example_32k(csv_path: str | None, seed: int | None = None) -> dict:
            "max_rel_err": verdict["max_rel_err"], "tolerance": verdict["tolerance"]}
     for key, val in res.items():
         print(f"{key:24} {val}")
-    if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(res))
-            w.writeheader()
-            w.writerow({key: f"{val:.6g}" if isinstance(val, float) else val for key, val in res.items()})
+    writer = CsvWriter(csv_path, fields=res)  # its own columns: one row, memory beside time
+    writer.write(res)
+    writer.close()
     return res
 
 

@@ -214,21 +214,23 @@ def measure(fn, q, k, v, causal: bool, rng, meter: str = "cupy") -> dict:
 
 
 class CsvWriter:
-    """Rows of :data:`FIELDS`, written and flushed one by one (a long run leaves what it measured)."""
+    """Rows of :data:`FIELDS` (or of ``fields``), written and flushed one by one (a long run leaves
+    what it measured); floats with 6 significant digits, missing fields empty."""
 
-    def __init__(self, path):
+    def __init__(self, path, fields=FIELDS):
+        self.fields = list(fields)
         self.file = open(path, "w", newline="") if path else None
-        self.writer = csv.DictWriter(self.file, fieldnames=FIELDS) if self.file else None
+        self.writer = csv.DictWriter(self.file, fieldnames=self.fields) if self.file else None
         if self.writer:
             self.writer.writeheader()
 
     def write(self, row: dict) -> None:
-        unknown = set(row) - set(FIELDS)
+        unknown = set(row) - set(self.fields)
         if unknown:
             raise ValueError(f"row has fields outside the schema: {sorted(unknown)}")
         if self.writer:
             self.writer.writerow({f: f"{row[f]:.6g}" if isinstance(row.get(f), float) else row.get(f, "")
-                                  for f in FIELDS})
+                                  for f in self.fields})
             self.file.flush()
 
     def close(self) -> None:
