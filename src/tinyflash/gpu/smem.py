@@ -8,7 +8,7 @@ more (up to 227 KiB per block on Hopper) must be asked for first, per compiled k
 
 from __future__ import annotations
 
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from .runtime import simulator_enabled
 
@@ -31,6 +31,24 @@ else:
         16-byte alignment lets the compiler turn 4 neighbouring float loads into one vector load.
         """
         return cuda.shared.array(0, float32, alignment=16)
+
+
+if simulator_enabled():
+
+    @cuda.jit(device=True)
+    def shared_words():
+        """The block's dynamic shared memory as one uint32 array: pairs of 16-bit values (tensor cores)."""
+        return cuda.shared.array(0, uint32)
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def shared_words():
+        """The block's dynamic shared memory as one uint32 array: pairs of 16-bit values (tensor cores).
+
+        16-byte alignment: ldmatrix reads 16-byte rows and cp.async writes 16-byte chunks.
+        """
+        return cuda.shared.array(0, uint32, alignment=16)
 
 
 def allow_large_shared_memory(kernel, args, nbytes: int) -> None:
