@@ -45,6 +45,9 @@ ZERO, ONE, TWO, FOUR, EIGHT, SIXTEEN = u(0), u(1), u(2), u(4), u(8), u(16)
 WARP = 32  # lanes per warp
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
 PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
+# Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the
+# flags that assume no inf or NaN ('ninf', 'nnan'): the mask and the empty rows rely on -inf.
+FAST_MATH = {"afn", "arcp", "contract"}
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 
 
@@ -101,7 +104,7 @@ class TensorCoreTiling:
 def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
     """The tiling used on a GPU: the best of a prototype's measured tilings on an H200 per head dim
     and causal (8 warps × 64 keys for d = 128 not causal, 4 × 32 causal; 4 × 32 and 4 × 64 for d = 64)."""
-    warps, keys = {(128, False): (8, 64), (128, True): (4, 32), (64, False): (4, 32), (64, True): (4, 64)}[d, causal]
+    warps, keys = {(128, False): (4, 64), (128, True): (4, 64), (64, False): (4, 32), (64, True): (4, 64)}[d, causal]
     return TensorCoreTiling(D=d, WARPS=warps, BC=keys).validate()
 
 
@@ -150,8 +153,9 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         return addr + uint32(((row + lane % SIXTEEN) * RW + word + (lane // SIXTEEN) * FOUR) * FOUR)
 
     @cuda.jit(device=True, inline="always")
-    def scores(s, qf, k_addr, lane, scale_log2):
-        """S_ij = scale · Q_i K_jᵀ (base 2) for the warp's 16 rows, s[n] the lane's part of keys 8n .. 8n+7."""
+    def scores(s, qf, k_addr, lane):
+        """S_ij = Q_i K_jᵀ for the warp's 16 rows, s[n] the lane's part of keys 8n .. 8n+7 (not yet
+        scaled: the scale is folded into the exponent, one fused multiply-add per score)."""
         for n in range(S_TILES):
             c0 = c1 = c2 = c3 = float32(0.0)
             for kk in range(0, K_STEPS, 2):  # one ldmatrix: 8 keys × 32 dims, the B operands of 2 steps
@@ -160,7 +164,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                 c0, c1, c2, c3 = mma(qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3], b[0], b[1], c0, c1, c2, c3)
                 c0, c1, c2, c3 = mma(qf[kk + 1, 0], qf[kk + 1, 1], qf[kk + 1, 2], qf[kk + 1, 3], b[2], b[3],
                                      c0, c1, c2, c3)
-            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = c0 * scale_log2, c1 * scale_log2, c2 * scale_log2, c3 * scale_log2
+            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = c0, c1, c2, c3
 
     @cuda.jit(device=True, inline="always")
     def mask(s, row, k_start, t, n_q, n_k, causal):
@@ -174,18 +178,18 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                         s[n, 2 * half + e] = NEG_INF
 
     @cuda.jit(device=True, inline="always")
-    def row_max(s, half):
-        """rowmax(S_ij) of row g + 8·half: the lane's keys, then over the 4 lanes of its group."""
+    def row_max(s, half, scale_log2):
+        """rowmax(S_ij) of row g + 8·half, scaled (base 2): the lane's keys, then over the 4 lanes of its group."""
         m = NEG_INF
         for n in range(S_TILES):
             m = max(m, max(s[n, 2 * half], s[n, 2 * half + 1]))
         m = max(m, ptx.shfl_xor(m, 1))
-        return max(m, ptx.shfl_xor(m, 2))
+        return max(m, ptx.shfl_xor(m, 2)) * scale_log2  # scale > 0: the max of the scaled scores
 
     @cuda.jit(device=True, inline="always")
-    def rescale(s, m_i, l_i, acc, half, m_tile):
-        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(S_ij - m_new)
-        replaces S_ij (row g + 8·half; l_i is the lane's share of the row sum)."""
+    def rescale(s, m_i, l_i, acc, half, m_tile, scale_log2):
+        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(scale · S_ij -
+        m_new) replaces S_ij (row g + 8·half; base 2; l_i is the lane's share of the row sum)."""
         m_new = max(m_i[half], m_tile)
         m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
         alpha = math.exp2(m_i[half] - m_safe)
@@ -196,7 +200,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             acc[n, 2 * half + 1] *= alpha
         for n in range(S_TILES):
             for e in range(2):
-                s[n, 2 * half + e] = math.exp2(s[n, 2 * half + e] - m_safe)  # P_ij, unnormalised
+                s[n, 2 * half + e] = math.exp2(s[n, 2 * half + e] * scale_log2 - m_safe)  # P_ij, unnormalised
                 l_i[half] += s[n, 2 * half + e]
 
     @cuda.jit(device=True, inline="always")
@@ -227,7 +231,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                 if t == ZERO:
                     LSE[lse_off + r] = (m_i[half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
-    @cuda.jit
+    @cuda.jit(fastmath=FAST_MATH)
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group):
         smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
         tid = uint64(cuda.threadIdx.x)
@@ -269,11 +273,11 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             if j + ONE < n_tiles:  # K_j+1, V_j+1 into the other stage, in flight during this tile
                 load_kv(K, V, kv_off, k_start + BC, n_k, base + uint32((STAGE0 + ((j + ONE) % TWO) * STAGE)
                                                                        * FOUR), tid)
-            scores(s, qf, stage, lane, scale_log2)
+            scores(s, qf, stage, lane)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
             for half in range(2):
-                rescale(s, m_i, l_i, acc, half, row_max(s, half))
+                rescale(s, m_i, l_i, acc, half, row_max(s, half, scale_log2), scale_log2)
             p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR), lane)  # P·V: acc += P_ij V_j
             ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
             cuda.syncthreads()  # everyone's have, and no warp still reads this stage before it is refilled
