@@ -34,13 +34,16 @@ def main(ns):
                     cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys)
                     if cfg.problems():
                         continue
-                    res = measure(lambda q, k, v, c, cfg=cfg: cuda_attention(q, k, v, causal=c, kernel="v6", config=cfg)[0],
-                                  q, k, v, causal, rng)
+                    def run(q, k, v, c, cfg=cfg):
+                        return cuda_attention(q, k, v, causal=c, kernel="v6", config=cfg)[0]
+
+                    res = measure(run, q, k, v, causal, rng)
                     regs = v6.make_kernel(cfg, "float16").get_regs_per_thread()
                     regs = max(regs.values()) if isinstance(regs, dict) else regs
                     tflops = (attention_flops(1, 32, n, n, d, causal) / (res["time_ms"] * 1e9)
                               if res["status"] == "ok" else float("nan"))
-                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d}: {res.get('time_ms', 0):8.3f} ms "
+                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d}: "
+                          f"{res.get('time_ms', 0):8.3f} ms "
                           f"{tflops:6.1f} TFLOP/s  regs={regs} smem={cfg.smem_bytes}  {res['status']}", flush=True)
 
 

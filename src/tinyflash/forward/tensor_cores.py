@@ -5,10 +5,11 @@ allocate the outputs, size the grid and launch), for what the tensor cores multi
 inputs, float16 or bfloat16, with float32 accumulation. The kernel is
 ``tinyflash/forward/kernels/v6_tensor_cores.py``; its PTX instructions are in ``tinyflash/gpu/ptx.py``.
 
-bfloat16 has no NumPy dtype. It comes as a PyTorch CUDA tensor (``torch.bfloat16``), or as a
-NumPy array of ``ml_dtypes.bfloat16`` if that package is installed (tinyflash does not require
-it). The kernel never converts an element: it moves 16-bit patterns, two per 32-bit word, and
-only the tensor cores and the final rounding know which format they are.
+bfloat16 has no NumPy dtype. It comes as a PyTorch CUDA tensor (``torch.bfloat16``); an array
+whose dtype is named bfloat16 (``ml_dtypes.bfloat16``) takes the same path, untested here:
+tinyflash does not require ml_dtypes (its simulator tests build bfloat16 bit patterns themselves).
+The kernel never converts an element: it moves 16-bit patterns, two per 32-bit word; only the
+tensor cores and the final rounding know which format they are.
 """
 
 from __future__ import annotations

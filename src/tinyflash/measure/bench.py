@@ -208,7 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
     ap.add_argument("--d", type=int, nargs="+", help="head dims (default: the benchmark's)")
-    ap.add_argument("--dtype", nargs="+", choices=["float16", "float32", "bfloat16"], help="dtypes (default: the benchmark's)")
+    ap.add_argument("--dtype", nargs="+", choices=["float16", "float32", "bfloat16"],
+                    help="dtypes (default: the benchmark's; bfloat16: tensor-cores only)")
     ap.add_argument("--causal", nargs="+", choices=["False", "True"], help="causal or not (default: the benchmark's)")
     ap.add_argument("--impl", nargs="+", choices=list(IMPLS), help="only these implementations")
     ap.add_argument("--batch", type=int, default=1)
@@ -235,8 +236,9 @@ def main(argv=None) -> int:
     if args.what == "tensor-cores":  # PyTorch tensors (bfloat16 too): its own sweep (bench_tensor_cores.py)
         from .bench_tensor_cores import sweep_tensor_cores
 
-        sweep_tensor_cores(args.csv, **{key: val for key, val in (("ns", args.n), ("ds", args.d), ("dtypes", args.dtype),
-                                        ("causals", args.causal and [c == "True" for c in args.causal])) if val},
+        given = {"ns": args.n, "ds": args.d, "dtypes": args.dtype,
+                 "causals": args.causal and [c == "True" for c in args.causal]}
+        sweep_tensor_cores(args.csv, **{key: val for key, val in given.items() if val},
                            batch=args.batch, heads=args.heads, seed=args.seed)
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]

@@ -63,7 +63,6 @@ def check_torch(o, q, k, v, *, causal: bool, rng, lse=None, rows: int = CHECK_RO
 
 def peers():
     """(impl, variant, fn(q, k, v, causal) -> o, dtypes it runs): the flash backend first (the yardstick)."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

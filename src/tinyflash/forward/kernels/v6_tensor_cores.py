@@ -102,8 +102,11 @@ class TensorCoreTiling:
 
 
 def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
-    """The tiling used on a GPU: the best of a prototype's measured tilings on an H200 per head dim
-    and causal (8 warps × 64 keys for d = 128 not causal, 4 × 32 causal; 4 × 32 and 4 × 64 for d = 64)."""
+    """The tiling used on a GPU, per head dim and causal, from measured sweeps on an H200
+    (``benchmarks/tensor_core_tiles.py``; logs in benchmarks/results/tensor_core_tiles_h200*.log):
+    4 warps × 64 keys at d = 128; 4 × 32 (not causal) and 4 × 64 (causal) at d = 64. The last sweep
+    found 8 × 128 faster at d = 128 (255 registers, a few bytes spilled) and 4 × 32 at d = 64 causal:
+    not adopted yet, since the committed benchmark was measured with these."""
     warps, keys = {(128, False): (4, 64), (128, True): (4, 64), (64, False): (4, 32), (64, True): (4, 64)}[d, causal]
     return TensorCoreTiling(D=d, WARPS=warps, BC=keys).validate()
 
@@ -227,7 +230,8 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             if r < n_q:
                 inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)  # fully masked row: O = 0
                 for n in range(O_TILES):  # the lane's 2 columns 8n + 2t, +1: one word
-                    O[o_off + r * DW + uint64(n) * FOUR + t] = pack(acc[n, 2 * half] * inv_l, acc[n, 2 * half + 1] * inv_l)
+                    O[o_off + r * DW + uint64(n) * FOUR + t] = pack(acc[n, 2 * half] * inv_l,
+                                                                     acc[n, 2 * half + 1] * inv_l)
                 if t == ZERO:
                     LSE[lse_off + r] = (m_i[half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
@@ -293,7 +297,8 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     (the default, 'float16', for float16 ones); ``config`` overrides the tiling."""
     if element is None:
         if np.dtype(prob.dtype) != np.float16:
-            raise TypeError(f"kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got {np.dtype(prob.dtype).name} "
+            raise TypeError("kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got "
+                            f"{np.dtype(prob.dtype).name} "
                             "(cuda_attention's kernels v1-v5 take float32)")
         element = "float16"
     if element not in ELEMENTS:
