@@ -10,7 +10,7 @@ Lanes are named as in the PTX ISA: ``g = lane // 4`` (the group of 4 lanes) and
 ``t = lane % 4`` (the lane's place in its group). The same layouts, as code, are in
 ``ptx_emulation.py`` (functions ``a_fragment``, ``b_fragment``, ``c_fragment``,
 ``ldmatrix_fragment``), which also emulates each instruction for numba's CUDA simulator.
-Which of the two a kernel gets is decided in one place, :func:`instructions`.
+Which of the two a kernel gets is decided in one place: ``_impl`` below.
 
 Every instruction here is for compute capability 8.0 and later (the H200 is 9.0).
 """

@@ -1,4 +1,5 @@
-"""The block's shared memory: one dynamic float32 buffer, and the permission to make it large.
+"""The block's shared memory: one dynamic buffer (float32, or uint32 words of 16-bit pairs for the
+tensor cores), and the permission to make it large.
 
 A kernel sees its dynamic shared memory as one array (:func:`shared_floats`) whose size is given at
 launch; the kernel's tiling says where each tile lives inside it. Any kernel may use up to 48 KiB;
