@@ -65,10 +65,11 @@ def test_other_head_dims(rng, d):
     assert_close(lse, ref_lse, F32_TOL, f"lse d={d}", is_lse=True)
 
 
-@pytest.mark.parametrize("kernel", list(VERSIONS))
+@pytest.mark.parametrize("kernel", [name for name, v in VERSIONS.items() if v.accepts(np.float32, 64, 80)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_every_version(rng, kernel, dtype):
-    """Every registered version, with its GPU tiling, at a ragged size with Nq != Nk and d != dv."""
+    """Every registered version that takes d != dv (v1-v5; v6 in test_tensor_core_gpu.py), with its GPU
+    tiling, at a ragged size with Nq != Nk."""
     q, k, v = make_qkv(rng, (2,), 777, 1000, d=64, d_v=80, dtype=dtype)
     for causal in (False, True):
         o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=kernel)

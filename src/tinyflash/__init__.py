@@ -5,6 +5,8 @@ Stages, each checked against the one before and against a float64 reference:
 0. :func:`naive_attention` — the textbook formula, materialising S and P (NumPy).
 1. :func:`blocked_attention` — FlashAttention's tiles and online softmax (NumPy).
 2. :func:`cuda_attention` — the same loop as numba.cuda kernels with shared-memory tiles.
+3. :func:`tensor_core_attention` — the same loop on the tensor cores (float16, bfloat16), with
+   PTX instructions emitted from numba.
 
 All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv).
 
@@ -13,7 +15,8 @@ The package, one home for each idea:
     core/      the rules of the mathematics, each written once: input checks, the causal mask,
                the online softmax, the tolerance rules
     forward/   the forward pass: naive.py (stage 0, and the float64 reference), blocked.py
-               (stage 1), cuda.py (stage 2's host wrapper), kernels/ (stage 2's kernel versions)
+               (stage 1), cuda.py (stage 2's host wrapper), tensor_cores.py (stage 3's), kernels/
+               (the kernel versions)
     gpu/       the GPU runtime, no attention mathematics: device arrays, shared memory, tile
                loads, launches
     measure/   tooling, not teaching code: memory model, HBM traffic, the benchmark harness, figures
@@ -39,6 +42,7 @@ __all__ = [
     "naive_attention",
     "online_softmax",
     "reference_attention",
+    "tensor_core_attention",
     "tile_bytes",
 ]
 __version__ = "0.1.0"
@@ -51,4 +55,8 @@ def __getattr__(name):
         from .forward.cuda import cuda_attention
 
         return cuda_attention
+    if name == "tensor_core_attention":
+        from .forward.tensor_cores import tensor_core_attention
+
+        return tensor_core_attention
     raise AttributeError(f"module 'tinyflash' has no attribute {name!r}")

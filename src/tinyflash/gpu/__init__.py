@@ -5,10 +5,12 @@
     smem.py      the block's dynamic shared memory, and the permission to use more than 48 KiB of it
     loads.py     copying a tile of a (heads, N, d) array from global into shared memory (vector loads)
     launch.py    sizing the grid and launching, more than 65,535 heads included
+    ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
+    ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
 
 Nothing here knows the softmax, the mask or the tiles of attention: the kernels in
 ``tinyflash.forward.kernels`` import these pieces, and the attention mathematics from
-``tinyflash.core``. (The later tensor-core stage will put its inline PTX here too, in one module.)
+``tinyflash.core``.
 
 Importing this package checks first that numba-cuda can work with the installed NumPy.
 """

@@ -1,4 +1,5 @@
-"""The block's shared memory: one dynamic float32 buffer, and the permission to make it large.
+"""The block's shared memory: one dynamic buffer (float32, or uint32 words of 16-bit pairs for the
+tensor cores), and the permission to make it large.
 
 A kernel sees its dynamic shared memory as one array (:func:`shared_floats`) whose size is given at
 launch; the kernel's tiling says where each tile lives inside it. Any kernel may use up to 48 KiB;
@@ -8,7 +9,7 @@ more (up to 227 KiB per block on Hopper) must be asked for first, per compiled k
 
 from __future__ import annotations
 
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from .runtime import simulator_enabled
 
@@ -31,6 +32,24 @@ else:
         16-byte alignment lets the compiler turn 4 neighbouring float loads into one vector load.
         """
         return cuda.shared.array(0, float32, alignment=16)
+
+
+if simulator_enabled():
+
+    @cuda.jit(device=True)
+    def shared_words():
+        """The block's dynamic shared memory as one uint32 array: pairs of 16-bit values (tensor cores)."""
+        return cuda.shared.array(0, uint32)
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def shared_words():
+        """The block's dynamic shared memory as one uint32 array: pairs of 16-bit values (tensor cores).
+
+        16-byte alignment: ldmatrix reads 16-byte rows and cp.async writes 16-byte chunks.
+        """
+        return cuda.shared.array(0, uint32, alignment=16)
 
 
 def allow_large_shared_memory(kernel, args, nbytes: int) -> None:

@@ -5,6 +5,7 @@
     python -m tinyflash.bench tiles --csv figures/data/tile_sweep_h200.csv   # tilings of the latest kernel
     python -m tinyflash.bench vector --csv figures/data/vector_loads_h200.csv  # 1 or 4 elements per load
     python -m tinyflash.bench example-32k --csv figures/data/example_32k_h200.csv   # B=1, H=32, N=32k
+    python -m tinyflash.bench tensor-cores --csv figures/data/tensor_cores_h200.csv  # stage 3 vs SDPA flash, cuDNN
     python -m tinyflash.bench --summary figures/data/bench_h200.csv          # the README's table of a CSV
 
 Each measurement is checked before it is timed (``tinyflash.measure.harness`` says how); all
@@ -78,11 +79,11 @@ def sdpa_variants() -> list[Variant]:
                        Variant("torch_efficient", "", sdpa(SDPBackend.EFFICIENT_ATTENTION), "torch")]
 
 
-def version_variants() -> list[Variant]:
-    """Every registered kernel version, with its default tiling."""
+def version_variants(d: int | None = None, dtype=None) -> list[Variant]:
+    """Every registered kernel version that takes head dim ``d`` and ``dtype`` (all if None), default tiling."""
     from ..forward.kernels import VERSIONS
 
-    return [tinyflash_variant(name, name) for name in VERSIONS]
+    return [tinyflash_variant(name, name) for name, v in VERSIONS.items() if d is None or v.accepts(dtype, d, d)]
 
 
 def vector_variants() -> list[Variant]:
@@ -193,7 +194,7 @@ def example_32k(csv_path: str | None, seed: int | None = None) -> dict:
 
 SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, default dtypes, default causal)
     "sweep": (lambda d, dtype: sdpa_variants(), DEFAULT_NS, [64, 128], ["float16", "float32"], [False, True]),
-    "versions": (lambda d, dtype: version_variants(), [16384], [64, 128], ["float32", "float16"], [False]),
+    "versions": (version_variants, [16384], [64, 128], ["float32", "float16"], [False]),
     "vector": (lambda d, dtype: vector_variants(), [16384], [64, 128], ["float16", "float32"], [False, True]),
     "tiles": (tile_variants, [16384], sorted(TILE_SWEEP), ["float32", "float16"], [False, True]),
 }
@@ -202,12 +203,13 @@ SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, de
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tinyflash.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k"],
+    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "tensor-cores"],
                     help="which benchmark (default: sweep)")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
     ap.add_argument("--d", type=int, nargs="+", help="head dims (default: the benchmark's)")
-    ap.add_argument("--dtype", nargs="+", choices=["float16", "float32"], help="dtypes (default: the benchmark's)")
+    ap.add_argument("--dtype", nargs="+", choices=["float16", "float32", "bfloat16"],
+                    help="dtypes (default: the benchmark's; bfloat16: tensor-cores only)")
     ap.add_argument("--causal", nargs="+", choices=["False", "True"], help="causal or not (default: the benchmark's)")
     ap.add_argument("--impl", nargs="+", choices=list(IMPLS), help="only these implementations")
     ap.add_argument("--batch", type=int, default=1)
@@ -230,6 +232,14 @@ def main(argv=None) -> int:
         return 2
     if args.what == "example-32k":
         example_32k(args.csv, args.seed)
+        return 0
+    if args.what == "tensor-cores":  # PyTorch tensors (bfloat16 too): its own sweep (bench_tensor_cores.py)
+        from .bench_tensor_cores import sweep_tensor_cores
+
+        given = {"ns": args.n, "ds": args.d, "dtypes": args.dtype,
+                 "causals": args.causal and [c == "True" for c in args.causal]}
+        sweep_tensor_cores(args.csv, **{key: val for key, val in given.items() if val},
+                           batch=args.batch, heads=args.heads, seed=args.seed)
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]
     if args.impl:

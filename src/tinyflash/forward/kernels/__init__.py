@@ -11,8 +11,9 @@ a learner can read, diff, run and time any of them:
 
 :data:`VERSIONS` registers each version once; ``cuda_attention(kernel=...)``, the tests, the
 benchmark, lesson 05 and the README's version table all iterate over it. The later stages go
-beside these: ``tinyflash/forward/kernels/`` takes the tensor-core forward kernels (next in the
-numbering), ``tinyflash/backward/`` the backward pass, ``tinyflash/decode/`` split-KV decoding.
+beside these: v6 is stage 3, the tensor cores (``tinyflash.tensor_core_attention``), which takes
+float16 and bfloat16 and two head dims only (:meth:`KernelVersion.accepts` says what each version
+takes); ``tinyflash/backward/`` the backward pass, ``tinyflash/decode/`` split-KV decoding.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered, v5_branch_free
+from . import (v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered, v5_branch_free,
+               v6_tensor_cores)
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,17 @@ class KernelVersion:
     options: tuple = ()  # keyword options its launch takes
     dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes (computed in float32)
     max_head_dim: int = 256  # largest d and dv
+    head_dims: tuple | None = None  # the only d (= dv) it takes, if it does not take every d up to max_head_dim
+
+    def accepts(self, dtype, d: int, d_v: int) -> bool:
+        """Whether this version computes inputs of ``dtype`` (a NumPy dtype or 'bfloat16') and head dims d, dv."""
+        name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+        dims_ok = (d == d_v and d in self.head_dims) if self.head_dims else max(d, d_v) <= self.max_head_dim
+        return name in [dt if isinstance(dt, str) else dt.name for dt in self.dtypes] and dims_ok
 
 
-def _version(name, module, changed, options=()):
-    return KernelVersion(name, module.__name__.rsplit(".", 1)[-1] + ".py", changed, module.launch, options)
+def _version(name, module, changed, options=(), **limits):
+    return KernelVersion(name, module.__name__.rsplit(".", 1)[-1] + ".py", changed, module.launch, options, **limits)
 
 
 VERSIONS = {v.name: v for v in (
@@ -52,6 +61,10 @@ VERSIONS = {v.name: v for v in (
              "in flight while the current one is multiplied", ("config",)),
     _version("v5", v5_branch_free, "no branch inside the inner loops (last step peeled); K_j and V_j loads in "
              "flight together; float16 tiles read 4 elements per thread", ("config", "vector")),
+    _version("v6", v6_tensor_cores, "tensor cores (stage 3): mma.sync on 16-bit inputs, P_ij kept in registers, "
+             "ldmatrix fragment loads, K_j, V_j double-buffered with cp.async; float16 and bfloat16, d = 64 or 128",
+             ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
+             head_dims=v6_tensor_cores.HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 

@@ -1,0 +1,51 @@
+"""Tilings of the tensor-core kernel v6 on a GPU: each checked, then timed (float16, B=1, H=32).
+
+    python benchmarks/tensor_core_tiles.py [N ...]      # default N = 16384
+
+Prints one line per (d, causal, warps, keys per tile): time, TFLOP/s, registers, shared memory.
+The default tilings of v6 (``v6_tensor_cores.default_tiling``) are chosen from such runs.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
+
+import numpy as np  # noqa: E402
+
+from tinyflash.forward.cuda import cuda_attention  # noqa: E402
+from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
+from tinyflash.measure.harness import attention_flops, environment, measure  # noqa: E402
+
+TILINGS = {64: [(4, 32), (4, 64), (8, 64)], 128: [(4, 32), (4, 64), (8, 64), (8, 128)]}
+
+
+def main(ns):
+    import cupy
+
+    env, rng = environment(), np.random.default_rng(0)
+    print(f"v6 tilings: {env['device']} numba-cuda {env['numba_cuda']} {env['date']}; float16, B=1, H=32")
+    for n in ns:
+        for d, tilings in TILINGS.items():
+            gen = cupy.random.default_rng(n + d)
+            q, k, v = (gen.standard_normal((1, 32, n, d), dtype=np.float32).astype(np.float16) for _ in range(3))
+            for causal in (False, True):
+                for warps, keys in tilings:
+                    cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys)
+                    if cfg.problems():
+                        continue
+                    def run(q, k, v, c, cfg=cfg):
+                        return cuda_attention(q, k, v, causal=c, kernel="v6", config=cfg)[0]
+
+                    res = measure(run, q, k, v, causal, rng)
+                    regs = v6.make_kernel(cfg, "float16").get_regs_per_thread()
+                    regs = max(regs.values()) if isinstance(regs, dict) else regs
+                    tflops = (attention_flops(1, 32, n, n, d, causal) / (res["time_ms"] * 1e9)
+                              if res["status"] == "ok" else float("nan"))
+                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d}: "
+                          f"{res.get('time_ms', 0):8.3f} ms "
+                          f"{tflops:6.1f} TFLOP/s  regs={regs} smem={cfg.smem_bytes}  {res['status']}", flush=True)
+
+
+if __name__ == "__main__":
+    main([int(x) for x in sys.argv[1:]] or [16384])

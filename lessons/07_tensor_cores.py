@@ -1,0 +1,164 @@
+"""Lesson 07: the tensor cores, from Python — stage 3.
+
+What you will learn
+    * what one ``mma.sync.m16n8k16`` computes (D = A·B + C, 16 × 16 times 16 × 8, for a whole warp)
+      and how numba emits it: one PTX instruction through ``numba.cuda.extending.intrinsic``
+      (src/tinyflash/gpu/ptx.py);
+    * which lane of the warp holds which element of A, B and C, drawn from the layout tables the
+      simulator's emulation runs on (src/tinyflash/gpu/ptx_emulation.py);
+    * why P_ij never leaves the registers: the accumulator layout of S_ij = Q_i K_jᵀ, packed to
+      16-bit pairs, *is* the A-operand layout of P_ij V_j;
+    * the double-buffered K_j, V_j pipeline (cp.async), and what the tensor cores bought on an
+      H200 over stage 2, read from the committed benchmark.
+
+What changed since lesson 05 (stage 2): the same loop and the same names, kernel v6
+(src/tinyflash/forward/kernels/v6_tensor_cores.py). A warp, not a thread, is now the unit that
+owns rows: 16 query rows per warp. Inputs are float16 or bfloat16, accumulation float32.
+
+Run from the repository root:  python lessons/07_tensor_cores.py
+Without a GPU the kernel runs on numba's CUDA simulator, each warp instruction emulated in
+Python at a toy size; with a GPU and CuPy, on the real tensor cores.
+"""
+
+# %% [0] Where the kernels run: decide before numba is imported
+import os
+import sys
+from pathlib import Path
+
+try:
+    import cupy
+
+    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
+except Exception:  # no CuPy or no GPU
+    HAS_GPU = False
+if not HAS_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+import tinyflash as tf  # noqa: E402
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
+from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
+from tinyflash.gpu import ptx  # noqa: E402
+from tinyflash.gpu.ptx_emulation import a_fragment, b_fragment, c_fragment, draw, from_bits, to_bits  # noqa: E402
+from tinyflash.measure.harness import read_csv  # noqa: E402
+
+print(f"running on {'the GPU (real tensor cores)' if HAS_GPU else 'numba CUDA simulator (emulated instructions)'}")
+
+# %% [1] Why: stage 2 computes every product one multiply-add per thread and instruction
+#
+# On CUDA cores a warp instruction does 32 multiply-adds (one per lane). The tensor cores do
+# small matrix products: one mma.sync.m16n8k16 multiplies a 16 × 16 tile by a 16 × 8 tile for the
+# whole warp, 16·8·16 = 2048 multiply-adds, in 16-bit inputs with a float32 accumulator:
+print(f"multiply-adds per warp instruction: CUDA cores 32, one m16n8k16 mma {16 * 8 * 16} "
+      f"({16 * 8 * 16 // 32}x as many)")
+# numba has no tensor-core API, but it can emit any single PTX instruction as inline assembly
+# (llvmlite.ir.InlineAsm inside a numba.cuda.extending.intrinsic). tinyflash/gpu/ptx.py has one
+# function per instruction: mma.sync, ldmatrix(.trans), cp.async (+ commit / wait), cvt (pack).
+
+# %% [2] Pseudocode: stage 1's loop, per warp of 16 query rows
+#
+#   Q_i fragments  <- ldmatrix from shared memory, once              (registers, 16-bit pairs)
+#   for each K_j, V_j (Bc keys):       [tile j+1 copied by cp.async into the other buffer meanwhile]
+#       S_ij = Q_i K_jᵀ                <- d/16 mma per 8 keys, B operands by ldmatrix
+#       mask, row max (4 lanes share a row: 2 shuffles), rescale l_i and acc, P_ij = exp2(...)
+#       P_ij packed to 16-bit pairs    <- cvt: S_ij's accumulators become P·V's A operands
+#       acc += P_ij V_j                <- Bc/16 · d/8 mma, B operands by ldmatrix.trans
+#   O_i = acc / l_i, lse_i = m_i + log(l_i)
+
+# %% [3] Code: one mma.sync on a warp, against NumPy
+mma = ptx.mma_m16n8k16("float16")
+
+
+@cuda.jit
+def one_mma(A, Bt, D):
+    """A (16, 8) and Bᵀ (8, 8) words of float16 pairs; D (16, 8) float32 = A·B (C = 0)."""
+    lane = cuda.threadIdx.x
+    g, t = lane // 4, lane % 4  # the PTX ISA's names: the lane's group and its place in it
+    d0, d1, d2, d3 = mma(A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4], Bt[g, t], Bt[g, t + 4],
+                         np.float32(0), np.float32(0), np.float32(0), np.float32(0))
+    D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1] = d0, d1, d2, d3
+
+
+def as_words(x):
+    """(rows, cols) -> (rows, cols // 2) uint32: two float16 per word, the first in the low half."""
+    bits = to_bits(x, "float16").astype(np.uint32)  # (rows, cols)
+    return np.ascontiguousarray(bits[:, 0::2] | (bits[:, 1::2] << 16))
+
+
+seed = 7
+rng = np.random.default_rng(seed)
+print(f"\nseed {seed}")
+A, B = rng.standard_normal((16, 16)), rng.standard_normal((16, 8))  # (16, 16), (16, 8)
+D = np.zeros((16, 8), np.float32)
+one_mma[1, 32](as_words(A), as_words(B.T), D)
+A16, B16 = (from_bits(to_bits(x, "float16"), "float16").astype(np.float64) for x in (A, B))  # what the cores see
+err = np.abs(D - A16 @ B16).max()
+print(f"one mma.sync, 32 lanes: max |D - A·B| = {err:.1e} (float32 accumulation)")
+assert err <= 1e-5 * np.abs(A16 @ B16).max()
+
+# Which lane holds what (lane L, its element i; from ptx_emulation's tables, the ones the
+# emulation runs on and the GPU tests confirmed on an H200). C (16 × 8, float32), first 8 rows:
+print("\nC / D fragment (16 × 8), rows 0-7 (rows 8-15: the same lanes, elements 2 and 3):")
+print("\n".join(draw(c_fragment, 16, 8).splitlines()[:8]))
+print("\nA fragment (16 × 16), rows 0-1 and 8-9 (a0 = elements 0,1; a1 = 2,3; a2 = 4,5; a3 = 6,7):")
+rows_a = draw(a_fragment, 16, 16).splitlines()
+print("\n".join(rows_a[i] for i in (0, 1, 8, 9)))
+print("\nB fragment (16 × 8), rows 0-3 (b0 = elements 0,1 of lanes g·4 + t: rows 2t, 2t+1 of column g):")
+print("\n".join(draw(b_fragment, 16, 8).splitlines()[:4]))
+
+# %% [4] Why P_ij stays in registers: S's accumulator layout is P·V's A-operand layout
+#
+# S_ij for 16 rows × 16 keys is two mma results side by side (keys 0-7 and 8-15). Lane L holds,
+# from the first, (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) and the same 8 columns on from the
+# second. The A operand of P_ij V_j over those 16 keys wants exactly these elements in lane L:
+for lane in range(32):
+    left = c_fragment(lane)  # keys 0-7
+    right = [(r, c + 8) for r, c in c_fragment(lane)]  # keys 8-15
+    packed = [left[0], left[1], left[2], left[3], right[0], right[1], right[2], right[3]]  # a0, a1, a2, a3
+    assert packed == a_fragment(lane)
+print("\nchecked for all 32 lanes: S_ij's two accumulator tiles, packed in pairs (cvt), are P_ij's A operand")
+# So each lane rounds its own P values to 16 bits (cvt.rn.f16x2.f32) and multiplies: no shared
+# memory, no barrier. Stage 2 (v5) wrote P_ij to shared memory and read it back.
+
+# %% [5] The pipeline: two buffers of K_j, V_j in shared memory, filled by cp.async
+cfg = v6.default_tiling(128, causal=False)
+print(f"\nd = 128 on a GPU: {cfg.WARPS} warps × 16 rows = Br {cfg.BR}, Bc {cfg.BC}; shared memory (words):",
+      cfg.smem_layout(), f"= {cfg.smem_bytes / 1024:.0f} KiB")
+#   tile j:    compute on buffer j % 2     | cp.async K_j+1, V_j+1 -> buffer (j+1) % 2
+#   wait_group 0 (this thread's copies), then one barrier: everyone's copies have landed, and no
+#   warp still reads buffer j % 2, which tile j+2's copies will overwrite.
+# cp.async copies HBM -> shared memory without passing through registers, so the copies of the
+# next tile are in flight while the tensor cores work on this one. Rows are padded by 16 bytes,
+# so the 8 rows that one ldmatrix reads fall into different shared-memory banks.
+assert cfg.smem_bytes == 4 * (cfg.BR * cfg.ROW_WORDS + 4 * cfg.BC * cfg.ROW_WORDS)  # Q_i + 2 × (K_j, V_j)
+
+# %% [6] Check: the whole kernel against the float64 reference (ragged tiles, Nq != Nk, causal)
+n_q, n_k, d = (20, 37, 64) if not HAS_GPU else (1000, 777, 128)
+q, k, v = (rng.standard_normal((2, n, d)).astype(np.float16) for n in (n_q, n_k, n_k))  # (2, N, d)
+for causal in (False, True):
+    o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
+    rule = assert_fa_rule(o, tf.naive_attention(q, k, v, causal=causal)[0], ref_o, np.float16, what="v6 o")
+    assert_close(lse, ref_lse, F32_TOL, "v6 lse", is_lse=True)
+    print(f"q {q.shape} k {k.shape} float16, causal={causal!s:5}: {rule}")
+
+# %% [7] Picture: what the tensor cores bought on an H200 (committed benchmark, not measured here)
+csv_path = Path(__file__).resolve().parent.parent / "figures" / "data" / "tensor_cores_h200.csv"
+rows = [r for r in read_csv(csv_path) if r["status"] == "ok" and r["n"] == "16384"]
+tflops = {(r["impl"], r["variant"], r["dtype"], r["d"], r["causal"]): float(r["tflops"]) for r in rows}
+print(f"\nFrom {csv_path.name} ({rows[0]['device']}, {rows[0]['date']}), B=1, H=32, N=16384, TFLOP/s:")
+print(f"  {'dtype':8} {'d':>4} {'causal':6} {'v5 (stage 2)':>12} {'v6':>7} {'SDPA flash':>10} {'cuDNN':>7} "
+      f"{'v6/v5':>6} {'v6/flash':>8}")
+for dtype, dd, causal in sorted({k[2:] for k in tflops}):
+    v5, v6_, flash, cudnn = (tflops.get((impl, var, dtype, dd, causal), float("nan")) for impl, var in
+                             (("tinyflash", "v5"), ("tinyflash", "v6"), ("torch_flash", ""), ("torch_cudnn", "")))
+    print(f"  {dtype:8} {dd:>4} {causal:6} {v5:12.1f} {v6_:7.1f} {flash:10.1f} {cudnn:7.1f} {v6_ / v5:6.1f} "
+          f"{v6_ / flash:8.2f}")
+    assert not v6_ < 4 * v5  # float16: at least 4x stage 2 (bfloat16 has no stage-2 number: nan)
+# What is left: FlashAttention-2's flash backend is still faster, and cuDNN (which uses Hopper's
+# wgmma, warpgroup matrix products read straight from shared memory, and TMA copies) much more.
+# wgmma needs the sm_90a target and asynchronous warpgroup fences, beyond one inline instruction:
+# a stage of its own.
+sys.exit(0)

@@ -1,0 +1,324 @@
+"""Kernel v6: the tensor cores. float16 and bfloat16 in, float32 accumulation; stage 3 of tinyflash.
+
+What changed since v5 (stage 2's last CUDA-core kernel):
+
+* Both products, S_ij = Q_i K_jᵀ and P_ij V_j, run on the tensor cores: one ``mma.sync``
+  instruction multiplies a 16 × 16 tile by a 16 × 8 tile for a whole warp (``tinyflash.gpu.ptx``,
+  which also says which lane holds which element).
+* A warp owns 16 query rows, a block WARPS warps: Br = 16 · WARPS. A lane holds its pieces of
+  rows g and g + 8 of the warp's S_ij (g = lane // 4), so a row's max and sum are shared by 4
+  lanes (two shuffles), never through shared memory.
+* P_ij stays in registers: the accumulator layout of S_ij, packed to 16-bit pairs, is the
+  A-operand layout of P_ij V_j. v5 wrote P_ij to shared memory and read it back.
+* Fragments come from shared memory by ``ldmatrix`` (four 8 × 8 matrices per instruction;
+  ``.trans`` turns V_j, stored key by key, into the column-wise operand the product wants).
+* K_j and V_j are double-buffered with ``cp.async``: tile j + 1 is copied from HBM into the other
+  half of shared memory while tile j is multiplied, without passing through registers.
+* Rows are padded by 16 bytes in shared memory, so the 8 rows of an ldmatrix fall in different banks.
+* The blocks start with the last query tile (the longest rows when causal, so the slowest blocks
+  start first); ``blockIdx.x`` is the query tile, so blocks started together share one head's K, V in L2.
+
+The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one device function
+per phase: scores, mask, row max, rescale, P·V, epilogue. Its limits: d = dv ∈ HEAD_DIMS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, uint32, uint64
+
+from ...core.masks import key_stop
+from ...core.online_softmax import LN2
+from ...gpu import ptx
+from ...gpu.launch import LaunchArgs, launch as launch_grid
+from ...gpu.runtime import device_function, simulator_enabled, u
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, shared_words
+
+HEAD_DIMS = (64, 128)  # d = dv supported
+ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
+NEG_INF = float32(-np.inf)
+ZERO, ONE, TWO, FOUR, EIGHT, SIXTEEN = u(0), u(1), u(2), u(4), u(8), u(16)
+WARP = 32  # lanes per warp
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
+PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
+# Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the
+# flags that assume no inf or NaN ('ninf', 'nnan'): the mask and the empty rows rely on -inf.
+FAST_MATH = {"afn", "arcp", "contract"}
+key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+
+
+@dataclass(frozen=True)
+class TensorCoreTiling:
+    """Who computes what: WARPS warps of 16 query rows each, key tiles of BC keys, head dim D."""
+
+    D: int  # head dim (d = dv)
+    WARPS: int  # warps per block
+    BC: int  # keys per tile K_j, V_j (Bc)
+
+    @property
+    def BR(self) -> int:  # query rows per block (Br): 16 per warp
+        return MMA_M * self.WARPS
+
+    @property
+    def NT(self) -> int:  # threads per block
+        return WARP * self.WARPS
+
+    @property
+    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
+        return self.D // 2 + PAD_WORDS
+
+    @property
+    def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
+        return self.D // 8
+
+    def smem_layout(self) -> dict:
+        """Word offsets in shared memory: Q_i, then two stages of (K_j, V_j)."""
+        tile = self.BC * self.ROW_WORDS
+        return {"Q_i": 0, "stage 0": self.BR * self.ROW_WORDS, "stage 1": self.BR * self.ROW_WORDS + 2 * tile,
+                "V_j in a stage": tile, "end": self.BR * self.ROW_WORDS + 4 * tile}
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.smem_layout()["end"]
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.D not in HEAD_DIMS:
+            problems.append(f"D must be one of {HEAD_DIMS}")
+        if self.BC % MMA_K or (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
+            problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
+        if self.smem_bytes > MAX_SMEM_PER_BLOCK:
+            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {MAX_SMEM_PER_BLOCK}")
+        return problems
+
+    def validate(self) -> "TensorCoreTiling":
+        if self.problems():
+            raise ValueError(f"invalid tensor-core tiling {self}: {'; '.join(self.problems())}")
+        return self
+
+
+def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
+    """The tiling used on a GPU, per head dim and causal, from measured sweeps on an H200
+    (``benchmarks/tensor_core_tiles.py``; logs in benchmarks/results/tensor_core_tiles_h200*.log):
+    4 warps × 64 keys at d = 128; 4 × 32 (not causal) and 4 × 64 (causal) at d = 64. The last sweep
+    found 8 × 128 faster at d = 128 (255 registers, a few bytes spilled) and 4 × 32 at d = 64 causal:
+    not adopted yet, since the committed benchmark was measured with these."""
+    warps, keys = {(128, False): (4, 64), (128, True): (4, 64), (64, False): (4, 32), (64, True): (4, 64)}[d, causal]
+    return TensorCoreTiling(D=d, WARPS=warps, BC=keys).validate()
+
+
+def simulator_tiling(d: int) -> TensorCoreTiling:
+    """One warp and 16 keys per tile: the smallest tiling, for numba's CUDA simulator."""
+    return TensorCoreTiling(D=d, WARPS=1, BC=16).validate()
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: TensorCoreTiling, element: str):
+    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16)."""
+    cfg.validate()
+    mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
+    BR, BC, NT, RW, CHUNKS = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.ROW_WORDS, cfg.CHUNKS))
+    DW = u(cfg.D // 2)  # words per row in HBM
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
+    Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
+    STAGE = layout["stage 1"] - layout["stage 0"]
+    K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per warp
+    P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i
+    Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+
+    @cuda.jit(device=True, inline="always")
+    def copy_rows(src, src_off, first, n_rows, smem_addr, tid, CHUNKS_PER_THREAD):
+        """Rows first .. of a (rows, d) matrix into shared memory, 16 bytes per cp.async; rows at or
+        past n_rows become zeros (the ragged last tile)."""
+        for i in range(CHUNKS_PER_THREAD):
+            chunk = tid + uint64(i) * NT
+            row, col = chunk // CHUNKS, (chunk % CHUNKS) * FOUR  # destination row; word column
+            inside = first + row < n_rows
+            src_row = first + row if inside else ZERO  # a valid address even when nothing is read
+            ptx.cp_async_16(smem_addr + uint32((row * RW + col) * FOUR), src, src_off + src_row * DW + col,
+                            uint32(16) if inside else uint32(0))
+
+    @cuda.jit(device=True, inline="always")
+    def load_kv(K, V, kv_off, k_start, n_k, stage_addr, tid):
+        """K_j and V_j into one stage of shared memory: cp.async, in flight until waited for."""
+        copy_rows(K, kv_off, k_start, n_k, stage_addr, tid, KV_CHUNKS)
+        copy_rows(V, kv_off, k_start, n_k, stage_addr + uint32(V_IN_STAGE * FOUR), tid, KV_CHUNKS)
+        ptx.cp_async_commit()
+
+    @cuda.jit(device=True, inline="always")
+    def ldmatrix_16x16(addr, lane, row, word):
+        """Lanes 0-15 give rows row .. row+15 at word, lanes 16-31 the same rows 8 columns on: a 16 × 16
+        block as four 8 × 8 matrices, in the order of an A operand (a0, a1, a2, a3)."""
+        return addr + uint32(((row + lane % SIXTEEN) * RW + word + (lane // SIXTEEN) * FOUR) * FOUR)
+
+    @cuda.jit(device=True, inline="always")
+    def scores(s, qf, k_addr, lane):
+        """S_ij = Q_i K_jᵀ for the warp's 16 rows, s[n] the lane's part of keys 8n .. 8n+7 (not yet
+        scaled: the scale is folded into the exponent, one fused multiply-add per score)."""
+        for n in range(S_TILES):
+            c0 = c1 = c2 = c3 = float32(0.0)
+            for kk in range(0, K_STEPS, 2):  # one ldmatrix: 8 keys × 32 dims, the B operands of 2 steps
+                b = ptx.ldmatrix_x4(k_addr + uint32(((uint64(n) * EIGHT + lane % EIGHT) * RW + uint64(kk) * EIGHT
+                                                     + (lane // EIGHT) * FOUR) * FOUR))
+                c0, c1, c2, c3 = mma(qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3], b[0], b[1], c0, c1, c2, c3)
+                c0, c1, c2, c3 = mma(qf[kk + 1, 0], qf[kk + 1, 1], qf[kk + 1, 2], qf[kk + 1, 3], b[2], b[3],
+                                     c0, c1, c2, c3)
+            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = c0, c1, c2, c3
+
+    @cuda.jit(device=True, inline="always")
+    def mask(s, row, k_start, t, n_q, n_k, causal):
+        """S_ij = -inf for keys at or past Nk (the ragged last tile) and, if causal, after the diagonal;
+        the lane's rows are row and row + 8, its keys k_start + 8n + 2t (+1)."""
+        for half in range(2):
+            stop = key_stop(row + uint64(half) * EIGHT + ONE, n_q, n_k, causal)  # keys < stop are allowed
+            for n in range(S_TILES):
+                for e in range(2):
+                    if k_start + uint64(n) * EIGHT + TWO * t + uint64(e) >= stop:
+                        s[n, 2 * half + e] = NEG_INF
+
+    @cuda.jit(device=True, inline="always")
+    def row_max(s, half, scale_log2):
+        """rowmax(S_ij) of row g + 8·half, scaled (base 2): the lane's keys, then over the 4 lanes of its group."""
+        m = NEG_INF
+        for n in range(S_TILES):
+            m = max(m, max(s[n, 2 * half], s[n, 2 * half + 1]))
+        m = max(m, ptx.shfl_xor(m, 1))
+        return max(m, ptx.shfl_xor(m, 2)) * scale_log2  # scale > 0: the max of the scaled scores
+
+    @cuda.jit(device=True, inline="always")
+    def rescale(s, m_i, l_i, acc, half, m_tile, scale_log2):
+        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(scale · S_ij -
+        m_new) replaces S_ij (row g + 8·half; base 2; l_i is the lane's share of the row sum)."""
+        m_new = max(m_i[half], m_tile)
+        m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
+        alpha = math.exp2(m_i[half] - m_safe)
+        m_i[half] = m_new
+        l_i[half] *= alpha
+        for n in range(O_TILES):
+            acc[n, 2 * half] *= alpha
+            acc[n, 2 * half + 1] *= alpha
+        for n in range(S_TILES):
+            for e in range(2):
+                s[n, 2 * half + e] = math.exp2(s[n, 2 * half + e] * scale_log2 - m_safe)  # P_ij, unnormalised
+                l_i[half] += s[n, 2 * half + e]
+
+    @cuda.jit(device=True, inline="always")
+    def p_times_v(acc, s, v_addr, lane):
+        """acc += P_ij V_j: P_ij packed from the S accumulators (their layout is the A operand's), V_j by
+        ldmatrix.trans, 16 keys × 16 dims per instruction."""
+        for kk in range(P_STEPS):
+            a0, a1 = pack(s[2 * kk, 0], s[2 * kk, 1]), pack(s[2 * kk, 2], s[2 * kk, 3])
+            a2, a3 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1]), pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            for n in range(0, O_TILES, 2):
+                b = ptx.ldmatrix_x4_trans(ldmatrix_16x16(v_addr, lane, uint64(kk) * SIXTEEN, uint64(n) * FOUR))
+                for h in range(2):
+                    acc[n + h, 0], acc[n + h, 1], acc[n + h, 2], acc[n + h, 3] = mma(
+                        a0, a1, a2, a3, b[2 * h], b[2 * h + 1],
+                        acc[n + h, 0], acc[n + h, 1], acc[n + h, 2], acc[n + h, 3])
+
+    @cuda.jit(device=True, inline="always")
+    def epilogue(acc, m_i, l_i, O, LSE, o_off, lse_off, row, t, n_q):
+        """O_i = acc / l_i, lse_i = m_i + log(l_i): each row's sum is 4 lanes' shares, added first."""
+        for half in range(2):
+            l_row = l_i[half] + ptx.shfl_xor(l_i[half], 1)
+            l_row += ptx.shfl_xor(l_row, 2)
+            r = row + uint64(half) * EIGHT
+            if r < n_q:
+                inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)  # fully masked row: O = 0
+                for n in range(O_TILES):  # the lane's 2 columns 8n + 2t, +1: one word
+                    O[o_off + r * DW + uint64(n) * FOUR + t] = pack(acc[n, 2 * half] * inv_l,
+                                                                     acc[n, 2 * half + 1] * inv_l)
+                if t == ZERO:
+                    LSE[lse_off + r] = (m_i[half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group):
+        smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
+        tid = uint64(cuda.threadIdx.x)
+        warp, lane = tid // uint64(WARP), tid % uint64(WARP)
+        g, t = lane // FOUR, lane % FOUR  # the lane's group (its rows g, g + 8) and place in it
+        head = uint64(cuda.blockIdx.y)  # which (batch, head)
+        kv_head = head // uint64(kv_group)  # the K, V head it reads (grouped-query attention)
+        q_start = (uint64(cuda.gridDim.x) - ONE - uint64(cuda.blockIdx.x)) * BR  # last query tile first
+        n_q, n_k = uint64(n_q), uint64(n_k)
+        q_off, kv_off = head * n_q * DW, kv_head * n_k * DW  # this head's Q, O and its K, V (words)
+        warp_row = q_start + warp * SIXTEEN  # the warp's first query row
+        base = ptx.shared_address(smem, ZERO)
+        k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
+        warp_stop = key_stop(warp_row + ONE, n_q, n_k, causal)  # keys that the warp's first row may see
+        n_tiles = (k_stop + BC - ONE) // BC
+
+        qf = cuda.local.array((K_STEPS, 4), uint32)  # Q_i's A operands, one mma step each: loaded once
+        s = cuda.local.array((S_TILES, 4), float32)  # the lane's part of S_ij, then of P_ij
+        acc = cuda.local.array((O_TILES, 4), float32)  # its part of the unnormalised O_i
+        m_i = cuda.local.array(2, float32)  # running max (base 2) of rows g, g + 8
+        l_i = cuda.local.array(2, float32)  # the lane's share of their running denominators
+        for half in range(2):
+            m_i[half], l_i[half] = NEG_INF, float32(0.0)
+        for n in range(O_TILES):
+            for e in range(4):
+                acc[n, e] = float32(0.0)
+
+        copy_rows(Q, q_off, q_start, n_q, base + uint32(Q_OFF * FOUR), tid, Q_CHUNKS)  # Q_i, once
+        load_kv(K, V, kv_off, ZERO, n_k, base + uint32(STAGE0 * FOUR), tid)  # K_0, V_0 into stage 0
+        ptx.cp_async_wait_all()
+        cuda.syncthreads()  # every thread's copies of Q_i, K_0, V_0 have landed before any warp reads them
+        for kk in range(K_STEPS):
+            qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3] = ptx.ldmatrix_x4(
+                ldmatrix_16x16(base + uint32(Q_OFF * FOUR), lane, warp * SIXTEEN, uint64(kk) * EIGHT))
+
+        for j in range(n_tiles):
+            k_start = j * BC
+            stage = base + uint32((STAGE0 + (j % TWO) * STAGE) * FOUR)  # where K_j, V_j are
+            if j + ONE < n_tiles:  # K_j+1, V_j+1 into the other stage, in flight during this tile
+                load_kv(K, V, kv_off, k_start + BC, n_k, base + uint32((STAGE0 + ((j + ONE) % TWO) * STAGE)
+                                                                       * FOUR), tid)
+            scores(s, qf, stage, lane)
+            if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
+                mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
+            for half in range(2):
+                rescale(s, m_i, l_i, acc, half, row_max(s, half, scale_log2), scale_log2)
+            p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR), lane)  # P·V: acc += P_ij V_j
+            ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
+            cuda.syncthreads()  # everyone's have, and no warp still reads this stage before it is refilled
+
+        epilogue(acc, m_i, l_i, O, LSE, q_off, head * n_q, warp_row + g, t, n_q)
+
+    return flash_fwd
+
+
+def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, element: str | None = None) -> None:
+    """Launch v6 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse;
+    then n_q, n_k, d, dv, scale·log2(e), causal). ``element`` is 'bfloat16' for bfloat16 inputs
+    (the default, 'float16', for float16 ones); ``config`` overrides the tiling."""
+    if element is None:
+        if np.dtype(prob.dtype) != np.float16:
+            raise TypeError("kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got "
+                            f"{np.dtype(prob.dtype).name} "
+                            "(cuda_attention's kernels v1-v5 take float32)")
+        element = "float16"
+    if element not in ELEMENTS:
+        raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
+    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
+        raise ValueError(f"kernel v6 (tensor cores) supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
+                         "(cuda_attention's kernels v1-v5 take any head dim up to 256)")
+    cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal))
+    if cfg.D != prob.d:
+        raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
+    words = [(a.view(np.uint32), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
+    n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
+    kv_group = getattr(args, "kv_group", 1)  # grouped-query attention: query heads per K, V head
+    grid_args = LaunchArgs(per_head=(*words, args.per_head[4]), scalars=(n_q, n_k, scale_log2, causal, kv_group),
+                           n_heads=args.n_heads)
+    kernel = make_kernel(cfg.validate(), element)
+    if simulator_enabled():  # every emulated warp instruction waits at a barrier: make those faster
+        from ...gpu.ptx_emulation import fast_barriers
+
+        with fast_barriers():
+            launch_grid(kernel, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, grid_args)
+    else:
+        launch_grid(kernel, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, grid_args)

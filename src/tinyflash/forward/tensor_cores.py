@@ -1,0 +1,102 @@
+"""Stage 3: FlashAttention's forward pass on the tensor cores — the host wrapper of kernel v6.
+
+:func:`tensor_core_attention` does what :func:`tinyflash.cuda_attention` does (check the inputs,
+allocate the outputs, size the grid and launch), for what the tensor cores multiply: 16-bit
+inputs, float16 or bfloat16, with float32 accumulation. The kernel is
+``tinyflash/forward/kernels/v6_tensor_cores.py``; its PTX instructions are in ``tinyflash/gpu/ptx.py``.
+
+bfloat16 has no NumPy dtype. It comes as a PyTorch CUDA tensor (``torch.bfloat16``); an array
+whose dtype is named bfloat16 (``ml_dtypes.bfloat16``) takes the same path, untested here:
+tinyflash does not require ml_dtypes (its simulator tests build bfloat16 bit patterns themselves).
+The kernel never converts an element: it moves 16-bit patterns, two per 32-bit word; only the
+tensor cores and the final rounding know which format they are.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..core.checks import as_array, check_attention_inputs
+from ..core.online_softmax import LOG2E
+from ..gpu.arrays import empty, is_device_array, kernel_view, library, result, to_device_flat
+from ..gpu.launch import LaunchArgs
+from .kernels import v6_tensor_cores as v6
+
+FLOAT16 = np.dtype(np.float16)
+
+
+def element_type(x) -> str | None:
+    """'bfloat16' if ``x`` holds bfloat16 (a PyTorch tensor, or a NumPy array of ml_dtypes), else None."""
+    name = str(getattr(x, "dtype", "")).rsplit(".", 1)[-1]  # 'torch.bfloat16' -> 'bfloat16'
+    return "bfloat16" if name == "bfloat16" else None
+
+
+def _shape_only(x):
+    """A stand-in with ``x``'s shape and dtype float16: the shared checks know no bfloat16, and the
+    rules on shapes are the same for both 16-bit types."""
+    return SimpleNamespace(shape=tuple(x.shape), dtype=FLOAT16)
+
+
+def _flat16(x):
+    """A flat device array of ``x``'s 16-bit elements (bfloat16 ones seen as int16: numba knows no bfloat16)."""
+    if element_type(x):
+        if is_device_array(x) and library(x) == "torch":
+            import torch
+
+            x = x.detach().contiguous().view(torch.int16)
+        else:  # a NumPy (or CuPy) array of ml_dtypes.bfloat16
+            x = x.view(np.int16)
+    return to_device_flat(x)
+
+
+def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+    """Stage 3: FlashAttention's forward pass on the tensor cores. Returns ``(o, lse)``.
+
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), with
+    d = 64 or 128 and any Nq, Nk >= 1; o (..., Nq, d) in the input dtype, lse (..., Nq) in
+    float32. Products accumulate in float32 on the tensor cores; P_ij is rounded to the input type
+    before P·V, as in FlashAttention. ``causal`` masks bottom-right (``tinyflash.core.masks``).
+    NumPy float16 inputs are copied to the GPU and back; device arrays (CuPy, numba, PyTorch CUDA
+    tensors) stay there and the results are of the same library. For float32 inputs, other head
+    dims or different d and dv, use :func:`tinyflash.cuda_attention`.
+    """
+    # 1. check the inputs
+    on_device = is_device_array(q)
+    if not on_device:
+        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    elements = [element_type(x) for x in (q, k, v)]
+    if any(elements) and not all(elements):
+        raise TypeError(f"q, k and v must share one dtype; got {[str(x.dtype) for x in (q, k, v)]}")
+    element = elements[0] or "float16"
+    stand_ins = [_shape_only(x) if elements[0] else x for x in (q, k, v)]
+    try:
+        prob = check_attention_inputs(*stand_ins, causal=causal, scale=scale, allowed=(FLOAT16,))
+    except TypeError as exc:
+        raise TypeError(f"tensor_core_attention takes float16 or bfloat16: {exc} (for float32 inputs use "
+                        "tinyflash.cuda_attention)") from None
+    if prob.d != prob.d_v or prob.d not in v6.HEAD_DIMS:
+        raise ValueError(f"tensor_core_attention supports d = dv in {v6.HEAD_DIMS}; got q {tuple(q.shape)}, "
+                         f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
+    if on_device != is_device_array(k) or on_device != is_device_array(v):
+        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+
+    # 2. allocate the outputs (for device inputs, in the caller's array library)
+    heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
+    like = q if on_device else None
+    o = empty(like, heads * prob.n_q * prob.d, FLOAT16)  # (BH·Nq·d,) flat: 16-bit elements
+    lse = empty(like, heads * prob.n_q, np.float32)  # (BH·Nq,)
+
+    # 3. size the grid and launch (v6.launch)
+    if prob.n_q > 0 and heads > 0:
+        n_q, n_k, d = prob.n_q, prob.n_k, prob.d
+        args = LaunchArgs(per_head=((_flat16(q), n_q * d), (_flat16(k), n_k * d), (_flat16(v), n_k * d),
+                                    (kernel_view(o), n_q * d), (kernel_view(lse), n_q)),
+                          scalars=(n_q, n_k, d, d, np.float32(prob.scale * LOG2E), prob.causal), n_heads=heads)
+        v6.launch(args, prob, element=element)
+    o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
+    if element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
+        o = o.view(q.dtype)  # torch.bfloat16, or ml_dtypes.bfloat16
+    return o, lse

@@ -1,0 +1,113 @@
+"""Stage 3, the tensor-core kernel v6, at the smallest sizes its tiles allow (one warp, 16 queries
+and 16 keys per tile, d = 64): on numba's CUDA simulator without a GPU, with the emulated
+instructions of tinyflash.gpu.ptx_emulation; on a GPU, with the real ones.
+
+float16 through tensor_core_attention; bfloat16, which NumPy lacks, through the kernel's launch
+function with 16-bit patterns made by tinyflash.gpu.ptx_emulation.to_bits.
+"""
+
+import numpy as np
+import pytest
+from conftest import make_qkv
+
+import tinyflash as tf
+from tinyflash.core.checks import check_attention_inputs
+from tinyflash.core.online_softmax import LOG2E
+from tinyflash.core.tolerance import F32_TOL, RuleCheck, assert_close, assert_fa_rule
+from tinyflash.forward.kernels import VERSIONS
+from tinyflash.forward.kernels import v6_tensor_cores as v6
+from tinyflash.gpu.launch import LaunchArgs
+from tinyflash.gpu.ptx_emulation import from_bits, to_bits
+
+pytestmark = pytest.mark.simulator
+
+
+def check(o, lse, q, k, v, causal, what):
+    """FlashAttention's rule for o against naive float16 attention; lse within F32_TOL (float32 math)."""
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
+    assert_fa_rule(o, tf.naive_attention(q, k, v, causal=causal)[0], ref_o, np.float16, what=f"{what} o")
+    assert_close(lse, ref_lse, F32_TOL, f"{what} lse", is_lse=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q, n_k", [(20, 37), (33, 17)])
+def test_float16_ragged(rng, n_q, n_k, causal):
+    """Ragged tiles on both sides, Nq != Nk; with causal and Nq > Nk, rows that see no key."""
+    q, k, v = make_qkv(rng, (1,), n_q, n_k, d=64, dtype=np.float16)
+    copies = [x.copy() for x in (q, k, v)]
+    o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
+    assert o.dtype == np.float16 and o.shape == (1, n_q, 64) and lse.dtype == np.float32 and lse.shape == (1, n_q)
+    check(o, lse, q, k, v, causal, f"v6 {n_q}x{n_k} causal={causal}")
+    assert all(np.array_equal(x, c) for x, c in zip((q, k, v), copies))  # inputs untouched
+    if causal and n_q > n_k:
+        assert np.all(o[0, :n_q - n_k] == 0) and np.all(np.isneginf(lse[0, :n_q - n_k]))
+
+
+def test_head_dim_128_and_a_scale(rng):
+    q, k, v = make_qkv(rng, (), 17, 16, d=128, dtype=np.float16)
+    o, lse = tf.tensor_core_attention(q, k, v, causal=True, scale=0.05)
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True, scale=0.05)
+    assert_fa_rule(o, tf.naive_attention(q, k, v, causal=True, scale=0.05)[0], ref_o, np.float16, what="d=128 o")
+    assert_close(lse, ref_lse, F32_TOL, "d=128 lse", is_lse=True)
+
+
+def bf16_attention(q, k, v, causal):
+    """v6 on the bfloat16 patterns of q, k, v (float32 arrays): (o as float32, lse)."""
+    prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
+                                  causal=causal, scale=None, allowed=(np.dtype(np.float16),))
+    bits = [to_bits(x, "bfloat16").reshape(-1) for x in (q, k, v)]  # (Nq·d,), (Nk·d,), (Nk·d,) uint16
+    o, lse = np.zeros(prob.n_q * prob.d, np.uint16), np.zeros(prob.n_q, np.float32)  # (Nq·d,), (Nq,)
+    args = LaunchArgs(per_head=((bits[0], q.size), (bits[1], k.size), (bits[2], v.size), (o, o.size), (lse, lse.size)),
+                      scalars=(prob.n_q, prob.n_k, prob.d, prob.d, np.float32(prob.scale * LOG2E), causal), n_heads=1)
+    v6.launch(args, prob, element="bfloat16")
+    return from_bits(o, "bfloat16").reshape(prob.n_q, prob.d), lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16(rng, causal):
+    """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
+    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
+    o, lse = bf16_attention(q, k, v, causal)
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
+    naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
+
+    def bf16(x):
+        return from_bits(to_bits(x, "bfloat16"), "bfloat16").astype(np.float64)
+
+    r = bf16(ref_o)
+    atol = 2.0 * float(np.abs(bf16(bf16(r + 0.3) - 0.3) - r).max())  # flash-attn's fwd_atol, in bfloat16
+    rule = RuleCheck(float(np.abs(o - ref_o).max()), float(np.abs(naive - ref_o).max()), atol, 2.0)
+    assert rule.ok, str(rule)
+    assert_close(lse, ref_lse, F32_TOL, "bf16 lse", is_lse=True)
+
+
+def test_registered_and_through_cuda_attention(rng):
+    """v6 is the next version; cuda_attention(kernel='v6') runs it on float16, refuses float32 clearly."""
+    assert list(VERSIONS)[-1] == "v6" and VERSIONS["v6"].accepts("bfloat16", 64, 64)
+    assert not VERSIONS["v6"].accepts(np.float32, 64, 64) and not VERSIONS["v6"].accepts(np.float16, 80, 80)
+    q, k, v = make_qkv(rng, (), 9, 18, d=64, dtype=np.float16)
+    o, lse = tf.cuda_attention(q, k, v, kernel="v6")
+    check(o, lse, q, k, v, False, "cuda_attention v6")
+    with pytest.raises(TypeError, match="float16 or bfloat16.*cuda_attention"):
+        tf.cuda_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), kernel="v6")
+
+
+@pytest.mark.parametrize("args, kwargs, error, match", [
+    (((1, 5, 64), (1, 5, 64), (1, 5, 64), np.float32), {}, TypeError, "float16 or bfloat16.*cuda_attention"),
+    (((1, 5, 80), (1, 5, 80), (1, 5, 80), np.float16), {}, ValueError, r"d = dv in \(64, 128\).*cuda_attention"),
+    (((1, 5, 64), (1, 5, 64), (1, 5, 128), np.float16), {}, ValueError, "d = dv"),
+    (((1, 5, 64), (1, 0, 64), (1, 0, 64), np.float16), {}, ValueError, "Nk >= 1"),
+    (((1, 5, 64), (1, 5, 64), (1, 5, 64), np.float16), {"causal": 1}, TypeError, "causal must be True or False"),
+])
+def test_bad_inputs(rng, args, kwargs, error, match):
+    *shapes, dtype = args
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in shapes)
+    with pytest.raises(error, match=match):
+        tf.tensor_core_attention(q, k, v, **kwargs)
+
+
+def test_tiling_rules():
+    assert v6.default_tiling(128, False).smem_bytes > 48 * 1024  # asks the driver for more (gpu/smem.py)
+    assert v6.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
+    with pytest.raises(ValueError, match="D must be one of"):
+        v6.TensorCoreTiling(D=96, WARPS=1, BC=16).validate()

@@ -1,0 +1,51 @@
+"""The README's stage-3 numbers, recomputed from the committed CSV and GPU-test log (as test_readme.py
+does for the other stages); ``python tests/test_tensor_core_readme.py`` prints them."""
+
+import re
+from pathlib import Path
+
+from tinyflash.measure.bench_tensor_cores import speed_table
+from tinyflash.measure.harness import read_csv
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+FLAT = " ".join(README.split())
+ROWS = read_csv(ROOT / "figures" / "data" / "tensor_cores_h200.csv")
+GPU_LOG = (ROOT / "benchmarks" / "results" / "tensor_core_gpu_tests_h200.log").read_text()
+
+
+def stage3_numbers() -> dict:
+    ok = [r for r in ROWS if r["status"] == "ok"]
+    assert len(ok) == len(ROWS) == 56  # 16 configurations: flash, cuDNN, v6; v5 in float16; all checked
+    v6 = [r for r in ok if r["variant"] == "v6" and r["n"] == "16384"]
+    v5 = {(r["d"], r["causal"]): float(r["tflops"]) for r in ok if r["variant"] == "v5" and r["n"] == "16384"}
+    vs_flash = sorted(float(r["speed_vs_flash"]) for r in v6)
+    vs_v5 = sorted(float(r["tflops"]) / v5[r["d"], r["causal"]] for r in v6 if r["dtype"] == "float16")
+    tflops = sorted(float(r["tflops"]) for r in v6)
+    out = {"TABLE": speed_table(ROWS),
+           "SENTENCE": (f"At N = 16,384 kernel v6 runs at {tflops[0]:.1f} to {tflops[-1]:.1f} TFLOP/s: "
+                        f"{vs_flash[0]:.2f}× to {vs_flash[-1]:.2f}× the speed of SDPA's flash backend in the same "
+                        f"run, and {vs_v5[0]:.1f}× to {vs_v5[-1]:.1f}× stage 2's fastest kernel (v5, float16)")}
+    passed = re.search(r"(\d+) passed", GPU_LOG.strip().splitlines()[-1]).group(1)
+    ex = dict(re.findall(r"32k example torch\.(\w+): first call [\d.]+ s, then ([\d.]+ ms \([\d.]+ TFLOP/s\))",
+                         GPU_LOG))
+    extra = re.search(r"extra memory ([\d.]+) GiB \(o \+ lse: ([\d.]+) GiB\)", GPU_LOG)
+    assert extra.group(1) == extra.group(2)
+    out["GPU_SENTENCE"] = (f"{passed} tests passed on the H200 (`benchmarks/results/tensor_core_gpu_tests_h200.log`); "
+                           f"the 32k-token example (B = 1, H = 32, N = 32,768, d = 128, causal) took "
+                           f"{ex['float16']} in float16 and {ex['bfloat16']} in bfloat16, holding "
+                           f"{extra.group(1)} GiB beyond its inputs: o and lse, nothing else")
+    return out
+
+
+def test_stage3_table_and_sentences():
+    numbers = stage3_numbers()
+    m = re.search(r"<!-- tensor-cores:start -->\n(.*?)\n<!-- tensor-cores:end -->", README, re.S)
+    assert m and m.group(1) == numbers["TABLE"]
+    for name in ("SENTENCE", "GPU_SENTENCE"):
+        assert " ".join(numbers[name].split()) in FLAT, (name, numbers[name])
+
+
+if __name__ == "__main__":
+    for key, value in stage3_numbers().items():
+        print(f"--- {key}\n{value}")
