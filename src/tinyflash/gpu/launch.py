@@ -58,11 +58,26 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
         allow_large_shared_memory(kernel, (*arrays, *args.scalars), smem_bytes)
     except Exception as exc:
         raise SharedMemoryRefused(f"could not enable {smem_bytes} bytes of shared memory ({exc})") from exc
-    with simulator_progress(n_tiles * args.n_heads, threads, key_tiles):
+    with simulator_progress(n_tiles * args.n_heads, threads, key_tiles), simulator_float_rules():
         for h0 in range(0, args.n_heads, MAX_GRID_Y):
             heads = min(MAX_GRID_Y, args.n_heads - h0)
             views = [a[h0 * size:(h0 + heads) * size] for a, size in args.per_head]  # heads h0 .. h0 + heads - 1
             kernel[(n_tiles, heads), threads, 0, smem_bytes](*views, *args.scalars)
+
+
+@contextmanager
+def simulator_float_rules():
+    """On the simulator, NaN and ±inf arithmetic (inf - inf = NaN) without NumPy's warnings.
+
+    The simulator computes with NumPy scalars, which warn where a GPU silently follows IEEE 754;
+    the results are the same. The filter is process-wide, so the simulator's threads see it.
+    """
+    if not simulator_enabled():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"invalid value encountered", RuntimeWarning)
+        yield
 
 
 def _duration(seconds: float) -> str:
