@@ -43,7 +43,8 @@ import numpy as np  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
-from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, v1_row_per_thread, v5_branch_free, version_table  # noqa: E402,E501
+from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
+from tinyflash.forward.kernels import v1_row_per_thread, v5_branch_free  # noqa: E402
 from tinyflash.gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT  # noqa: E402
 from tinyflash.measure.harness import read_csv  # noqa: E402
 from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
@@ -112,6 +113,8 @@ print("  phases: load_kv (K_j, V_j into shared memory) -> scores (S_ij = scale·
 d_check = 16 if not HAS_GPU else 64  # the head dim of the check in [5]
 cfg = tiling.simulator_config(d_check, d_check) if not HAS_GPU else tiling.default_config(d_check, d_check)
 print(f"\ntiling launched here ({'simulator' if not HAS_GPU else 'GPU'}, d = {d_check}): {cfg}")
+print("  (BR, BC: rows of Q_i and keys of K_j per tile; TM: rows per thread; NT: threads per block; "
+      "D, DV: d and dv padded with zeros)")
 print(f"  NT = {cfg.NT} threads per block: RG = BR/TM = {cfg.RG} row groups of CT = NT/RG = {cfg.CT} threads;")
 print(f"  each thread owns TM = {cfg.TM} rows × TN = BC/CT = {cfg.TN} keys of S_ij and "
       f"4·TO4 = {4 * cfg.TO4} columns of O_i")

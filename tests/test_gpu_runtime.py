@@ -35,7 +35,8 @@ def run_without_gpu(patch: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
     code = textwrap.dedent(NO_GPU_SCRIPT.format(patch=patch))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 @pytest.mark.parametrize("how", [

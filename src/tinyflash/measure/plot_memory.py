@@ -169,8 +169,8 @@ def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_n
     worst = {stage: max(abs(r["measured_peak_bytes"] / r["model_bytes"] - 1) for r in rows_)
              for stage, rows_ in (("naive", naive), ("blocked", [r for r in blocked if r["n"] >= 2 * block]))}
     ax.text(0.98, 0.04, f"measured vs model, worst case: naive {100 * worst['naive']:.1f}%, blocked "
-            f"{100 * worst['blocked']:.1f}% (N ≥ 2·Br)\nfloat32, d = {d}, one head; the inputs Q, K, V are not counted"
-            f"\nblocked: Br = Bc = {block} (lesson 06: 64; bigger tiles keep the Python loop short at large N)"
+            f"{100 * worst['blocked']:.1f}% (N ≥ 2·Br)\nfloat32, d = {d}, one head; the inputs Q, K, V are not "
+            f"counted\nblocked: Br = Bc = {block} (lesson 06: 64; bigger tiles keep the Python loop short at large N)"
             f"\nmeasured on {rows[0]['machine']}, numpy {rows[0]['numpy']}, Python {rows[0]['python']}",
             transform=ax.transAxes, ha="right", fontsize=9)
     n_axis(ax, ns)

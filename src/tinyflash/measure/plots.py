@@ -11,7 +11,7 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | figure                      | what is drawn                          | where the numbers come from        |
 |-----------------------------|----------------------------------------|------------------------------------|
 | memory_model.png            | bytes of S, P, Q/K/V/O vs N            | memory.attention_memory (formula)  |
-| memory_cpu_measured.png     | peak bytes of the NumPy stages         | memory_cpu_measured.csv (tracemalloc, --remeasure-cpu) |
+| memory_cpu_measured.png     | peak bytes of the NumPy stages         | tracemalloc (committed CSV)        |
 | memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
