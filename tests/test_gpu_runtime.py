@@ -104,3 +104,16 @@ def test_cuda_dtype_error_says_what_to_do(make):
     assert msg.startswith("q has dtype float64; expected one of float16, float32. Convert it first: "
                           "q.astype(np.float32) for an array, np.asarray(q, dtype=np.float32) for a list"), msg
     assert "a Python list of floats becomes float64" in msg
+
+
+@pytest.mark.simulator
+@pytest.mark.skipif(HAS_GPU, reason="measures the simulator; here kernels run on a GPU")
+def test_simulator_rate_counts_the_work_launch_counts():
+    from tinyflash.measure import simulator_rate
+
+    from tinyflash.forward.kernels import v1_row_per_thread
+
+    (row,) = simulator_rate.measure(sizes=((5, 20, 8),), kernels=("v1",))
+    br, bc, _, _ = v1_row_per_thread.tiling(8, 8)
+    assert br >= 5 and row["work"] == br * -(-20 // bc)  # one query tile of BR threads × the key tiles of 20 keys
+    assert row["seconds"] > 0 and row["seconds_per_thread_tile"] == row["seconds"] / row["work"]

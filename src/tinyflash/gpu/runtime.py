@@ -23,12 +23,13 @@ from numba import config, cuda
 NO_GPU_MESSAGE = (
     "no CUDA GPU was found (numba could not load a CUDA driver or sees no device), and numba's CUDA "
     "simulator is off. To run the kernels on the CPU instead, on numba's simulator (correct but slow: one "
-    "Python thread per CUDA thread, seconds for a few thousand queries), set NUMBA_ENABLE_CUDASIM=1 before "
+    "Python thread per CUDA thread, seconds for 64 queries × 64 keys), set NUMBA_ENABLE_CUDASIM=1 before "
     "Python starts, e.g.  NUMBA_ENABLE_CUDASIM=1 python your_script.py  (setting os.environ after numba "
     "has been imported does not work: numba reads it once, at import)")
 
-# The simulator's speed, measured on the 2-core CPU this was written on (numba-cuda 0.30.4,
-# Python 3.11, one run each of kernels v1 and v5 at Nq, Nk from 16 to 64, d from 16 to 64):
+# The simulator's speed, measured on the 2-core CPU this was written on with
+# `NUMBA_ENABLE_CUDASIM=1 python -m tinyflash.measure.simulator_rate` (numba-cuda 0.30.4, Python 3.11;
+# kernels v1 and v5 at Nq, Nk from 16 to 64, d from 16 to 64):
 # 2 to 6 ms for one CUDA thread to process one key/value tile, nearly independent of d (switching
 # between the Python threads dominates). So a launch's work is counted in threads × key tiles:
 SIMULATOR_SECONDS_PER_THREAD_TILE = 5e-3
