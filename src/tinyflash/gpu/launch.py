@@ -15,6 +15,7 @@ expected order of time, and a progress bar of finished thread blocks while it ru
 
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,24 +46,37 @@ class LaunchArgs:
     n_heads: int  # batch · heads: the blocks along y
 
 
-def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs, *, key_tiles: int = 1) -> None:
+def simulator_aware(launch_heads):
+    """``launch_heads`` with, on the simulator only, :func:`simulator_progress` and
+    :func:`simulator_float_rules` around it; ``key_tiles=`` (the key/value tiles each thread walks,
+    default 1) is only used to tell the simulator's cost. On a GPU it adds nothing."""
+
+    @functools.wraps(launch_heads)
+    def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs, *more, key_tiles: int = 1,
+               **options):
+        with simulator_progress(n_tiles * args.n_heads, threads, key_tiles), simulator_float_rules():
+            return launch_heads(kernel, n_tiles, threads, smem_bytes, args, *more, **options)
+
+    return launch
+
+
+@simulator_aware  # on the simulator: a warning before a long launch, a progress bar, IEEE NaN/inf without warnings
+def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs) -> None:
     """Run ``kernel[(n_tiles, heads), threads, 0, smem_bytes](*arrays, *scalars)`` for all heads.
 
     The kernel finds head ``blockIdx.y`` of each flat array at ``blockIdx.y · elements per head``.
     More than 48 KiB of shared memory is asked for first; if the driver refuses,
-    :class:`SharedMemoryRefused` is raised before anything runs. ``key_tiles`` (the key/value
-    tiles each thread walks) is only used to tell the simulator's cost.
+    :class:`SharedMemoryRefused` is raised before anything runs.
     """
     arrays = [a for a, _ in args.per_head]
     try:
         allow_large_shared_memory(kernel, (*arrays, *args.scalars), smem_bytes)
     except Exception as exc:
         raise SharedMemoryRefused(f"could not enable {smem_bytes} bytes of shared memory ({exc})") from exc
-    with simulator_progress(n_tiles * args.n_heads, threads, key_tiles), simulator_float_rules():
-        for h0 in range(0, args.n_heads, MAX_GRID_Y):
-            heads = min(MAX_GRID_Y, args.n_heads - h0)
-            views = [a[h0 * size:(h0 + heads) * size] for a, size in args.per_head]  # heads h0 .. h0 + heads - 1
-            kernel[(n_tiles, heads), threads, 0, smem_bytes](*views, *args.scalars)
+    for h0 in range(0, args.n_heads, MAX_GRID_Y):
+        heads = min(MAX_GRID_Y, args.n_heads - h0)
+        views = [a[h0 * size:(h0 + heads) * size] for a, size in args.per_head]  # heads h0 .. h0 + heads - 1
+        kernel[(n_tiles, heads), threads, 0, smem_bytes](*views, *args.scalars)
 
 
 @contextmanager
