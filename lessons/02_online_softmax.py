@@ -27,8 +27,9 @@ import numpy as np
 
 import tinyflash as tf
 from tinyflash.core.tolerance import lse_error, rel_error
+from tinyflash.measure.random_inputs import lesson_rng
 
-rng = np.random.default_rng()  # fresh inputs every run: the checks below hold for any seed
+rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others): the checks hold for any seed
 
 
 def softmax(x):
@@ -56,7 +57,8 @@ for t, start in enumerate(range(0, x.size, chunk), 1):
     s_t = x[start:start + chunk]  # (<= 4,)
     m_old = state.m
     alpha = state.update(s_t)
-    print(f"  {t}   {s_t.max():11.4f}  {state.m:9.4f}  {state.l:10.4f}  {alpha:8.4f}")
+    print(f"  {t}   {s_t.max():11.4f}  {state.m:9.4f}  {state.l:10.4f}  {alpha:8.4f}"
+          + ("   <- first chunk: alpha = exp(-inf - m_1) = 0 rescales the empty start (ℓ_0 = 0)" if t == 1 else ""))
     # The invariant: the state is the softmax statistics of the prefix seen so far, exactly.
     seen = x[:start + chunk]  # (<= 10,)
     assert state.m == seen.max() and np.isclose(state.l, np.exp(seen - seen.max()).sum(), rtol=1e-14)
@@ -106,6 +108,7 @@ s = (K @ q) / np.sqrt(d)  # (Nk,)    this query's row of S
 row_state = tf.OnlineSoftmax()
 print(f"\none query, {n_k} keys in tiles of Bc = {Bc}:")
 print(" tile    keys        m          ℓ      alpha   o/ℓ vs attention over the keys so far")
+print("  (alpha = exp(m_old - m_new); on tile 0, m_old = -inf: alpha = 0, nothing to rescale yet)")
 for j, k_start in enumerate(range(0, n_k, Bc)):
     k_end = min(k_start + Bc, n_k)
     alpha = row_state.update(s[k_start:k_end], V[k_start:k_end])  # scores (Bc,), values (Bc, dv)

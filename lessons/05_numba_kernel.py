@@ -1,6 +1,8 @@
 """Lesson 05: the blocked loop as a numba.cuda kernel, with tiles in shared memory.
 
 What you will learn
+    * to read a kernel: the simple one (v1) printed from its source beside stage 1's loop, then
+      the fast one's (v5) loop, one device function per phase;
     * how stage 1's loops map onto a GPU: one thread block per (query tile Q_i, head), a loop
       over key/value tiles K_j, V_j that the block loads into shared memory (on-chip SRAM);
     * who computes what inside a block: each thread owns a few rows and keys of the score tile
@@ -22,8 +24,10 @@ at a tiny size; with a GPU and CuPy it runs them there at a larger one.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
+import inspect
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 try:
@@ -40,12 +44,15 @@ import numpy as np  # noqa: E402
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
+from tinyflash.forward.kernels import v1_row_per_thread, v5_branch_free  # noqa: E402
 from tinyflash.gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT  # noqa: E402
 from tinyflash.measure.harness import read_csv  # noqa: E402
+from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
 from tinyflash.measure.report import versions_table  # noqa: E402
 from tinyflash.measure.traffic import HBMCounter  # noqa: E402
 
 print(f"running the kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}")
+rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others)
 
 # %% [1] Why: the loop of stage 1, and what each part becomes on the GPU
 #
@@ -69,12 +76,55 @@ print(f"cuda_attention runs {LATEST} unless told otherwise (kernel='v1' ... '{LA
 CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 16, 16)]  # v6 (lesson 07): 16-bit only
 assert CUDA_CORES[-1] == LATEST
 
-# %% [2] The thread/tile map of the register-tiled kernels (v2 on), as they run on an H200 for d = 128
-cfg = tiling.default_config(128, 128)
-print(f"\n{cfg}: {cfg.NT} threads per block; {cfg.RG} row groups of {cfg.CT} threads;")
-print(f"each thread owns TM = {cfg.TM} rows, TN = {cfg.TN} keys of S_ij and {4 * cfg.TO4} columns of O_i")
-assert cfg.RG * cfg.CT == cfg.NT and cfg.RG * cfg.TM == cfg.BR and cfg.CT * cfg.TN == cfg.BC
-assert cfg.TM * cfg.TN * cfg.NT == cfg.BR * cfg.BC  # the score tile is split exactly, no overlap
+# %% [2] Code: the simple kernel (v1) beside stage 1's loop, then the fast kernel's phases
+# The kernels are printed from their source files (inspect.getsource), so what you read here is
+# what runs. First stage 1's loop over key/value tiles (forward/blocked.py), for one query tile Q_i:
+def excerpt(fn, first: str, last: str) -> str:
+    """The lines of fn's source from the one containing ``first`` to the one containing ``last``."""
+    lines = inspect.getsource(fn).splitlines()
+    i = next(n for n, line in enumerate(lines) if first in line)
+    j = next(n for n, line in enumerate(lines[i:], i) if last in line)
+    return textwrap.dedent("\n".join(lines[i:j + 1]))
+
+
+def show(title: str, code: str) -> None:
+    print(f"\n--- {title}\n" + textwrap.indent(code, "  | ", predicate=lambda _line: True))
+
+
+show("stage 1, tinyflash.blocked_attention (NumPy): the key/value loop of one query tile",
+     excerpt(tf.blocked_attention, "for j in range(Tc)", "online_softmax_update"))
+# v1, the kernel to read first: one thread per query row. The block's threads load K_j and V_j into
+# shared memory together, then each thread runs stage 1's lines for its own row: scores, mask,
+# row max, rescale (alpha), P·V. m_i, l_i and acc are that row's, in registers.
+show("kernel v1 (forward/kernels/v1_row_per_thread.py): the same loop, one thread per row",
+     excerpt(v1_row_per_thread.make_kernel, "for k_start in range", "m_i = m_new"))
+# v5, the fast kernel: the same loop, each phase a device function named after stage 1's steps;
+# a block's threads share the work of every phase (register tiling, below).
+show(f"kernel {LATEST} (forward/kernels/{VERSIONS[LATEST].module}): the loop as phases",
+     excerpt(v5_branch_free.make_kernel, "for k_start in range", "pv_product("))
+print("  phases: load_kv (K_j, V_j into shared memory) -> scores (S_ij = scale·Q_i K_jᵀ) -> mask -> row_max "
+      "(m_new) -> rescale (alpha, l_i, acc) -> store_p (P_ij) -> pv_product (acc += P_ij V_j)")
+
+# %% [3] The thread/tile map of the register-tiled kernels (v2 on), as launched in this run
+# Symbols (tiling.py; the README's notation table lists them too):
+#   BR, BC  Br and Bc: query rows of Q_i and keys of K_j per tile     NT   threads per block
+#   TM      rows of S_ij per thread       RG = BR/TM  row groups      CT = NT/RG  threads per row group
+#   TN = BC/CT  keys of S_ij per thread (strided by CT)               TO4 = DV/(4·CT)  groups of 4 columns of O_i
+#   D, DV   d and dv padded with zeros    QS, KS, PS  row strides (floats) of Q_i, K_j, P_ijᵀ in shared memory
+d_check = 16 if not HAS_GPU else 64  # the head dim of the check in [5]
+cfg = tiling.simulator_config(d_check, d_check) if not HAS_GPU else tiling.default_config(d_check, d_check)
+print(f"\ntiling launched here ({'simulator' if not HAS_GPU else 'GPU'}, d = {d_check}): {cfg}")
+print("  (BR, BC: rows of Q_i and keys of K_j per tile; TM: rows per thread; NT: threads per block; "
+      "D, DV: d and dv padded with zeros)")
+print(f"  NT = {cfg.NT} threads per block: RG = BR/TM = {cfg.RG} row groups of CT = NT/RG = {cfg.CT} threads;")
+print(f"  each thread owns TM = {cfg.TM} rows × TN = BC/CT = {cfg.TN} keys of S_ij and "
+      f"4·TO4 = {4 * cfg.TO4} columns of O_i")
+h200 = tiling.default_config(128, 128)
+print(f"  (on an H200, d = 128: BR = {h200.BR}, BC = {h200.BC}, NT = {h200.NT}, TM = {h200.TM}, TN = {h200.TN}; "
+      "the simulator runs a tiny tiling because it runs one Python thread per CUDA thread)")
+for c in (cfg, h200):
+    assert c.RG * c.CT == c.NT and c.RG * c.TM == c.BR and c.CT * c.TN == c.BC
+    assert c.TM * c.TN * c.NT == c.BR * c.BC  # the score tile is split exactly, no overlap
 
 
 def owner(row: int, key: int, c: tiling.TileConfig) -> int:
@@ -82,19 +132,20 @@ def owner(row: int, key: int, c: tiling.TileConfig) -> int:
     return (row // c.TM) * c.CT + key % c.CT
 
 
-print("\nWho computes S_ij[row, key] (thread numbers), top-left 10 rows × 20 keys:")
-print("      key " + " ".join(f"{k:3d}" for k in range(20)))
-for r in range(10):
-    print(f"row {r:2d}    " + " ".join(f"{owner(r, k, cfg):3d}" for k in range(20)))
-# Keys are dealt out round-robin (thread ct takes keys ct, ct + CT, ...), so the 16 threads of a
-# row group read 16 neighbouring rows of K_j at once: different shared-memory banks, no conflicts.
+rows_shown, keys_shown = min(cfg.BR, 10), min(cfg.BC, 20)
+print(f"\nWho computes S_ij[row, key] (thread numbers tid), rows 0-{rows_shown - 1} × keys 0-{keys_shown - 1}:")
+print("      key " + " ".join(f"{k:3d}" for k in range(keys_shown)))
+for r in range(rows_shown):
+    print(f"row {r:2d}    " + " ".join(f"{owner(r, k, cfg):3d}" for k in range(keys_shown)))
+# Keys are dealt out round-robin (thread ct takes keys ct, ct + CT, ...), so the CT threads of a
+# row group read CT neighbouring rows of K_j at once: different shared-memory banks, no conflicts.
 owners = np.array([[owner(r, k, cfg) for k in range(cfg.BC)] for r in range(cfg.BR)])  # (Br, Bc)
 assert np.all(np.bincount(owners.ravel()) == cfg.TM * cfg.TN)  # every thread: exactly TM × TN scores
 
-# %% [3] Why it fits: shared memory per block
+# %% [4] Why it fits: shared memory per block on an H200
 # TileConfig.smem_layout() is the one description of a block's shared memory: the kernels take
 # their offsets from it, the launch its size, and this lesson prints it.
-print("\nShared memory per block (float32 tiles, rows padded by 4 floats):")
+print("\nShared memory per block on an H200 (float32 tiles; rows padded by 4 floats: QS = KS = D + 4, PS = BR + 4):")
 for d in (64, 128):
     c = tiling.default_config(d, d)
     regions = c.smem_layout()
@@ -109,11 +160,18 @@ small = tiling.small_config(128, 128)
 print(f"  fallback for d = 128: {small}, {small.smem_bytes / 1024:.1f} KiB")
 assert small.smem_bytes <= STATIC_SMEM_LIMIT
 
-# %% [4] Check: every kernel version against stage 1 and the float64 reference
-rng = np.random.default_rng()
-lead, n_q, n_k, d = ((2,), 40, 37, 16) if not HAS_GPU else ((2, 4), 1000, 777, 64)
-q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float32) for n in (n_q, n_k, n_k))  # (..., N, d)
-print(f"\nq {q.shape}, k {k.shape}, v {v.shape}, float32 (N not a multiple of any tile)")
+# %% [5] Check: every kernel version against stage 1 and the float64 reference
+# Sizes that no tile launched here divides, so every version meets a ragged last query tile and a
+# ragged last key tile (and, causal, a diagonal that cuts through tiles).
+lead, n_q, n_k = ((2,), 21, 19) if not HAS_GPU else ((2, 4), 1000, 777)
+v1_br, v1_bc, _, _ = v1_row_per_thread.tiling(d_check, d_check)
+print(f"\nq (..., Nq, d) = {(*lead, n_q, d_check)}, k and v {(*lead, n_k, d_check)}, float32; no tile launched here "
+      "divides Nq or Nk:")
+for name, (br, bc) in (("v1", (v1_br, v1_bc)), ("v2-v5", (cfg.BR, cfg.BC))):
+    print(f"  {name} tiles Br × Bc = {br} × {bc}: Nq = {n_q} = {n_q // br}·{br} + {n_q % br}, "
+          f"Nk = {n_k} = {n_k // bc}·{bc} + {n_k % bc}")
+    assert n_q % br and n_k % bc  # really ragged
+q, k, v = (rng.standard_normal((*lead, n, d_check)).astype(np.float32) for n in (n_q, n_k, n_k))  # (..., N, d)
 for causal in (False, True):
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)  # float64
     blk_o, blk_lse = tf.blocked_attention(q, k, v, causal=causal)  # stage 1, float32
@@ -131,24 +189,24 @@ rule = assert_fa_rule(o16, tf.naive_attention(q16, k16, v16, causal=True)[0],
                       tf.reference_attention(q16, k16, v16, causal=True)[0], np.float16, what="float16 o")
 print(f"  float16, causal: {rule}")
 
-# %% [5] Causal: key tiles above the diagonal are skipped, not computed and masked
+# %% [6] Causal: key tiles above the diagonal are skipped, not computed and masked
 # The kernel's loop over K_j stops at key_stop(q_end): the keys that the tile's last query may see
 # (tinyflash.core.masks, the one causal rule, which the kernels compile as a device function).
 # Stage 1 stops at the same place, so counting its K_j loads with the kernel's tile sizes counts
-# the kernel's tiles.
+# the kernel's tiles (the H200's, Br = Bc = 64 at d = 128).
 n = 1024
 qc, kc, vc = (rng.standard_normal((n, 8)) for _ in range(3))  # (N, 8)
 tiles = {}
 for causal in (False, True):
     io = HBMCounter()
-    tf.blocked_attention(qc, kc, vc, causal=causal, block_q=cfg.BR, block_k=cfg.BC, io=io)
-    tiles[causal] = io.reads["K"] // (cfg.BC * 8 * 8)  # bytes of K read / bytes of one K_j
-t = n // cfg.BR  # query tiles = key tiles here
+    tf.blocked_attention(qc, kc, vc, causal=causal, block_q=h200.BR, block_k=h200.BC, io=io)
+    tiles[causal] = io.reads["K"] // (h200.BC * 8 * 8)  # bytes of K read / bytes of one K_j
+t = n // h200.BR  # query tiles = key tiles here
 print(f"\nN = {n}, {t} × {t} tiles: full attention computes {tiles[False]} score tiles, causal {tiles[True]} "
       f"({tiles[True] / tiles[False]:.0%})")
 assert tiles[False] == t * t and tiles[True] == t * (t + 1) // 2  # the diagonal and below
 
-# %% [6] Picture: what it costs on an H200 (from the committed benchmark, not measured here)
+# %% [7] Picture: what it costs on an H200 (from the committed benchmark, not measured here)
 csv_path = Path(__file__).resolve().parent.parent / "figures" / "data" / "bench_h200.csv"
 rows = read_csv(csv_path)
 ok = [r for r in rows if r["status"] == "ok"]

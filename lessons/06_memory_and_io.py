@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 import tinyflash as tf
+from tinyflash.measure.random_inputs import lesson_rng
 from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, GiB, KiB, MiB, attention_memory,
                                       blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes,
                                       tile_bytes)
@@ -42,7 +43,9 @@ args = parser.parse_args(sys.argv[1:])
 
 one = attention_memory(32_768, 128, heads=1, dtype="float16")
 many = attention_memory(32_768, 128, heads=32, dtype="float16")
-print("N = 32,768, d = 128, fp16")
+print("the 32k-token example: B = 1, H = 32 heads, N = 32,768 tokens, d = 128, float16, causal")
+print(f"  why it matters: its float16 scores S alone would need {format_bytes(many.scores)}; FlashAttention never "
+      "stores them")
 print(f"  one head : S = {format_bytes(one.scores)}, S + P = {format_bytes(one.logits_and_probabilities)}, "
       f"Q + K + V = {format_bytes(one.qkv)}, O = {format_bytes(one.o)}")
 print(f"  32 heads : S = {format_bytes(many.scores)}, S + P = {format_bytes(many.logits_and_probabilities)}")
@@ -72,7 +75,7 @@ assert fit_24 < 32_768 <= fit_h200  # the 32k-token example: fits an H200 (just)
 # %% [3] Measure: tracemalloc sees every NumPy buffer
 # measure_peak_bytes(fn, ...) = the highest allocation during the call beyond what existed before.
 d, block = 64, 64
-rng = np.random.default_rng()  # fresh inputs: memory does not depend on the values
+rng = lesson_rng()  # seeded and printed (TINYFLASH_SEED=n for others); memory does not depend on the values
 print(f"\nmeasured on this CPU, float32, d = {d}:")
 print("     N   naive peak   model S+P+O   error | blocked peak   O + lse   peak − (O + lse)")
 workspaces = []
@@ -103,7 +106,8 @@ for n_q, n_k, causal in ((1000, 1000, False), (1000, 1000, True), (777, 1234, Tr
     assert dict(counted.reads) == dict(closed.reads) and dict(counted.writes) == dict(closed.writes)
 
 # %% [5] Traffic against N and against SRAM size M, beside the paper's bounds
-print("\nHBM bytes per head, fp16, d = 64 (closed forms; [4] and tests/test_traffic.py check them against counts):")
+print("\nHBM bytes per head, fp16, d = 64 (closed forms, which the counts above and tests/test_traffic.py "
+      "check against blocked_attention's own tile loads):")
 print("       N     standard   Flash M=16,384   Flash M=116,736   std / Θ(Nd+N²)   flash / Θ(N²d²/M)")
 h200_m = HOPPER_SRAM_ELEMENTS  # an H200 SM's 228 KiB of shared memory, as fp16 elements: 116,736
 for n in (1024, 4096, 16_384, 131_072):

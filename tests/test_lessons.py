@@ -7,6 +7,7 @@ without a real GPU, NUMBA_ENABLE_CUDASIM=1 (lesson 05 runs its CUDA kernels on n
 """
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -16,21 +17,27 @@ from pathlib import Path
 import pytest
 from conftest import HAS_GPU
 
+from tinyflash.measure.random_inputs import LESSON_SEED, SEED_VARIABLE
+
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))  # the same pattern as run_all.py
 TIMEOUT_S = 300  # per lesson; the NumPy lessons take seconds, the simulator is slower
 
 
-def lesson_env() -> dict:
+def lesson_env(seed: int | None = None) -> dict:
+    """The lessons' environment; ``seed`` None: their default seed, else TINYFLASH_SEED=seed."""
     env = dict(os.environ)
+    env.pop(SEED_VARIABLE, None)
+    if seed is not None:
+        env[SEED_VARIABLE] = str(seed)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
     if not HAS_GPU:
         env["NUMBA_ENABLE_CUDASIM"] = "1"  # must be set before numba is imported: hence in the environment
     return env
 
 
-def run(args, cwd, timeout=TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=lesson_env(), capture_output=True,
+def run(args, cwd, timeout=TIMEOUT_S, seed=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=lesson_env(seed), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -55,6 +62,22 @@ def test_lesson_runs(lesson):
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         pytest.fail(f"{lesson.name} did not finish within {TIMEOUT_S} s\n--- stdout (end)\n{out[-4000:]}")
     assert proc.returncode == 0, f"{lesson.name} exited with code {proc.returncode}\n{tail(proc)}"
+    assert f"random seed {LESSON_SEED} " in proc.stdout  # seeded by default, and the seed printed
+
+
+@pytest.mark.lesson
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.name for p in LESSONS])
+def test_lesson_runs_with_another_seed(lesson):
+    """A lesson's checks hold for any inputs, not only for the default seed's."""
+    seed = secrets.randbelow(2**31 - 1)
+    if seed == LESSON_SEED:
+        seed += 1
+    try:
+        proc = run([lesson], cwd=ROOT, seed=seed)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{lesson.name} with {SEED_VARIABLE}={seed} did not finish within {TIMEOUT_S} s")
+    assert proc.returncode == 0, f"{lesson.name} with {SEED_VARIABLE}={seed} failed\n{tail(proc)}"
+    assert f"random seed {seed} " in proc.stdout
 
 
 def fake_repo(tmp_path: Path, lessons: dict) -> Path:

@@ -2,6 +2,8 @@
 synthetic benchmark CSV and without one. The synthetic CSV lives in tmp_path only."""
 
 import csv
+import shutil
+from pathlib import Path
 
 import pytest
 from matplotlib.image import imread
@@ -10,6 +12,7 @@ from tinyflash.measure import harness, plot_gpu, plot_memory, plot_traffic, plot
 from tinyflash.measure.memory import GiB, attention_memory
 
 DEVICE = "NVIDIA H200 (synthetic test data)"
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
 
 
 def assert_png(path, min_size=(400, 300)):
@@ -69,10 +72,10 @@ def test_memory_model_figure(tmp_path):
     assert_png(png)
     rows = read_rows(data)
     assert len(rows) == 2 * 2 * 3  # heads × dtypes × ns
-    seed = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("1", "float16", "32768"))
-    assert int(seed["scores_bytes"]) == 2 * GiB  # the 32k-token example, one head
-    seed32 = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("32", "float16", "32768"))
-    assert int(seed32["scores_and_probabilities_bytes"]) == 128 * GiB
+    one = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("1", "float16", "32768"))
+    assert int(one["scores_bytes"]) == 2 * GiB  # the 32k-token example, one head
+    all32 = next(r for r in rows if (r["heads"], r["dtype"], r["n"]) == ("32", "float16", "32768"))
+    assert int(all32["scores_and_probabilities_bytes"]) == 128 * GiB
 
 
 def test_memory_cpu_figure(tmp_path):
@@ -101,6 +104,12 @@ def test_hbm_traffic_figure(tmp_path):
     moved = [int(r["bytes"]) for r in by_m if r["algorithm"] == "flash"]
     assert moved == sorted(moved, reverse=True)  # more SRAM, never more traffic
     assert any(r["how"] == "counted" for r in by_m)
+    cross = [int(r["m"]) for r in by_m if r["algorithm"] == "crossover"]  # where flash starts to move fewer bytes
+    std_m = next(int(r["bytes"]) for r in by_m if r["algorithm"] == "standard")
+    flash_at = {int(r["m"]): int(r["bytes"]) for r in by_m if r["algorithm"] == "flash"}
+    assert len(cross) == 1 and flash_at[cross[0]] < std_m <= flash_at[cross[0] - 4 * 64]
+    assert f"below M = {cross[0]:,} elements" in plot_traffic.crossover_sentence(
+        [{**r, "m": int(r["m"]) if r["m"] else ""} for r in by_m])
 
 
 def test_counted_and_closed_form_disagreeing_is_an_error(monkeypatch):
@@ -193,6 +202,37 @@ def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypat
     Done.returncode = 3
     with pytest.raises(SystemExit, match="exit code 3"):
         plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
+
+
+def test_a_plots_run_leaves_the_committed_figures_and_data_as_they_are(tmp_path, monkeypatch):
+    """``python -m tinyflash.plots`` draws the CPU figure from its committed CSV (no tracemalloc run)
+    and computes every other figure's data the same way each time: on a copy of figures/data it
+    writes byte for byte the committed CSVs and PNGs, so a run leaves the checkout clean."""
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("the CPU memory sweep ran without --remeasure-cpu")
+
+    monkeypatch.setattr(plot_memory, "memory_cpu_data", no_measuring)
+    shutil.copytree(FIGURES / "data", tmp_path / "data")
+    assert plots.main(["--out", str(tmp_path), "--no-progress"]) == 0
+    for committed in sorted((FIGURES / "data").glob("*.csv")) + [FIGURES / f"{n}.png" for n in plots.FIGURE_NAMES]:
+        made = tmp_path / committed.relative_to(FIGURES)
+        assert made.read_bytes() == committed.read_bytes(), f"{committed.name} differs: run python -m tinyflash.plots"
+
+
+def test_remeasure_cpu_measures_and_writes_the_csv(tmp_path, monkeypatch):
+    real, calls = plot_memory.memory_cpu_data, []
+
+    def tiny(*args, **kwargs):
+        calls.append(1)
+        return real([256, 512], [256, 512, 1024], d=64, block=64, progress=False)
+
+    monkeypatch.setattr(plot_memory, "memory_cpu_data", tiny)
+    plots.main(["--out", str(tmp_path), "--only", "memory_cpu_measured", "--remeasure-cpu", "--no-progress"])
+    assert calls == [1] and [r["stage"] for r in read_rows(tmp_path / "data" / "memory_cpu_measured.csv")] == \
+        ["naive"] * 2 + ["blocked"] * 3
+    plots.main(["--out", str(tmp_path), "--only", "memory_cpu_measured", "--no-progress"])  # from the CSV now
+    assert calls == [1]
+    assert_png(tmp_path / "memory_cpu_measured.png")
 
 
 def test_bad_sequence_lengths():

@@ -13,8 +13,12 @@ from tinyflash.forward.kernels.tiling import default_config
 from tinyflash.measure import report
 from tinyflash.measure.harness import attention_flops, read_csv
 from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, GiB, H200_MEMORY_BYTES, MiB, attention_memory,
-                                      max_sequence_length)
-from tinyflash.measure.traffic import HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, traffic_ratio
+                                      blocked_workspace_bytes, format_bytes, max_sequence_length)
+from tinyflash.gpu.runtime import SIMULATOR_SECONDS_PER_THREAD_TILE, SIMULATOR_WARN_WORK
+from tinyflash.measure.plot_memory import CPU_BLOCK
+from tinyflash.measure.plot_traffic import TRAFFIC_M_N, crossover_sentence
+from tinyflash.measure.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, tile_sizes, traffic_crossover,
+                                       traffic_ratio)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA, RESULTS = ROOT / "figures" / "data", ROOT / "benchmarks" / "results"
@@ -47,7 +51,7 @@ def readme_numbers() -> dict:
     """Every generated block and sentence of the README, from the committed data."""
     out = {"KERNEL_VERSIONS": report.versions_table(read_csv(DATA / "kernel_versions_h200.csv")),
            "BENCH_SUMMARY": report.summary_table(BENCH, 16384),
-           "SEED_EXAMPLE": report.example_32k_table(read_csv(DATA / "example_32k_h200.csv")[0])}
+           "EXAMPLE_32K": report.example_32k_table(read_csv(DATA / "example_32k_h200.csv")[0])}
     vec = read_csv(DATA / "vector_loads_h200.csv")
     ms = {(r["dtype"], r["d"], r["causal"], r["variant"]): float(r["time_ms"]) for r in vec}
     keys = {k[:3] for k in ms}
@@ -93,12 +97,12 @@ def readme_numbers() -> dict:
 
 def test_generated_blocks_and_sentences():
     numbers = readme_numbers()
-    for name in ("KERNEL_VERSIONS", "BENCH_SUMMARY", "SEED_EXAMPLE"):
+    for name in ("KERNEL_VERSIONS", "BENCH_SUMMARY", "EXAMPLE_32K"):
         marker = {"KERNEL_VERSIONS": "kernel-versions", "BENCH_SUMMARY": "bench-summary",
-                  "SEED_EXAMPLE": "example-32k"}[name]
+                  "EXAMPLE_32K": "example-32k"}[name]
         assert block(marker) == numbers[name], name
     for name, text in numbers.items():
-        if name not in ("KERNEL_VERSIONS", "BENCH_SUMMARY", "SEED_EXAMPLE", "PTX_LINES", "PTX_TOTAL", "SASS_TOTAL"):
+        if name not in ("KERNEL_VERSIONS", "BENCH_SUMMARY", "EXAMPLE_32K", "PTX_LINES", "PTX_TOTAL", "SASS_TOTAL"):
             assert " ".join(text.split()) in FLAT, (name, text)
     assert (f"({numbers['PTX_LINES']} of {numbers['PTX_TOTAL']} lines at float16, d = 128), with the same registers "
             f"(240 at d = 128) and no spills; its machine code has the same number of instructions "
@@ -137,6 +141,37 @@ def test_memory_numbers():
     row = read_csv(DATA / "example_32k_h200.csv")[0]  # held memory close to q, k, v, o and lse alone (~1 GiB)
     assert int(row["total_peak_bytes"]) <= 1.05 * int(row["model_qkvo_lse_bytes"])
     assert int(row["model_fp16_scores_bytes"]) == 64 * GiB
+
+
+def test_the_32k_example_and_why_it_matters():
+    m = attention_memory(32_768, 128, heads=32, dtype="float16")
+    assert (f"It matters because its float16 scores alone would need {format_bytes(m.scores)}, S and P together "
+            f"{format_bytes(m.logits_and_probabilities)}, while FlashAttention holds about 1 GiB in all") in FLAT
+    assert "seeds" not in README.lower()
+
+
+def test_the_crossover_sentence_follows_the_data():
+    """'below M = 8,192 elements (tiles smaller than 32 × 32) it would move *more*': the M where the
+    right panel's lines cross, computed from the traffic, and the same sentence as the figure's."""
+    n, d = TRAFFIC_M_N, 64
+    cross = traffic_crossover(n, d)
+    assert traffic_ratio(n, d, cross) > 1 > traffic_ratio(n, d, cross - 4 * d)  # standard / flash crosses 1 there
+    br, bc = tile_sizes(cross, d)
+    assert f"below M = {cross:,} elements (tiles smaller than {br} × {bc}) it would move *more*" in FLAT
+    rows = read_csv(DATA / "hbm_traffic_vs_m.csv")  # the committed figure data says the same
+    assert [int(r["m"]) for r in rows if r["algorithm"] == "crossover"] == [cross]
+    assert f"below M = {cross:,} elements (tiles smaller than {br} × {bc})" in crossover_sentence(
+        [{**r, "m": int(r["m"]) if r["m"] else ""} for r in rows])
+
+
+def test_figure_captions():
+    block = {r["block"] for r in read_csv(DATA / "memory_cpu_measured.csv") if r["stage"] == "blocked"}
+    assert block == {str(CPU_BLOCK)}
+    assert (f"runs here with Br = Bc = {CPU_BLOCK}, not lesson 06's 64 × 64: bigger tiles keep its Python loop short "
+            f"at N = 32,768, and its tiles then take {format_bytes(blocked_workspace_bytes(CPU_BLOCK, CPU_BLOCK, 64))} "
+            f"instead of {format_bytes(blocked_workspace_bytes(64, 64, 64))}") in FLAT
+    # "a launch that will take more than about a minute warns first"
+    assert 45 <= SIMULATOR_WARN_WORK * SIMULATOR_SECONDS_PER_THREAD_TILE <= 90 and "more than about a minute" in FLAT
 
 
 def test_traffic_numbers():

@@ -78,7 +78,11 @@ def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} "
                             "(no stage of tinyflash supports it yet)")
     if dt not in allowed:
-        raise TypeError(f"{name} has dtype {dt.name}; expected one of {expected}")
+        hint = ""
+        if dt.kind in "biuf" and np.dtype(np.float32) in allowed:  # a number type: say how to convert it
+            hint = (f". Convert it first: {name}.astype(np.float32) for an array, np.asarray({name}, dtype=np.float32) "
+                    "for a list (NumPy's random generators give float64, and a Python list of floats becomes float64)")
+        raise TypeError(f"{name} has dtype {dt.name}; expected one of {expected}{hint}")
     return dt
 
 

@@ -31,6 +31,7 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
 LN2 = 0.6931471805599453  # ln(2):   log(x) = log2(x) · LN2
 
 
+@np.errstate(invalid="ignore")  # a NaN or +inf score makes its row NaN (inf - inf), without a warning
 def online_softmax_update(m_i, l_i, acc, S_ij, V_j=None):
     """Fold one chunk of scores into the running state; return ``(m_i, l_i, acc, alpha)`` after it.
 

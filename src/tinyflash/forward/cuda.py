@@ -5,7 +5,8 @@ allocate the outputs, size the grid and launch. The kernels themselves, one file
 are in ``tinyflash/forward/kernels/``; which one runs is chosen by name from its registry.
 
 Kernels run on a real GPU, or under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set
-before numba is imported), where tiny tile sizes keep the tests fast enough for a CPU.
+before numba is imported), where tiny tile sizes keep the tests fast enough for a CPU. With
+neither, the first line, ``require_gpu()``, raises one error that says so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..core.checks import as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
 from ..gpu.launch import LaunchArgs
+from ..gpu.runtime import require_gpu
 from . import kernels
 
 SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
@@ -37,6 +39,8 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     version's (``config``: a :class:`~tinyflash.forward.kernels.tiling.TileConfig` for v2 to v5;
     ``vector``: elements per thread and load, 1 or 4, for v5).
     """
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
+
     # 1. check the inputs
     on_device = is_device_array(q)
     if not on_device:

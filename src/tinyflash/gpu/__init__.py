@@ -1,10 +1,12 @@
 """The GPU runtime: everything a kernel needs that is not attention.
 
-    runtime.py   the simulator switch, compiling a plain function as a device function, unsigned constants
+    runtime.py   require_gpu() (every GPU entry point's first call), the simulator switch and its cost,
+                 compiling a plain function as a device function, unsigned constants
     arrays.py    device arrays in and out: NumPy, CuPy, numba and PyTorch inputs, outputs of the same kind
     smem.py      the block's dynamic shared memory, and the permission to use more than 48 KiB of it
     loads.py     copying a tile of a (heads, N, d) array from global into shared memory (vector loads)
-    launch.py    sizing the grid and launching, more than 65,535 heads included
+    launch.py    sizing the grid and launching, more than 65,535 heads included; on the simulator a
+                 warning before a long launch and a progress bar
     ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
 

@@ -6,12 +6,21 @@ share one head's K and V in the L2 cache. CUDA allows at most 65,535 blocks alon
 B × H can be more (B = 1024, H = 128 is 131,072). :func:`launch` then launches once per 65,535
 heads, on views of the flat arrays that start at the first head of the slice: a kernel never
 needs to know.
+
+On numba's simulator, where one Python thread runs each CUDA thread, :func:`launch` also says what a
+launch will cost before it starts: a warning (once per process) before a long one, with the
+expected order of time, and a progress bar of finished thread blocks while it runs (see
+:func:`tinyflash.gpu.runtime.simulator_cost`).
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .runtime import SIMULATOR_PROGRESS_WORK, SIMULATOR_WARN_WORK, simulator_cost, simulator_enabled
 from .smem import allow_large_shared_memory
 
 MAX_GRID_Y = 65_535  # CUDA's limit on gridDim.y
@@ -19,6 +28,13 @@ MAX_GRID_Y = 65_535  # CUDA's limit on gridDim.y
 
 class SharedMemoryRefused(RuntimeError):
     """The driver would not let a kernel use the shared memory its tiling needs."""
+
+
+class SimulatorSlowWarning(UserWarning):
+    """A launch on numba's CUDA simulator that will take long."""
+
+
+_warned_slow = False  # the slow-simulator warning is given once per process
 
 
 @dataclass(frozen=True)
@@ -30,6 +46,21 @@ class LaunchArgs:
     n_heads: int  # batch · heads: the blocks along y
 
 
+def simulator_aware(launch_heads):
+    """``launch_heads`` with, on the simulator only, :func:`simulator_progress` and
+    :func:`simulator_float_rules` around it; ``key_tiles=`` (the key/value tiles each thread walks,
+    default 1) is only used to tell the simulator's cost. On a GPU it adds nothing."""
+
+    @functools.wraps(launch_heads)
+    def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs, *more, key_tiles: int = 1,
+               **options):
+        with simulator_progress(n_tiles * args.n_heads, threads, key_tiles), simulator_float_rules():
+            return launch_heads(kernel, n_tiles, threads, smem_bytes, args, *more, **options)
+
+    return launch
+
+
+@simulator_aware  # on the simulator: a warning before a long launch, a progress bar, IEEE NaN/inf without warnings
 def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs) -> None:
     """Run ``kernel[(n_tiles, heads), threads, 0, smem_bytes](*arrays, *scalars)`` for all heads.
 
@@ -46,3 +77,65 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
         heads = min(MAX_GRID_Y, args.n_heads - h0)
         views = [a[h0 * size:(h0 + heads) * size] for a, size in args.per_head]  # heads h0 .. h0 + heads - 1
         kernel[(n_tiles, heads), threads, 0, smem_bytes](*views, *args.scalars)
+
+
+@contextmanager
+def simulator_float_rules():
+    """On the simulator, NaN and ±inf arithmetic (inf - inf = NaN) without NumPy's warnings.
+
+    The simulator computes with NumPy scalars, which warn where a GPU silently follows IEEE 754;
+    the results are the same. The filter is process-wide, so the simulator's threads see it.
+    """
+    if not simulator_enabled():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"invalid value encountered", RuntimeWarning)
+        yield
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:.1f} hours"
+
+
+@contextmanager
+def simulator_progress(blocks: int, threads: int, key_tiles: int):
+    """On the simulator: warn before a long launch, and count its finished blocks in a progress bar.
+
+    Nothing happens on a GPU, or for a launch of fewer than SIMULATOR_PROGRESS_WORK threads × key tiles.
+    """
+    global _warned_slow
+    work, seconds = simulator_cost(blocks * threads, key_tiles)
+    if not simulator_enabled() or work < SIMULATOR_PROGRESS_WORK:
+        yield
+        return
+    if work >= SIMULATOR_WARN_WORK and not _warned_slow:
+        _warned_slow = True
+        warnings.warn(f"numba's CUDA simulator will run {blocks * threads:,} CUDA threads × {key_tiles} key tiles "
+                      f"= {work:,} thread-tiles: of the order of {_duration(seconds)} at its measured rate (one "
+                      "Python thread per CUDA thread; it varies with the CPU and the kernel). On a GPU this takes "
+                      "milliseconds; on the simulator, smaller inputs (Nq, Nk ≤ 64, a few heads) run in seconds. "
+                      "(Warned once.)", SimulatorSlowWarning, stacklevel=4)
+    from numba.cuda.simulator import kernel as sim  # the simulator runs a launch block by block
+    from tqdm import tqdm
+
+    plain = getattr(sim, "BlockManager", None)
+    if plain is None:  # another numba version: no progress bar, the warning above still stands
+        yield
+        return
+    bar = tqdm(total=blocks, unit="block", desc=f"simulator, ~{_duration(seconds)}", leave=False)
+
+    class CountedBlocks(plain):
+        def run(self, *args, **kwargs):
+            result = super().run(*args, **kwargs)
+            bar.update()
+            return result
+
+    sim.BlockManager = CountedBlocks  # the simulator looks the class up for each block it runs
+    try:
+        yield
+    finally:
+        sim.BlockManager = plain
+        bar.close()

@@ -1,7 +1,12 @@
 """Where kernels run, and two small conventions every kernel shares.
 
+* :func:`require_gpu`: the first call of every GPU entry point. It returns at once when a CUDA GPU
+  is there or numba's simulator is on, and otherwise raises :class:`NoGPUError`, one message that
+  says what to do, instead of numba's chained driver traceback.
 * :func:`simulator_enabled`: numba runs kernels on a real GPU, or on its CUDA simulator (one
   Python thread per CUDA thread) when ``NUMBA_ENABLE_CUDASIM=1`` was set before numba was imported.
+* :func:`simulator_cost`: what a launch will cost on the simulator; ``gpu/launch.py`` warns before
+  a long one and shows its progress.
 * :func:`device_function`: compile a plain Python function (the causal rule of
   ``tinyflash.core.masks``, say) as a device function, so that NumPy code and kernels run the
   same lines.
@@ -15,10 +20,53 @@ from __future__ import annotations
 import numpy as np
 from numba import config, cuda
 
+NO_GPU_MESSAGE = (
+    "no CUDA GPU was found (numba could not load a CUDA driver or sees no device), and numba's CUDA "
+    "simulator is off. To run the kernels on the CPU instead, on numba's simulator (correct but slow: one "
+    "Python thread per CUDA thread, seconds for 64 queries × 64 keys), set NUMBA_ENABLE_CUDASIM=1 before "
+    "Python starts, e.g.  NUMBA_ENABLE_CUDASIM=1 python your_script.py  (setting os.environ after numba "
+    "has been imported does not work: numba reads it once, at import)")
+
+# The simulator's speed, measured on the 2-core CPU this was written on with
+# `NUMBA_ENABLE_CUDASIM=1 python -m tinyflash.measure.simulator_rate` (numba-cuda 0.30.4, Python 3.11;
+# kernels v1 and v5 at Nq, Nk from 16 to 64, d from 16 to 64):
+# 2 to 6 ms for one CUDA thread to process one key/value tile, nearly independent of d (switching
+# between the Python threads dominates). So a launch's work is counted in threads × key tiles:
+SIMULATOR_SECONDS_PER_THREAD_TILE = 5e-3
+SIMULATOR_PROGRESS_WORK = 1_000  # threads × key tiles (about 5 s) above which a launch shows progress
+SIMULATOR_WARN_WORK = 12_000  # ... and above which it warns first, once per process (about a minute)
+
+_gpu_seen = False  # a GPU found once stays found: require_gpu is then one comparison
+
+
+class NoGPUError(RuntimeError):
+    """No CUDA GPU, and numba's simulator is off (see :data:`NO_GPU_MESSAGE`)."""
+
 
 def simulator_enabled() -> bool:
     """True when numba runs kernels on its CPU simulator instead of a GPU."""
     return bool(config.ENABLE_CUDASIM)
+
+
+def require_gpu() -> None:
+    """Return if kernels can run here (a CUDA GPU, or numba's simulator); else raise NoGPUError.
+
+    Every GPU entry point calls this before it touches CUDA. Cheap: after the first success it is
+    one comparison; without a GPU, numba remembers its failed driver initialisation.
+    """
+    global _gpu_seen
+    if _gpu_seen or simulator_enabled():
+        return
+    if not cuda.is_available():  # False, not an exception, when the driver library is missing
+        raise NoGPUError(NO_GPU_MESSAGE)
+    _gpu_seen = True
+
+
+def simulator_cost(threads: int, key_tiles: int) -> tuple[int, float]:
+    """(work, seconds) of a launch on the simulator: work = threads × key tiles each thread walks,
+    seconds its order of magnitude at :data:`SIMULATOR_SECONDS_PER_THREAD_TILE`."""
+    work = int(threads) * max(1, int(key_tiles))
+    return work, work * SIMULATOR_SECONDS_PER_THREAD_TILE
 
 
 def device_function(fn):

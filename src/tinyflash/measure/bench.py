@@ -202,9 +202,16 @@ SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, de
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tinyflash.bench", description=__doc__.split("\n\n")[0],
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "tensor-cores"],
-                    help="which benchmark (default: sweep)")
+                    help="which benchmark (default: sweep):\n"
+                    "  sweep        tinyflash, naive CuPy and PyTorch SDPA against N\n"
+                    "  versions     every registered kernel version, side by side\n"
+                    "  vector       the latest kernel with 1 or 4 elements per thread and load\n"
+                    "  tiles        the latest kernel with each tiling of its sweep\n"
+                    "  example-32k  the 32k-token example: B=1, H=32, N=32,768, d=128, float16, causal\n"
+                    "  tensor-cores stage 3 (v6) beside SDPA's flash and cuDNN backends")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
     ap.add_argument("--d", type=int, nargs="+", help="head dims (default: the benchmark's)")
@@ -212,8 +219,8 @@ def main(argv=None) -> int:
                     help="dtypes (default: the benchmark's; bfloat16: tensor-cores only)")
     ap.add_argument("--causal", nargs="+", choices=["False", "True"], help="causal or not (default: the benchmark's)")
     ap.add_argument("--impl", nargs="+", choices=list(IMPLS), help="only these implementations")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="batch size B of the inputs (default: 1)")
+    ap.add_argument("--heads", type=int, default=32, help="heads H of the inputs (default: 32)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     ap.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
     ap.add_argument("--summary", metavar="CSV", help="print the README's Markdown table of an existing CSV and exit")

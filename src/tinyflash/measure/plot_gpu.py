@@ -168,7 +168,8 @@ def plot_memory_gpu_measured(png: Path, csv_path: Path) -> Path:
     for ax in axes.ravel()[len(configs):]:
         ax.set_visible(False)
     _figure_legend(fig, axes)
-    fig.suptitle(f"{title}; ✖ = out of memory, drawn at what the model says it needed\n{_provenance(rows)}",
+    fig.suptitle(f"{title}; ✖ at the top = ran out of memory (did not fit the GPU; no measurement)\n"
+                 f"{_provenance(rows)}",
                  fontsize=11)
     return save(fig, png)
 
@@ -181,6 +182,7 @@ def _draw_gpu_memory(ax, rows, config):
             label="model: S + P + O in the input dtype")
     ax.plot(ns, [m.flash_extra for m in model], ":", color="gray", lw=2.5, alpha=0.8, label="model: O + lse")
     values = [m.flash_extra for m in model] + [m.naive_extra for m in model]
+    ooms = []  # (row, colour) of the runs that ran out of memory
     for impl, (_, color, marker) in IMPLS.items():
         sel = _panel_rows(rows, config, impl)
         ok = [r for r in sel if r["status"] == "ok" and r["peak_bytes"] is not None]
@@ -188,15 +190,18 @@ def _draw_gpu_memory(ax, rows, config):
             ax.plot([r["n"] for r in ok], [r["peak_bytes"] for r in ok], marker + "-", color=color,
                     label=_impl_label(rows, impl))
             values += [r["peak_bytes"] for r in ok]
-        for r in (r for r in sel if r["status"] == "oom"):  # drawn where the model says it needed memory
-            need = attention_memory(r["n"], d, heads=heads, batch=batch, dtype=dtype).naive_extra
-            ax.plot([r["n"]], [need], "X", color=color, ms=13, zorder=5)
-            ax.annotate("OOM", (r["n"], need), xytext=(-8, 6), textcoords="offset points", ha="right",
-                        color=color, fontsize=9, fontweight="bold")
-    if "H200" in rows[0]["device"]:
-        ax.axhline(H200_MEMORY_BYTES, color="black", lw=1)
-        ax.text(ns[0], H200_MEMORY_BYTES * 1.15, "H200: 141 GB", fontsize=9)
-        values.append(H200_MEMORY_BYTES)
+        ooms += [(r, color) for r in sel if r["status"] == "oom"]
+    capacity = H200_MEMORY_BYTES if "H200" in rows[0]["device"] else None
+    if capacity:
+        ax.axhline(capacity, color="black", lw=1)
+        ax.text(ns[0], capacity * 1.15, "H200: 141 GB", fontsize=9)
+        values.append(capacity)
+    top = 4 * max(values)  # out of memory: drawn above the capacity line (or above everything), not at a size
+    for r, color in ooms:
+        ax.plot([r["n"]], [top], "X", color=color, ms=13, zorder=5, clip_on=False)
+        ax.annotate("out of memory:\ndid not fit", (r["n"], top), xytext=(-10, -4), textcoords="offset points",
+                    ha="right", va="top", color=color, fontsize=9, fontweight="bold")
+    values.append(top)
     n_axis(ax, ns)
     bytes_axis(ax, min(values) / 2, max(values) * 4)
     ax.set_ylabel("peak extra device memory, one call (bytes)")

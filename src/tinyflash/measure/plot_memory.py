@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import csv
 import platform
 from pathlib import Path
 
@@ -74,8 +75,8 @@ def plot_memory_model(png: Path, csv_path: Path | None = None, *, ns=MODEL_NS, d
             notes.append(f"    in {text.split(': ')[-1].replace(' card', '')} up to N = {n_max:,}")
             if ns[0] <= n_max <= ns[-1]:  # where S + P in fp16 stops fitting
                 ax.plot([n_max], [budget], "kv", ms=8, zorder=5)
-        seed = attention_memory(32_768, d, heads=heads, dtype="float16")  # the 32k-token example
-        shown, what = (seed.scores, "S") if heads == 1 else (seed.logits_and_probabilities, "S + P")
+        example = attention_memory(32_768, d, heads=heads, dtype="float16")  # the 32k-token example
+        shown, what = (example.scores, "S") if heads == 1 else (example.logits_and_probabilities, "S + P")
         ax.plot([32_768], [shown], "o", color="black", ms=7, zorder=5)
         notes.append(f"● N = 32k: {what} in fp16 = {format_bytes(shown)}")
         ax.text(0.97, 0.04, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=9, ma="left",
@@ -118,13 +119,35 @@ def memory_cpu_data(naive_ns=CPU_NAIVE_NS, blocked_ns=CPU_BLOCKED_NS, *, d: int 
     return rows
 
 
+CPU_INT_FIELDS = ("n", "d", "measured_peak_bytes", "model_bytes", "outputs_bytes")
+
+
+def read_memory_cpu_csv(path: Path) -> list[dict]:
+    """The rows :func:`memory_cpu_data` wrote to ``path``, with their numbers as ints."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r.update({key: int(r[key]) for key in CPU_INT_FIELDS})
+        r["block"] = int(r["block"]) if r["block"] else ""
+    return rows
+
+
 def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_ns=CPU_NAIVE_NS,
                              blocked_ns=CPU_BLOCKED_NS, d: int = 64, block: int = CPU_BLOCK,
-                             progress: bool = True) -> Path:
-    """Figure 2: tracemalloc's peak for naive_attention and blocked_attention over the model lines."""
-    rows = memory_cpu_data(naive_ns, blocked_ns, d=d, block=block, progress=progress)
-    if csv_path is not None:
-        write_csv(Path(csv_path), rows)
+                             progress: bool = True, remeasure: bool = True) -> Path:
+    """Figure 2: tracemalloc's peak for naive_attention and blocked_attention over the model lines.
+
+    ``remeasure``: measure now (about 20 s at the default sizes) and write ``csv_path`` if given;
+    else draw the measurement committed in ``csv_path`` (what ``python -m tinyflash.plots`` does
+    unless given ``--remeasure-cpu``, so that a run leaves the checkout as it was).
+    """
+    if remeasure:
+        rows = memory_cpu_data(naive_ns, blocked_ns, d=d, block=block, progress=progress)
+        if csv_path is not None:
+            write_csv(Path(csv_path), rows)
+    else:
+        rows = read_memory_cpu_csv(Path(csv_path))
+        d, block = rows[0]["d"], next(r["block"] for r in rows if r["stage"] == "blocked")
     naive = [r for r in rows if r["stage"] == "naive"]
     blocked = [r for r in rows if r["stage"] == "blocked"]
     ns = sorted({r["n"] for r in rows})
@@ -146,7 +169,9 @@ def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_n
     worst = {stage: max(abs(r["measured_peak_bytes"] / r["model_bytes"] - 1) for r in rows_)
              for stage, rows_ in (("naive", naive), ("blocked", [r for r in blocked if r["n"] >= 2 * block]))}
     ax.text(0.98, 0.04, f"measured vs model, worst case: naive {100 * worst['naive']:.1f}%, blocked "
-            f"{100 * worst['blocked']:.1f}% (N ≥ 2·Br)\nfloat32, d = {d}, one head; the inputs Q, K, V are not counted",
+            f"{100 * worst['blocked']:.1f}% (N ≥ 2·Br)\nfloat32, d = {d}, one head; the inputs Q, K, V are not "
+            f"counted\nblocked: Br = Bc = {block} (lesson 06: 64; bigger tiles keep the Python loop short at large N)"
+            f"\nmeasured on {rows[0]['machine']}, numpy {rows[0]['numpy']}, Python {rows[0]['python']}",
             transform=ax.transAxes, ha="right", fontsize=9)
     n_axis(ax, ns)
     bytes_axis(ax, min(m.flash_extra for m in model) / 2, max(m.naive_extra for m in model) * 4)

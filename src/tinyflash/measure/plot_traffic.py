@@ -17,7 +17,7 @@ from .plot_common import bytes_axis, check_ns, n_axis, progress_bar, save, write
 from .plot_memory import MODEL_NS
 from .traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form,
                       standard_attention_traffic, standard_traffic_closed_form, theta_flash, theta_standard,
-                      tile_sizes)
+                      tile_sizes, traffic_crossover)
 
 TRAFFIC_NS = MODEL_NS
 TRAFFIC_COUNT_MAX_N = 4096  # count by running the NumPy stage up to here; closed form beyond
@@ -67,7 +67,8 @@ def traffic_vs_m_data(n: int = TRAFFIC_M_N, *, d: int = 64, dtype="float16", pro
     """Bytes moved by FlashAttention vs SRAM size M (4d ... N·d elements) at fixed N."""
     b = np.dtype(dtype).itemsize
     ms = [2**p for p in range(int(np.log2(4 * d)), int(np.log2(n * d)) + 1)]  # M from 4d to N·d
-    ms = sorted(set(ms) | {SRAM_ELEMENTS, HOPPER_SRAM_ELEMENTS})
+    crossover = traffic_crossover(n, d, dtype=dtype)  # where the lines cross: sampled on both sides
+    ms = sorted(set(ms) | {SRAM_ELEMENTS, HOPPER_SRAM_ELEMENTS, crossover, crossover - 4 * d})
     rows = []
     for m in progress_bar(ms, "HBM traffic vs M", progress):
         moved, how = _flash_traffic(n, d, m, False, True, dtype)
@@ -77,6 +78,8 @@ def traffic_vs_m_data(n: int = TRAFFIC_M_N, *, d: int = 64, dtype="float16", pro
                      "bytes": theta_flash(n, d, m) * b, "how": "bound"})
     std = standard_traffic_closed_form(n, d, dtype=dtype)
     rows.append({"algorithm": "standard", "m": "", "block_q": "", "block_k": "", "bytes": std, "how": "closed_form"})
+    rows.append({"algorithm": "crossover", "m": crossover, "block_q": tile_sizes(crossover, d)[0],
+                 "block_k": tile_sizes(crossover, d)[1], "bytes": "", "how": "traffic_crossover"})
     for r in rows:
         r.update(n=n, d=d, dtype=dtype, causal=False)
     return rows
@@ -116,18 +119,22 @@ def _draw_traffic_vs_n(ax, rows, ns, d):
 
     x, y, sel = series(algorithm="standard")
     ax.plot(x, y, "s-", color="tab:red", lw=2, label="standard: writes and re-reads S and P (counted walk)")
-    x, y, _ = series(algorithm="standard_bound")  # bounds: dotted, drawn on top of the solid lines
-    ax.plot(x, y, ":", color="tab:red", lw=2, zorder=4, label="Θ(N·d + N²) bound (constant 1)")
-    for m, causal, color in ((SRAM_ELEMENTS, False, "tab:green"), (SRAM_ELEMENTS, True, "tab:olive"),
-                             (HOPPER_SRAM_ELEMENTS, False, "tab:blue")):
+    # The causal line and the two bounds at M = 16,384 lie close together: each gets its own line
+    # style and marker (bounds: thin, dotted or dash-dotted, with x or + at every N).
+    x, y, _ = series(algorithm="standard_bound")
+    ax.plot(x, y, ":", marker="x", ms=7, color="tab:red", lw=1.5, zorder=4, label="Θ(N·d + N²) bound (constant 1)")
+    for m, causal, color, style in ((SRAM_ELEMENTS, False, "tab:green", "-"), (SRAM_ELEMENTS, True, "tab:olive", "--"),
+                                    (HOPPER_SRAM_ELEMENTS, False, "tab:blue", "-")):
         x, y, sel = series(algorithm="flash", m=m, causal=causal)
         block_q, block_k = tile_sizes(m, d)
-        what = "causal" if causal else "non-causal"
-        ax.plot(x, y, "-", color=color, lw=2, label=f"FlashAttention, {what}, M = {m:,} (Br={block_q}, Bc={block_k})")
+        what = "causal (dashed)" if causal else "non-causal"
+        ax.plot(x, y, style, color=color, lw=2.5 if causal else 2,
+                label=f"FlashAttention, {what}, M = {m:,} (Br={block_q}, Bc={block_k})")
         counted_marks(sel, color)
     for m, color in ((SRAM_ELEMENTS, "tab:green"), (HOPPER_SRAM_ELEMENTS, "tab:blue")):
         x, y, _ = series(algorithm="flash_bound", m=m)
-        ax.plot(x, y, ":", color=color, lw=2, zorder=4, label=f"Θ(N²·d²/M) bound, M = {m:,} (constant 1)")
+        ax.plot(x, y, "-.", marker="+", ms=9, mew=1.5, color=color, lw=1.2, zorder=4,
+                label=f"Θ(N²·d²/M) bound, M = {m:,} (constant 1)")
     n_last = ns[-1]  # how many times more standard attention moves, at the largest N
     std_last = series(algorithm="standard", n=n_last)[1][0]
     ratios = [f"{std_last / series(algorithm='flash', n=n_last, m=m, causal=False)[1][0]:.1f}× at M = {m:,}"
@@ -146,6 +153,13 @@ def _draw_traffic_vs_n(ax, rows, ns, d):
     ax.grid(True, alpha=0.3)
 
 
+def crossover_sentence(rows_m) -> str:
+    """What the right panel says, from its data: below which M FlashAttention moves more bytes."""
+    cross = _select(rows_m, algorithm="crossover")[0]
+    return (f"below M = {cross['m']:,} elements (tiles smaller than {cross['block_q']} × {cross['block_k']}),\n"
+            "K and V are re-read so often that FlashAttention\nwould move more bytes than standard attention")
+
+
 def _draw_traffic_vs_m(ax, rows, n, d):
     flash = _select(rows, algorithm="flash")
     bound = _select(rows, algorithm="flash_bound")
@@ -162,14 +176,13 @@ def _draw_traffic_vs_m(ax, rows, n, d):
     for m, text in marks:
         ax.axvline(m, color="gray", ls="--", lw=1)
         ax.text(m / 1.08, std * 6, f"{text}\nM = {m:,}", fontsize=8, va="top", ha="right")
-    worse = [r["m"] for r in flash if r["bytes"] >= std]  # SRAM sizes where FlashAttention moves more
-    if worse:
-        ax.text(0.03, 0.3, f"up to M = {max(worse):,}, K and V are re-read so often\n"
-                "that FlashAttention would move more than standard", transform=ax.transAxes, fontsize=8)
+    ax.text(0.03, 0.3, crossover_sentence(rows), transform=ax.transAxes, fontsize=8)
+    cross = _select(rows, algorithm="crossover")[0]["m"]
+    ax.plot([cross], [std], "D", color="black", ms=7, zorder=5, label=f"crossover, M = {cross:,}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda m, _pos: f"{m / 1024:g}k" if m >= 1024 else f"{m:g}"))
     ax.set_xlabel("on-chip memory M (elements, 1k = 1024); Br = ceil(M/4d), Bc = min(Br, d)")
-    all_bytes = [r["bytes"] for r in rows]
+    all_bytes = [r["bytes"] for r in rows if r["bytes"] != ""]  # (the crossover row has none)
     bytes_axis(ax, min(all_bytes) / 2, max(all_bytes) * 2, step=2)
     ax.set_ylabel("bytes read + written in HBM")
     ax.set_title(f"Traffic vs SRAM size at N = {n:,}: more SRAM, fewer passes over K and V")

@@ -3,6 +3,7 @@
     python -m tinyflash.plots                  # run from the repository root; all five figures
     python -m tinyflash.plots --only hbm_traffic memory_model
     python -m tinyflash.plots --remeasure-gpu  # on a GPU machine: run the benchmark first
+    python -m tinyflash.plots --remeasure-cpu  # measure the CPU memory figure's data again
 
 Each figure draws what was measured (or counted) beside the model it is compared with, and
 writes its data to ``figures/data/*.csv`` beside the PNG:
@@ -10,7 +11,7 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | figure                      | what is drawn                          | where the numbers come from        |
 |-----------------------------|----------------------------------------|------------------------------------|
 | memory_model.png            | bytes of S, P, Q/K/V/O vs N            | memory.attention_memory (formula)  |
-| memory_cpu_measured.png     | peak bytes of the NumPy stages         | tracemalloc, this machine          |
+| memory_cpu_measured.png     | peak bytes of the NumPy stages         | tracemalloc (committed CSV)        |
 | memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
@@ -46,8 +47,14 @@ def remeasure_gpu(csv_path: Path) -> None:
         raise SystemExit(f"the benchmark failed with exit code {done.returncode}; figures not regenerated")
 
 
-def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, progress: bool = True) -> list[Path]:
-    """Write the named figures into ``out`` and their data into ``out/data``; return the PNG paths."""
+def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, progress: bool = True,
+                 remeasure_cpu: bool = False) -> list[Path]:
+    """Write the named figures into ``out`` and their data into ``out/data``; return the PNG paths.
+
+    The CPU memory figure is drawn from ``out/data/memory_cpu_measured.csv``; it is measured
+    again (tracemalloc, about 20 s) only if ``remeasure_cpu`` or if that file does not exist yet.
+    Every other figure's data is computed, the same at every run: a run changes no committed file.
+    """
     out, data = Path(out), Path(out) / "data"
     unknown = [n for n in names if n not in FIGURE_NAMES]
     if unknown:
@@ -55,8 +62,9 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
     gpu_csv = data / GPU_CSV_NAME if gpu_csv is None else Path(gpu_csv)
     makers = {
         "memory_model": lambda p: plot_memory_model(p, data / "memory_model.csv"),
-        "memory_cpu_measured": lambda p: plot_memory_cpu_measured(p, data / "memory_cpu_measured.csv",
-                                                                  progress=progress),
+        "memory_cpu_measured": lambda p: plot_memory_cpu_measured(
+            p, data / "memory_cpu_measured.csv", progress=progress,
+            remeasure=remeasure_cpu or not (data / "memory_cpu_measured.csv").exists()),
         "memory_gpu_measured": lambda p: plot_memory_gpu_measured(p, gpu_csv),
         "hbm_traffic": lambda p: plot_hbm_traffic(p, data, progress=progress),
         "time_gpu": lambda p: plot_time_gpu(p, gpu_csv),
@@ -77,6 +85,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-csv", type=Path, default=None, help=f"benchmark CSV (default: OUT/data/{GPU_CSV_NAME})")
     parser.add_argument("--remeasure-gpu", action="store_true",
                         help="first run `python -m tinyflash.bench --csv GPU_CSV` (needs a GPU)")
+    parser.add_argument("--remeasure-cpu", action="store_true",
+                        help="measure the NumPy stages' memory again (tracemalloc, about 20 s) and rewrite "
+                        "OUT/data/memory_cpu_measured.csv; without it that figure is drawn from the CSV")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     matplotlib.use("Agg")  # files only, no window (the figures are drawn on Agg canvases anyway)
@@ -84,7 +95,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     if args.remeasure_gpu:
         remeasure_gpu(gpu_csv)
-    make_figures(args.out, args.only, gpu_csv=gpu_csv, progress=not args.no_progress)
+    make_figures(args.out, args.only, gpu_csv=gpu_csv, progress=not args.no_progress, remeasure_cpu=args.remeasure_cpu)
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 

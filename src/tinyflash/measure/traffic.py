@@ -238,6 +238,26 @@ def traffic_ratio(n: int, d: int, sram_elements: int = SRAM_ELEMENTS, *, dtype="
     return standard_traffic_closed_form(n, d, dtype=dtype) / flash
 
 
+def traffic_crossover(n: int, d: int, *, dtype="float16") -> int:
+    """The on-chip memory M (elements) from which FlashAttention moves fewer bytes than standard
+    attention: the smallest M such that :func:`traffic_ratio` (standard over flash, non-causal)
+    is above 1 there and at every larger M up to N·d.
+
+    M enters only through Br = ceil(M/4d) (:func:`tile_sizes`), so the M tried are the multiples
+    of 4d; below the crossover, tiles are so small that K and V, re-read once per query tile,
+    cost more than writing and reading S and P.
+    """
+    step = 4 * check_positive_int(d, "d")
+    ms = list(range(step, check_positive_int(n, "n") * d + 1, step))  # Br = 1, 2, ..., N/4
+    fewer = [traffic_ratio(n, d, m, dtype=dtype) > 1 for m in ms]  # (len(ms),)
+    if not fewer or not fewer[-1]:
+        raise ValueError(f"FlashAttention never moves fewer bytes than standard attention at N={n}, d={d}")
+    first = len(fewer)
+    while first > 0 and fewer[first - 1]:  # walk back over the trailing run of "fewer"
+        first -= 1
+    return ms[first]
+
+
 __all__ = [
     "HBMCounter",
     "HOPPER_SRAM_ELEMENTS",
@@ -251,5 +271,6 @@ __all__ = [
     "theta_flash",
     "theta_standard",
     "tile_sizes",
+    "traffic_crossover",
     "traffic_ratio",
 ]

@@ -165,8 +165,10 @@ def launch_tiled(make_kernel, args, prob, config: TileConfig | None = None, **ke
         raise ValueError(f"config {cfg} needs {cfg.smem_bytes} bytes of shared memory; a block may have "
                          f"at most {MAX_SMEM_PER_BLOCK}")
     try:
-        launch(make_kernel(cfg, **kernel_options), -(-prob.n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args)
+        launch(make_kernel(cfg, **kernel_options), -(-prob.n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args,
+               key_tiles=-(-prob.n_k // cfg.BC))
     except SharedMemoryRefused as exc:  # fall back to a tiling that needs no permission
         small = small_config(d, d_v)
         warnings.warn(f"{exc}; falling back to the slower tiling {small}", RuntimeWarning, stacklevel=4)
-        launch(make_kernel(small, **kernel_options), -(-prob.n_q // small.BR), small.NT, small.smem_bytes, args)
+        launch(make_kernel(small, **kernel_options), -(-prob.n_q // small.BR), small.NT, small.smem_bytes, args,
+               key_tiles=-(-prob.n_k // small.BC))

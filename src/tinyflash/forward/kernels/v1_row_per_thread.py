@@ -113,4 +113,5 @@ def launch(args, prob) -> None:
     """Launch v1 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): one block of BR threads per
     (query tile of BR rows, head)."""
     BR, BC, D, DV = tiling(prob.d, prob.d_v)
-    launch_kernel(make_kernel(BR, BC, D, DV), -(-prob.n_q // BR), BR, 4 * BC * (D + DV), args)
+    launch_kernel(make_kernel(BR, BC, D, DV), -(-prob.n_q // BR), BR, 4 * BC * (D + DV), args,
+                  key_tiles=-(-prob.n_k // BC))

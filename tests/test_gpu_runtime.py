@@ -1,0 +1,119 @@
+"""What a user without a GPU meets: one clear error when kernels cannot run, a warning and a
+progress bar before a long simulator run, and a dtype error that says what to do."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tqdm
+from conftest import HAS_GPU
+
+import tinyflash as tf
+from tinyflash.gpu import launch as launch_module
+from tinyflash.gpu import runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NO_GPU_SCRIPT = """
+    import os
+    import numba.cuda
+    {patch}
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # too late: numba is imported already (the message says so)
+    import numpy as np
+    import tinyflash as tf
+    q = np.ones((3, 8), np.float32)
+    tf.cuda_attention(q, q, q)
+"""
+
+
+def run_without_gpu(patch: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    code = textwrap.dedent(NO_GPU_SCRIPT.format(patch=patch))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.mark.parametrize("how", [
+    "driver reported missing",  # numba.cuda.is_available() says False: what a machine without a driver shows
+    pytest.param("this machine", marks=pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: nothing to fail")),
+])
+def test_no_gpu_gives_one_clear_error(how):
+    patch = "numba.cuda.is_available = lambda: False" if how == "driver reported missing" else ""
+    proc = run_without_gpu(patch)
+    assert proc.returncode != 0, proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("tinyflash.gpu.runtime.NoGPUError: no CUDA GPU was found"), proc.stderr[-3000:]
+    for words in ("set NUMBA_ENABLE_CUDASIM=1 before Python starts",
+                  "setting os.environ after numba has been imported does not work"):
+        assert words in last, (words, last)
+    assert "CudaSupportError" not in proc.stderr and "During handling" not in proc.stderr  # no chained traceback
+
+
+def test_require_gpu_passes_on_the_simulator_or_a_gpu():
+    runtime.require_gpu()  # conftest: a real GPU, or the simulator; either way kernels can run
+
+
+def test_simulator_cost():
+    assert runtime.simulator_cost(128, 8) == (1024, 1024 * runtime.SIMULATOR_SECONDS_PER_THREAD_TILE)
+    assert runtime.simulator_cost(16, 0)[0] == 16  # at least one tile
+    assert runtime.SIMULATOR_PROGRESS_WORK < runtime.SIMULATOR_WARN_WORK
+
+
+@pytest.mark.simulator
+@pytest.mark.skipif(HAS_GPU, reason="the warning and the progress bar are the simulator's; here kernels run on a GPU")
+def test_long_simulator_launch_warns_once_and_shows_progress(monkeypatch, capsys):
+    q = np.random.default_rng().standard_normal((2, 20, 8)).astype(np.float32)  # (H, N, d): 2 heads
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", launch_module.SimulatorSlowWarning)
+        tf.cuda_attention(q, q, q, kernel="v1")  # small: below both thresholds, silent
+    assert "block" not in capsys.readouterr().err
+    monkeypatch.setattr(launch_module, "SIMULATOR_PROGRESS_WORK", 1)
+    monkeypatch.setattr(launch_module, "SIMULATOR_WARN_WORK", 2)
+    monkeypatch.setattr(launch_module, "_warned_slow", False)
+    counted = []
+
+    class Bar(tqdm.tqdm):  # the real bar, remembering how far it got
+        def close(self):
+            counted.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    with pytest.warns(launch_module.SimulatorSlowWarning, match=r"CUDA threads × 2 key tiles = \d+ thread-tiles: "
+                      r"of the order of \d+ s"):
+        tf.cuda_attention(q, q, q, kernel="v1")
+    err = capsys.readouterr().err
+    assert "simulator, ~" in err and "/4 [" in err and counted == [(4, 4)]  # 2 query tiles × 2 heads, all counted
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", launch_module.SimulatorSlowWarning)
+        tf.cuda_attention(q, q, q, kernel="v1")  # warned once per process: not again
+
+
+@pytest.mark.parametrize("make", [lambda x: x.astype(np.float64), lambda x: x.astype(np.float64).tolist()],
+                         ids=["float64 array", "Python list"])
+def test_cuda_dtype_error_says_what_to_do(make):
+    q = np.random.default_rng().standard_normal((5, 8)).astype(np.float32)
+    with pytest.raises(TypeError) as info:
+        tf.cuda_attention(make(q), make(q), make(q))
+    msg = str(info.value)
+    assert msg.startswith("q has dtype float64; expected one of float16, float32. Convert it first: "
+                          "q.astype(np.float32) for an array, np.asarray(q, dtype=np.float32) for a list"), msg
+    assert "a Python list of floats becomes float64" in msg
+
+
+@pytest.mark.simulator
+@pytest.mark.skipif(HAS_GPU, reason="measures the simulator; here kernels run on a GPU")
+def test_simulator_rate_counts_the_work_launch_counts():
+    from tinyflash.measure import simulator_rate
+
+    from tinyflash.forward.kernels import v1_row_per_thread
+
+    (row,) = simulator_rate.measure(sizes=((5, 20, 8),), kernels=("v1",))
+    br, bc, _, _ = v1_row_per_thread.tiling(8, 8)
+    assert br >= 5 and row["work"] == br * -(-20 // bc)  # one query tile of BR threads × the key tiles of 20 keys
+    assert row["seconds"] > 0 and row["seconds_per_thread_tile"] == row["seconds"] / row["work"]
