@@ -3,7 +3,7 @@
     PYTHONPATH=src /work/devvenv/bin/python benchmarks/backward_ptx.py
 
 Needs numba-cuda with the CUDA 13.0 toolkit and ``ptxas`` on the PATH (see compare_ptx.py).
-For the default backward tiling at d = 64 and 128, float32 and float16, it prints what
+For the default backward tiling at d = 64, 128 and 256, float32 and float16, it prints what
 ``ptxas -v -arch=sm_90`` reports: registers per thread, spill stores and loads, stack frame.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from numba import cuda, types
 
-from tinyflash.backward.kernels import tiling, v1_atomic_dq
+from tinyflash.backward.kernels import rows, tiling, v1_atomic_dq
 
 
 def signature(dtype: str) -> tuple:
@@ -29,7 +29,7 @@ def signature(dtype: str) -> tuple:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        for d in (64, 128):
+        for d in (64, 128, 256):
             for dtype in ("float32", "float16"):
                 cfg = tiling.default_config(d, d)
                 kernel = v1_atomic_dq.make_kernel(cfg, v1_atomic_dq.vector_width(dtype))
@@ -40,6 +40,13 @@ def main() -> int:
                                      capture_output=True, text=True, check=True).stderr
                 found = re.findall(r"Used \d+ registers|\d+ bytes spill (?:stores|loads)|\d+ bytes stack frame", out)
                 print(f"d={d} {dtype} {cfg} smem {cfg.smem_bytes} B: {', '.join(found)}")
+        for dtype in ("float32", "float16"):  # the two small kernels: they must compile too
+            element = types.Array(types.float16 if dtype == "float16" else types.float32, 1, "C")
+            f32 = types.Array(types.float32, 1, "C")
+            cuda.compile_ptx(rows.row_dot.py_func, (element, element, f32, f32, types.int64, types.int64, types.int64),
+                             cc=(9, 0))
+            cuda.compile_ptx(rows.finish_dq.py_func, (f32, element, types.int64, types.float32), cc=(9, 0))
+            print(f"row_dot and finish_dq compile for sm_90 ({dtype})")
     return 0
 
 

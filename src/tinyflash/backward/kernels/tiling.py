@@ -99,12 +99,15 @@ class BackwardTileConfig:
 
 
 def default_config(d: int, d_v: int) -> BackwardTileConfig:
-    """The tiling used on a GPU: 64 × 64 tiles, 8 rows (S_ij) and 8 keys (dK_j, dV_j) per thread;
-    128 threads up to head dim 64, 256 up to 128; 32 × 32 tiles beyond, up to 256."""
+    """The tiling used on a GPU: 64 × 64 tiles and 8 keys of dK_j, dV_j per thread; up to head dim
+    64, 128 threads with 8 rows of S_ij each (8 × 4 scores); up to 128, 256 threads with 4 rows each
+    (4 × 4 scores: a warp then spans two row groups, which reads fewer bytes of shared memory per
+    multiply-add than 8 × 2); beyond, up to 256, 32 × 32 tiles. Chosen by counting shared-memory
+    reads and registers (``benchmarks/backward_ptx.py``), not yet by a measured sweep."""
     if max(d, d_v) <= 64:
         return BackwardTileConfig(BR=64, BC=64, NT=128, TM=8, TK=8, D=0, DV=0).padded(d, d_v)
     if max(d, d_v) <= 128:
-        return BackwardTileConfig(BR=64, BC=64, NT=256, TM=8, TK=8, D=0, DV=0).padded(d, d_v)
+        return BackwardTileConfig(BR=64, BC=64, NT=256, TM=4, TK=8, D=0, DV=0).padded(d, d_v)
     return BackwardTileConfig(BR=32, BC=32, NT=256, TM=4, TK=4, D=0, DV=0).padded(d, d_v)
 
 
