@@ -1,6 +1,7 @@
 """The backward benchmark's own arithmetic, on the CPU: its naive CuPy backward and its float64
 reference are NumPy-compatible code, run here with NumPy standing in for CuPy, against stage 0."""
 
+import csv
 import sys
 
 import numpy as np
@@ -34,3 +35,27 @@ def test_backward_flops():
     """2.5 × the forward's 4·B·H·N²·d, halved for causal: 10·B·H·N²·d."""
     assert bench_backward.backward_flops(1, 32, 16384, 16384, 128, False) == 10 * 32 * 16384**2 * 128
     assert bench_backward.backward_flops(1, 32, 16384, 16384, 128, True) == 5 * 32 * 16384**2 * 128
+
+
+
+def test_training_memory_figure(tmp_path):
+    """Naive keeps N × N matrices (S, P: at least 2·N²·4 bytes; its backward S, P, dP, dS: 4·N²·4);
+    FlashAttention keeps O and lse, and its backward's peak beyond its outputs is flat in N."""
+    from tinyflash.measure import plot_training_memory as ptm
+
+    png, data = tmp_path / "training_memory.png", tmp_path / "training_memory.csv"
+    assert ptm.plot_training_memory(png, data, naive_ns=[128, 256], flash_ns=[128, 256, 512], d=16, block=32,
+                                    progress=False) == png
+    assert png.stat().st_size > 10_000
+    with open(data) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["stage"] for r in rows] == ["naive"] * 2 + ["flash"] * 3
+    for r in rows:
+        n, kept, peak = int(r["n"]), int(r["kept_bytes"]), int(r["backward_peak_bytes"])
+        if r["stage"] == "naive":
+            assert kept >= 2 * n * n * 4 and peak >= 4 * n * n * 4, r
+        else:
+            assert kept == n * 16 * 4 + n * 4, r  # O (N × dv) and lse (N), float32
+    # flash: the peak minus its O(N·d) arrays (dQ, dK, dV, and D, lse) is the same tile workspace at every N
+    excess = [int(r["backward_peak_bytes"]) - (3 * int(r["n"]) * 16 + 2 * int(r["n"])) * 4 for r in rows[2:]]
+    assert max(excess) <= 1.25 * min(excess) and max(excess) < 128 * 128 * 4, excess
