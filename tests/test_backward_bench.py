@@ -59,3 +59,23 @@ def test_training_memory_figure(tmp_path):
     # flash: the peak minus its O(N·d) arrays (dQ, dK, dV, and D, lse) is the same tile workspace at every N
     excess = [int(r["backward_peak_bytes"]) - (3 * int(r["n"]) * 16 + 2 * int(r["n"])) * 4 for r in rows[2:]]
     assert max(excess) <= 1.25 * min(excess) and max(excess) < 128 * 128 * 4, excess
+
+
+def test_backward_table_from_a_synthetic_csv():
+    """The README's backward table: TFLOP/s per implementation, speed against SDPA efficient and naive, OOM shown."""
+    from tinyflash.measure import report
+
+    def row(impl, n, ms, status="ok", dtype="float32"):
+        return {"benchmark": "backward", "impl": impl, "dtype": dtype, "d": "128", "causal": "False", "n": str(n),
+                "status": status, "time_ms": str(ms) if status == "ok" else "",
+                "tflops": str(bench_backward.backward_flops(1, 32, n, n, 128, False) / (ms * 1e9)) if status == "ok"
+                else ""}
+
+    rows = [row("tinyflash", 4096, 2.0), row("cupy_naive", 4096, 5.0), row("tinyflash", 16384, 40.0),
+            row("torch_efficient", 16384, 30.0), row("torch_flash", 16384, 4.0, dtype="float16"),
+            row("cupy_naive", 16384, 0, status="oom")]
+    table = report.table_for(rows, 16384)
+    line = table.splitlines()[2]
+    tflops = bench_backward.backward_flops(1, 32, 16384, 16384, 128, False) / (40.0 * 1e9)
+    assert line.startswith(f"| 128 | False | {tflops:.1f} | ") and "| OOM |" in line
+    assert line.endswith("| 0.75× | 2.5× | – |"), line
