@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from ..backward.blocked import blocked_attention_backward
 from ..backward.naive import naive_attention_backward
+from ..forward.blocked import blocked_attention
 from ..forward.naive import naive_attention
 from .memory import measure_peak_bytes
 from .plot_common import bytes_axis, check_ns, n_axis, progress_bar, save, write_csv
@@ -46,7 +47,7 @@ def training_memory_data(naive_ns=NAIVE_NS, flash_ns=FLASH_NS, *, d: int = 64, b
             kept, _ = measure_peak_bytes(naive_attention, q, k, v)  # S, P and O, alive together
             peak, _ = measure_peak_bytes(naive_attention_backward, q, k, v, do)
         else:
-            o, lse = naive_attention(q, k, v)
+            o, lse = blocked_attention(q, k, v, block_q=block, block_k=block)
             kept = o.nbytes + lse.nbytes  # O and lse
             peak, _ = measure_peak_bytes(blocked_attention_backward, q, k, v, o, lse, do, block_q=block,
                                          block_k=block)
