@@ -110,3 +110,24 @@ def test_configs_are_valid_for_every_head_dim():
     with pytest.raises(ValueError, match="invalid backward tile configuration"):
         tiling.BackwardTileConfig(BR=8, BC=8, NT=16, TM=3, TK=2, D=16, DV=16).validate()
 
+
+
+def test_backward_kernels_follow_the_layout_rules():
+    """Like the forward versions: a kernel file imports core, gpu and its folder's tiling only, and no
+    kernel body (a bare @cuda.jit function) reaches 100 lines."""
+    import ast
+    from pathlib import Path
+
+    from test_layout import MAX_KERNEL_LINES, PACKAGE, tinyflash_imports
+
+    folder = PACKAGE / "backward" / "kernels"
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        imports = tinyflash_imports(path)
+        assert all(m.startswith(("core.", "gpu.", "backward.kernels.tiling")) for m in imports), (path.name, imports)
+        kernels = [node for node in ast.walk(ast.parse(Path(path).read_text())) if isinstance(node, ast.FunctionDef)
+                   and any(ast.unparse(dec) == "cuda.jit" for dec in node.decorator_list)]
+        for fn in kernels:
+            assert fn.end_lineno - fn.lineno + 1 < MAX_KERNEL_LINES, (path.name, fn.name)
+    assert "v1" in VERSIONS and (folder / VERSIONS["v1"].module).exists()
