@@ -6,6 +6,7 @@
     python -m tinyflash.bench vector --csv figures/data/vector_loads_h200.csv  # 1 or 4 elements per load
     python -m tinyflash.bench example-32k --csv figures/data/example_32k_h200.csv   # B=1, H=32, N=32k
     python -m tinyflash.bench backward --csv figures/data/backward_h200.csv  # the backward pass (bench_backward.py)
+    python -m tinyflash.bench backward-tiles --csv backward_tiles.csv   # tilings of the backward kernel
     python -m tinyflash.bench --summary figures/data/bench_h200.csv          # the README's table of a CSV
 
 Each measurement is checked before it is timed (``tinyflash.measure.harness`` says how); all
@@ -203,7 +204,7 @@ SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, de
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tinyflash.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "backward"],
+    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "backward", "backward-tiles"],
                     help="which benchmark (default: sweep)")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
@@ -232,12 +233,13 @@ def main(argv=None) -> int:
     if args.what == "example-32k":
         example_32k(args.csv, args.seed)
         return 0
-    if args.what == "backward":  # measure/bench_backward.py; float32 (and SDPA flash float16) only
+    if args.what in ("backward", "backward-tiles"):  # measure/bench_backward.py; float32 (SDPA flash: float16)
         from .bench_backward import run_backward
 
         run_backward(ns=[1024, 4096] if args.quick else args.n, ds=args.d or (64, 128), impls=args.impl,
                      causals=[c == "True" for c in args.causal] if args.causal else (False, True),
-                     batch=args.batch, heads=args.heads, csv_path=args.csv, seed=args.seed)
+                     batch=args.batch, heads=args.heads, csv_path=args.csv, seed=args.seed,
+                     tiles=args.what == "backward-tiles")
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]
     if args.impl:

@@ -39,6 +39,11 @@ BACKWARD_NS = [1024, 4096, 8192, 16384]
 F32_GRAD_TOL = 1e-4  # float32 gradients against the float64 reference, relative
 GRAD_FACTOR = 3.0  # FlashAttention's rule for float16 gradients
 ROW_BLOCK = 2048  # rows of S per step of the float64 reference
+TILE_SWEEP = {  # (BR, BC, NT, TM, TK) of the backward kernel tried per head dim (``backward-tiles``); the first
+    # is the default. All compile for sm_90 without spills (benchmarks/backward_ptx.py prints their registers).
+    64: [(64, 64, 128, 8, 8), (64, 64, 256, 4, 4), (64, 32, 128, 8, 4)],
+    128: [(64, 64, 256, 4, 8), (64, 64, 256, 8, 8), (32, 64, 256, 4, 8), (64, 32, 128, 8, 4)],
+}
 
 
 def backward_flops(batch, heads, n_q, n_k, d, causal) -> float:
@@ -90,17 +95,35 @@ def reference_head(q, k, v, do, causal):
     return dq, dk, dv
 
 
-def variants(d: int):
-    """(impl, variant, dtype, make) with make(q, k, v, do, causal) -> a function computing (dq, dk, dv)."""
+def ours(config=None):
+    """make(q, k, v, do, causal) for tinyflash: the forward once, then a function running the backward."""
     from ..backward.cuda import cuda_attention_backward
-    from ..backward.kernels import LATEST
     from ..forward.cuda import cuda_attention
 
-    def ours(q, k, v, do, causal):
+    def make(q, k, v, do, causal):
         o, lse = cuda_attention(q, k, v, causal=causal)
-        return lambda: cuda_attention_backward(q, k, v, o, lse, do, causal=causal)
+        options = {} if config is None else {"config": config}
+        return lambda: cuda_attention_backward(q, k, v, o, lse, do, causal=causal, **options)
 
-    found = [("tinyflash", LATEST, "float32", ours),
+    return make
+
+
+def tile_variants(d: int):
+    """tinyflash's backward with each tiling of TILE_SWEEP[d] (float32)."""
+    from ..backward.kernels.tiling import BackwardTileConfig
+
+    found = []
+    for BR, BC, NT, TM, TK in TILE_SWEEP[d]:
+        cfg = BackwardTileConfig(BR, BC, NT, TM, TK, D=0, DV=0).padded(d, d)
+        found.append(("tinyflash", f"v1 BR={BR} BC={BC} NT={NT} TM={TM} TK={TK}", "float32", ours(cfg)))
+    return found
+
+
+def variants(d: int):
+    """(impl, variant, dtype, make) with make(q, k, v, do, causal) -> a function computing (dq, dk, dv)."""
+    from ..backward.kernels import LATEST
+
+    found = [("tinyflash", LATEST, "float32", ours()),
              ("cupy_naive", "", "float32", lambda q, k, v, do, causal: lambda: naive_backward(q, k, v, do, causal))]
     try:
         import torch
@@ -172,8 +195,9 @@ def measure_backward(make, q, k, v, do, causal, ref, meter):
 
 
 def run_backward(*, ns=None, ds=(64, 128), causals=(False, True), impls=None, batch=1, heads=32, csv_path=None,
-                 seed=None) -> list[dict]:
-    """Measure every variant for every d, causal and N; print a line and write a CSV row each."""
+                 seed=None, tiles: bool = False) -> list[dict]:
+    """Measure every variant for every d, causal and N; print a line and write a CSV row each.
+    ``tiles``: instead, the tilings of TILE_SWEEP (default N: 16,384 only)."""
     import cupy
     from numba.core.errors import NumbaPerformanceWarning
 
@@ -184,18 +208,18 @@ def run_backward(*, ns=None, ds=(64, 128), causals=(False, True), impls=None, ba
     print(report.LINE_HEADER)
     for d in ds:
         for causal in causals:
-            for n in ns or BACKWARD_NS:
+            for n in ns or ([16384] if tiles else BACKWARD_NS):
                 gen = cupy.random.default_rng(int(rng.integers(2**31)))
                 # float16 values stored as float32: every implementation, whatever its dtype, gets the same inputs
                 q, k, v, do = (gen.standard_normal((batch, heads, n, d), dtype=np.float32).astype(np.float16)
                                .astype(np.float32) for _ in range(4))  # (B, H, N, d) each
                 ref = reference_head(q[0, 0], k[0, 0], v[0, 0], do[0, 0], causal)  # (N, d) each, float64
-                for impl, variant, dtype, make in variants(d):
+                for impl, variant, dtype, make in (tile_variants(d) if tiles else variants(d)):
                     if impls and impl not in impls:
                         continue
                     x = [a.astype(dtype) for a in (q, k, v, do)]  # (B, H, N, d) each
                     res = measure_backward(make, *x, causal, ref, "torch" if impl.startswith("torch") else "cupy")
-                    row = {**env, "benchmark": "backward", "impl": impl, "variant": variant, "dtype": dtype,
+                    row = {**env, "benchmark": "backward-tiles" if tiles else "backward", "impl": impl, "variant": variant, "dtype": dtype,
                            "causal": causal, "batch": batch, "heads": heads, "n": n, "d": d, **res}
                     if res["status"] == "ok":
                         row["tflops"] = backward_flops(batch, heads, n, n, d, causal) / (res["time_ms"] * 1e9)
