@@ -163,7 +163,7 @@ if HAS_TORCH_GPU:
         gen = torch.Generator(device="cuda").manual_seed(seed)
         x, y = (torch.randn(4, 512, 64, device="cuda", generator=gen) for _ in range(2))  # (batch, N, d)
         W = [(torch.randn(64, 64, device="cuda", generator=gen) / 8).requires_grad_() for _ in range(3)]
-        opt, losses = torch.optim.SGD(W, lr=50.0), []
+        opt, losses = torch.optim.SGD(W, lr=20.0), []
         for _ in range(steps):
             loss = ((attention(x @ W[0], x @ W[1], x @ W[2]) - y) ** 2).mean() / 2
             opt.zero_grad()

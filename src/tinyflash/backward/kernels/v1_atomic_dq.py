@@ -178,10 +178,12 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1):
     def flash_bwd(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, n_q, n_k, d, d_v, scale, scale_log2, causal):
         smem = shared_floats()  # the regions of cfg.smem_layout()
         tid = uint64(cuda.threadIdx.x)
-        bh = uint64(cuda.blockIdx.y)  # which (batch, head); K/V head = query head (no GQA here)
+        bh = uint64(cuda.blockIdx.y)  # which (batch, head)
+        kv_head = bh  # its K/V head: the same (grouped-query attention has no backward yet)
         k_start = uint64(cuda.blockIdx.x) * BC  # first key of K_j
         n_q, n_k, d, d_v = uint64(n_q), uint64(n_k), uint64(d), uint64(d_v)
-        q_off, o_off, k_off, v_off = bh * n_q * d, bh * n_q * d_v, bh * n_k * d, bh * n_k * d_v  # this head
+        q_off, o_off = bh * n_q * d, bh * n_q * d_v  # this head's Q, dO (and dQ)
+        k_off, v_off = kv_head * n_k * d, kv_head * n_k * d_v  # its K, V (and dK, dV)
         ct, row0 = tid % CT, (tid // CT) * TM  # its keys and rows in S_ij (and dQ_i's columns, rows)
         cc, k0 = tid % CC, (tid // CC) * TK  # its columns and keys in dK_j, dV_j
 
