@@ -35,7 +35,7 @@ from .harness import (
     time_call,
 )
 
-BACKWARD_NS = [1024, 4096, 16384]  # three lengths keep the whole run near 3 minutes on an H200 (estimated)
+BACKWARD_NS = [1024, 4096, 16384]  # three lengths: the whole run is meant to take a few minutes
 F32_GRAD_TOL = 1e-4  # float32 gradients against the float64 reference, relative
 GRAD_FACTOR = 3.0  # FlashAttention's rule for float16 gradients
 ROW_BLOCK = 2048  # rows of S per step of the float64 reference
