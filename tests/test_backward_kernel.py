@@ -1,7 +1,7 @@
 """Backward stage 2, the numba.cuda kernels, at tiny sizes on numba's CUDA simulator (without a GPU).
 
 The simulator runs one Python thread per CUDA thread, so these use the tiny simulator tiling
-(8 × 8 tiles, 16 threads) and N <= 33. The kernel is compared with stage 1
+(8 × 8 tiles, 16 threads) and N <= 19, and one test the GPU's tiling at d = 64 on two tiles. The kernel is compared with stage 1
 (``blocked_attention_backward``) and with the float64 reference.
 """
 
@@ -131,3 +131,13 @@ def test_backward_kernels_follow_the_layout_rules():
         for fn in kernels:
             assert fn.end_lineno - fn.lineno + 1 < MAX_KERNEL_LINES, (path.name, fn.name)
     assert "v1" in VERSIONS and (folder / VERSIONS["v1"].module).exists()
+
+
+def test_the_gpu_tiling_on_the_simulator(rng):
+    """The tiling a GPU runs at d = 64 (64 × 64 tiles, 128 threads, float16 read 4 elements per load),
+    on two ragged query and key tiles, causal: the index arithmetic the CI would otherwise never run."""
+    cfg = tiling.default_config(64, 64)
+    assert (cfg.BR, cfg.BC, cfg.NT) == (64, 64, 128)
+    q, k, v = make_qkv(rng, (), 70, 65, d=64, dtype=np.float16)
+    grads, (o, lse, do) = run_kernel(q, k, v, True, rng, config=cfg)
+    check_against_stages(grads, q, k, v, o, lse, do, True, "GPU tiling d=64")
