@@ -253,6 +253,31 @@ def test_ci_runs_the_readme_test_command():
     assert "python lessons/run_all.py" in README
 
 
+def backward_numbers() -> dict:
+    """The backward section's sentence (training memory, from its committed CSV) and its benchmark block."""
+    rows = {(r["stage"], int(r["n"])): r for r in read_csv(DATA / "training_memory.csv")}
+    naive, flash, flash_16k = rows["naive", 4096], rows["flash", 4096], rows["flash", 16384]
+
+    def mib(r, key):
+        return f"{int(r[key]) / MiB:.{1 if int(r[key]) > 10 * MiB else 2}f} MiB"
+
+    out = {"TRAINING_MEMORY": (
+        f"At N = 4,096 the naive stage kept {mib(naive, 'kept_bytes')} for the backward (S, P and O) and its "
+        f"backward peaked at {mib(naive, 'backward_peak_bytes')}; FlashAttention kept {mib(flash, 'kept_bytes')} "
+        f"(O and lse) and its backward peaked at {mib(flash, 'backward_peak_bytes')}, and at "
+        f"{mib(flash_16k, 'backward_peak_bytes')} at N = 16,384.")}
+    csv_path = DATA / "backward_h200.csv"
+    out["BACKWARD_SUMMARY"] = (report.backward_table(read_csv(csv_path)) if csv_path.exists() else
+                               "Not measured yet: no `figures/data/backward_h200.csv` is committed.")
+    return out
+
+
+def test_the_backward_section():
+    numbers = backward_numbers()
+    assert " ".join(numbers["TRAINING_MEMORY"].split()) in FLAT
+    assert block("backward-summary") == numbers["BACKWARD_SUMMARY"]
+
+
 if __name__ == "__main__":
     for key, value in readme_numbers().items():
         print(f"--- {key}\n{value}")

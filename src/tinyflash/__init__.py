@@ -20,12 +20,14 @@ The package, one home for each idea:
     gpu/       the GPU runtime, no attention mathematics: device arrays, shared memory, tile
                loads, launches
     measure/   tooling, not teaching code: memory model, HBM traffic, the benchmark harness, figures
-    backward/  the backward pass (not built yet)
+    backward/  the backward pass: naive.py, blocked.py (recomputation from lse), cuda.py, kernels/
     decode/    decoding with a KV cache (not built yet)
 
 ``python -m tinyflash.bench`` and ``python -m tinyflash.plots`` are the two commands of measure/.
 """
 
+from .backward.blocked import blocked_attention_backward
+from .backward.naive import naive_attention_backward, reference_attention_backward
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
 from .forward.blocked import blocked_attention
@@ -36,13 +38,17 @@ __all__ = [
     "OnlineSoftmax",
     "attention_memory",
     "blocked_attention",
+    "blocked_attention_backward",
     "causal_mask",
     "cuda_attention",
+    "cuda_attention_backward",
     "format_bytes",
     "naive_attention",
+    "naive_attention_backward",
     "online_softmax",
     "reference_attention",
     "tensor_core_attention",
+    "reference_attention_backward",
     "tile_bytes",
 ]
 __version__ = "0.1.0"
@@ -59,4 +65,8 @@ def __getattr__(name):
         from .forward.tensor_cores import tensor_core_attention
 
         return tensor_core_attention
+    if name == "cuda_attention_backward":
+        from .backward.cuda import cuda_attention_backward
+
+        return cuda_attention_backward
     raise AttributeError(f"module 'tinyflash' has no attribute {name!r}")

@@ -1,8 +1,11 @@
-"""The backward pass: not built yet.
+"""The backward pass, stage by stage, with the layout of ``tinyflash.forward``.
 
-It will live here with the layout of ``tinyflash.forward``: a naive stage (gradients through the
-materialised P, and in float64 the reference), a blocked NumPy stage that recomputes P from the
-saved lse tile by tile, and numba.cuda kernels in ``backward/kernels/``, one file per version,
-registered like the forward ones. It will take its rules from ``tinyflash.core`` (the causal
-mask, the tolerance rule for gradients) and its runtime from ``tinyflash.gpu``.
+    naive.py     stage 0: the textbook gradients through the materialised P (and, in float64, the
+                 reference every backward stage is checked against)
+    blocked.py   stage 1: FlashAttention-2's backward in NumPy, P recomputed tile by tile from lse
+    cuda.py      stage 2: the host wrapper of the numba.cuda kernels
+    kernels/     stage 2's kernels (D = rowsum(dO ∘ O), the main kernel, dQ's finish) and their registry
+
+All take the forward's conventions (q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv), causal
+bottom-right aligned through ``tinyflash.core.masks.key_stop``) and return ``(dq, dk, dv)``.
 """

@@ -152,3 +152,40 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
     compute = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
     return AttentionProblem(lead=qs[:-2], n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
                             scale=check_scale(scale, d), causal=check_causal(causal))
+
+
+def check_like(x, name: str, shape: tuple, dtype, what: str):
+    """The backward's extra inputs (``do``, ``o``, ``lse``): an array of exactly ``shape`` and ``dtype``.
+
+    ``what`` says where the expectation comes from (e.g. "the shape of the forward's output o").
+    """
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array of shape {shape}; got {type(x).__name__}")
+    got = tuple(int(n) for n in x.shape)
+    if got != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} ({what}); got {got}")
+    dt = array_dtype(x, name, SUPPORTED_DTYPES)
+    if dt != np.dtype(dtype):
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name} ({what}); got {dt.name}")
+    return x
+
+
+def check_backward_inputs(prob: AttentionProblem, do, o=None, lse=None) -> AttentionProblem:
+    """The backward's inputs beyond q, k, v, against the problem ``check_attention_inputs`` found.
+
+    do and o: (..., Nq, dv) in the dtype of q; lse: (..., Nq) in the compute dtype (float32, or
+    float64 for float64 inputs), as the forward returns it. Grouped-query attention (fewer K/V
+    heads than query heads) has no backward yet: a clear ValueError.
+    """
+    if getattr(prob, "kv_group", 1) != 1:
+        raise ValueError(f"the backward pass does not support grouped-query attention yet (q has "
+                         f"{prob.kv_group} query heads per K/V head); repeat k and v to q's heads first")
+    check_like(do, "do", prob.out_shape, prob.dtype, "the gradient of the output o: q's leading dims and Nq, "
+               "v's dv, q's dtype")
+    if o is not None:
+        check_like(o, "o", prob.out_shape, prob.dtype, "the forward's output: q's leading dims and Nq, v's dv, "
+                   "q's dtype")
+    if lse is not None:
+        check_like(lse, "lse", prob.lse_shape, prob.compute_dtype, "the forward's lse: q's leading dims and Nq, "
+                   "float32 (float64 for float64 inputs)")
+    return prob

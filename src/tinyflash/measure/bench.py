@@ -6,6 +6,8 @@
     python -m tinyflash.bench vector --csv figures/data/vector_loads_h200.csv  # 1 or 4 elements per load
     python -m tinyflash.bench example-32k --csv figures/data/example_32k_h200.csv   # B=1, H=32, N=32k
     python -m tinyflash.bench tensor-cores --csv figures/data/tensor_cores_h200.csv  # stage 3 vs SDPA flash, cuDNN
+    python -m tinyflash.bench backward --csv figures/data/backward_h200.csv  # the backward pass (bench_backward.py)
+    python -m tinyflash.bench backward-tiles --csv backward_tiles.csv   # tilings of the backward kernel
     python -m tinyflash.bench --summary figures/data/bench_h200.csv          # the README's table of a CSV
 
 Each measurement is checked before it is timed (``tinyflash.measure.harness`` says how); all
@@ -204,14 +206,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tinyflash.bench", description=__doc__.split("\n\n")[0],
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "tensor-cores"],
+    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "tensor-cores", "backward",
+                                                                 "backward-tiles"],
                     help="which benchmark (default: sweep):\n"
                     "  sweep        tinyflash, naive CuPy and PyTorch SDPA against N\n"
                     "  versions     every registered kernel version, side by side\n"
                     "  vector       the latest kernel with 1 or 4 elements per thread and load\n"
                     "  tiles        the latest kernel with each tiling of its sweep\n"
                     "  example-32k  the 32k-token example: B=1, H=32, N=32,768, d=128, float16, causal\n"
-                    "  tensor-cores stage 3 (v6) beside SDPA's flash and cuDNN backends")
+                    "  tensor-cores stage 3 (v6) beside SDPA's flash and cuDNN backends\n"
+                    "  backward     the backward pass beside SDPA's efficient and flash backwards, naive CuPy\n"
+                    "  backward-tiles  tilings of the backward kernel")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
     ap.add_argument("--d", type=int, nargs="+", help="head dims (default: the benchmark's)")
@@ -247,6 +252,14 @@ def main(argv=None) -> int:
                  "causals": args.causal and [c == "True" for c in args.causal]}
         sweep_tensor_cores(args.csv, **{key: val for key, val in given.items() if val},
                            batch=args.batch, heads=args.heads, seed=args.seed)
+        return 0
+    if args.what in ("backward", "backward-tiles"):  # measure/bench_backward.py; float32 (SDPA flash: float16)
+        from .bench_backward import run_backward
+
+        run_backward(ns=[1024, 4096] if args.quick else args.n, ds=args.d or (64, 128), impls=args.impl,
+                     causals=[c == "True" for c in args.causal] if args.causal else (False, True),
+                     batch=args.batch, heads=args.heads, csv_path=args.csv, seed=args.seed,
+                     tiles=args.what == "backward-tiles")
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]
     if args.impl:

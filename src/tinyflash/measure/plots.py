@@ -1,6 +1,6 @@
 """The figures of the README: memory, HBM traffic and time against sequence length.
 
-    python -m tinyflash.plots                  # run from the repository root; all five figures
+    python -m tinyflash.plots                  # run from the repository root; every figure
     python -m tinyflash.plots --only hbm_traffic memory_model
     python -m tinyflash.plots --remeasure-gpu  # on a GPU machine: run the benchmark first
     python -m tinyflash.plots --remeasure-cpu  # measure the CPU memory figure's data again
@@ -15,8 +15,10 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
+| training_memory.png         | what the backward keeps and takes      | tracemalloc, this machine          |
 
-The figures themselves are drawn in plot_memory.py, plot_traffic.py and plot_gpu.py.
+The figures themselves are drawn in plot_memory.py, plot_traffic.py, plot_gpu.py and
+plot_training_memory.py.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import matplotlib
 from .plot_gpu import plot_memory_gpu_measured, plot_time_gpu
 from .plot_memory import plot_memory_cpu_measured, plot_memory_model
 from .plot_traffic import plot_hbm_traffic
+from .plot_training_memory import plot_training_memory
 
-FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu")
+FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu",
+                "training_memory")
 GPU_CSV_NAME = "bench_h200.csv"
 
 
@@ -68,6 +72,7 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
         "memory_gpu_measured": lambda p: plot_memory_gpu_measured(p, gpu_csv),
         "hbm_traffic": lambda p: plot_hbm_traffic(p, data, progress=progress),
         "time_gpu": lambda p: plot_time_gpu(p, gpu_csv),
+        "training_memory": lambda p: plot_training_memory(p, data / "training_memory.csv", progress=progress),
     }
     written = []
     for name in names:

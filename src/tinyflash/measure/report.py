@@ -90,10 +90,39 @@ def example_32k_table(row: dict) -> str:
     ])
 
 
+def backward_table(rows: list[dict], n: int = 16384) -> str:
+    """The README's backward table (``python -m tinyflash.bench backward``): TFLOP/s (2.5× the forward's
+    FLOPs) per (d, causal) at sequence length ``n``, tinyflash against SDPA's float32 efficient backward
+    (the bar: 0.75×), and the time of naive CuPy over tinyflash's at N = 4096 and at ``n``."""
+    ok = {(r["impl"], r["d"], r["causal"], r["n"]): r for r in rows if r["status"] == "ok"}
+    status = {(r["impl"], r["d"], r["causal"], r["n"]): r["status"] for r in rows}
+
+    def cell(impl, d, causal, n_):
+        r = ok.get((impl, d, causal, str(n_)))
+        return f"{float(r['tflops']):.1f}" if r else ("OOM" if status.get((impl, d, causal, str(n_))) == "oom" else "–")
+
+    def ratio(a, b, d, causal, n_, fmt):  # time of b / time of a: how many times faster a is
+        ra, rb = ok.get((a, d, causal, str(n_))), ok.get((b, d, causal, str(n_)))
+        return fmt.format(float(rb["time_ms"]) / float(ra["time_ms"])) if ra and rb else "–"
+
+    lines = [f"| d | causal | tinyflash f32 | SDPA efficient f32 | SDPA flash f16 | naive CuPy f32 | tinyflash / "
+             f"efficient | naive / tinyflash, N = 4096 | naive / tinyflash, N = {n} |", "|---|---|---|---|---|---|---|---|---|"]
+    for d, causal in sorted({(r["d"], r["causal"]) for r in rows}, key=lambda k: (int(k[0]), k[1])):
+        lines.append(f"| {d} | {causal} | {cell('tinyflash', d, causal, n)} | {cell('torch_efficient', d, causal, n)} | "
+                     f"{cell('torch_flash', d, causal, n)} | {cell('cupy_naive', d, causal, n)} | "
+                     f"{ratio('tinyflash', 'torch_efficient', d, causal, n, '{:.2f}×')} | "
+                     f"{ratio('tinyflash', 'cupy_naive', d, causal, 4096, '{:.1f}×')} | "
+                     f"{ratio('tinyflash', 'cupy_naive', d, causal, n, '{:.1f}×')} |")
+    return "\n".join(lines)
+
+
 def table_for(rows: list[dict], n: int = 16384) -> str:
-    """The README table that fits a CSV: the 32k-token example's, the versions', or the sweep's at ``n``."""
+    """The README table that fits a CSV: the 32k-token example's, the versions', the backward's, or the
+    sweep's at ``n``."""
     if "total_peak_bytes" in rows[0]:
         return example_32k_table(rows[0])
+    if rows[0].get("benchmark") == "backward":
+        return backward_table(rows, n)
     if rows[0].get("benchmark") == "versions":
         return versions_table(rows)
     return summary_table(rows, n)

@@ -1,0 +1,200 @@
+"""Lesson 08: the backward pass — gradients by recomputation, and training with them.
+
+What you will learn
+    * the gradient of softmax attention, derived in a few lines: dV = Pᵀ dO, dP = dO Vᵀ,
+      dS = P ∘ (dP − D), dQ = scale · dS K, dK = scale · dSᵀ Q;
+    * why D = rowsum(dP ∘ P) equals rowsum(dO ∘ O): one (N,) vector computed from what the
+      forward returned, instead of a second pass over every key;
+    * FlashAttention-2's backward: the forward saved only O and lse; each tile of P is
+      recomputed as exp(S_ij − lse_i), one block per key tile accumulates dK_j and dV_j, and
+      dQ is added up across blocks (with atomics on the GPU: what that does to determinism);
+    * that the three stages (naive, blocked, numba.cuda) give the same gradients, and that a
+      tiny attention layer trains the same with either.
+
+What changed since lesson 05: the forward stages are unchanged; their output (o, lse) now feeds
+a backward stage. New notation: dO, dP, dS (gradients of O, P, S) and D (one number per row).
+
+Run from the repository root:  python lessons/08_backward.py
+Without a GPU the kernel runs on numba's CUDA simulator at a tiny size; with a GPU and PyTorch,
+the last cell also trains with tinyflash.torch.attention beside PyTorch's own attention.
+"""
+
+# %% [0] Where the kernels run: decide before numba is imported
+import os
+
+try:
+    import cupy
+
+    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
+except Exception:  # no CuPy or no GPU
+    HAS_GPU = False
+if not HAS_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numpy as np  # noqa: E402
+
+import tinyflash as tf  # noqa: E402
+from tinyflash.core.tolerance import assert_close  # noqa: E402
+
+seed = int(np.random.SeedSequence().entropy % 2**32)
+print(f"seed {seed}; kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}")
+rng = np.random.default_rng(seed)
+
+# %% [1] Why: training needs the gradient, and the naive gradient needs P
+# A training step runs the forward, then the backward. The textbook backward needs P (N × N per
+# head) from the forward: a framework keeps it alive between the two passes. FlashAttention keeps
+# O and lse (N·dv + N numbers) and recomputes each tile of P when the backward needs it.
+N, d = 4096, 64
+print(f"one head, N = {N}, d = {d}, float32: naive keeps S and P, {2 * N * N * 4 / 2**20:.0f} MiB; "
+      f"FlashAttention keeps O and lse, {(N * d + N) * 4 / 2**20:.2f} MiB")
+
+# %% [2] The gradient, derived (for one query row r; ∘ is the elementwise product)
+#   O_r = Σ_k P_rk V_k                     -> dV_k = Σ_r P_rk dO_r          (dV = Pᵀ dO)
+#                                             dP_rk = dO_r · V_k            (dP = dO Vᵀ)
+#   P_r = softmax(S_r): ∂P_rk/∂S_rj = P_rk (δ_kj − P_rj)
+#                                          -> dS_rj = P_rj (dP_rj − Σ_k P_rk dP_rk) = P_rj (dP_rj − D_r)
+#   S = scale · Q Kᵀ                       -> dQ = scale · dS K,  dK = scale · dSᵀ Q
+# And D_r = Σ_k P_rk dP_rk = Σ_k P_rk (dO_r · V_k) = dO_r · (Σ_k P_rk V_k) = dO_r · O_r:
+# the row sums of dO ∘ O, from what the forward returned. Checked here on random inputs:
+q, k, v = (rng.standard_normal((2, 9, 5)) for _ in range(3))  # (heads, N, d) each, float64
+do = rng.standard_normal((2, 9, 5))  # (heads, N, dv) the gradient of the loss with respect to o
+o, lse = tf.naive_attention(q, k, v, causal=True)
+S = q @ np.swapaxes(k, -1, -2) / np.sqrt(5)  # (heads, N, N) the scores, causal mask below
+S = np.where(tf.causal_mask(9, 9), S, -np.inf)
+P = np.exp(S - lse[..., None])  # (heads, N, N) P recomputed from the saved lse: no m or l needed
+dP = do @ np.swapaxes(v, -1, -2)  # (heads, N, N)
+D_from_P, D_from_O = (dP * P).sum(-1), (do * o).sum(-1)  # (heads, N) each
+print(f"max |rowsum(dP ∘ P) − rowsum(dO ∘ O)| = {np.abs(D_from_P - D_from_O).max():.1e}")
+assert_close(D_from_O, D_from_P, 1e-12, "D two ways")
+
+# The naive stage against central finite differences of L = Σ o ∘ dO (whose gradient in o is dO):
+dq, dk, dv = tf.naive_attention_backward(q, k, v, do, causal=True)
+eps = 1e-6
+for name, x, g in (("q", q, dq), ("k", k, dk), ("v", v, dv)):
+    idx = (1, 4, 2)
+    x[idx] += eps
+    up = (tf.naive_attention(q, k, v, causal=True)[0] * do).sum()
+    x[idx] -= 2 * eps
+    down = (tf.naive_attention(q, k, v, causal=True)[0] * do).sum()
+    x[idx] += eps
+    fd = (up - down) / (2 * eps)
+    print(f"  d{name}{list(idx)}: backward {g[idx]:+.8f}, finite differences {fd:+.8f}")
+    assert abs(g[idx] - fd) <= 1e-6 * max(1.0, abs(fd))
+
+# %% [3] Pseudocode: FlashAttention-2's backward (stage 1, tinyflash/backward/blocked.py)
+#   D = rowsum(dO ∘ O)                                    one small kernel
+#   for each key tile K_j, V_j:                           one thread block
+#       dK_j = dV_j = 0                                   registers
+#       for each query tile Q_i that sees K_j (causal: key_stop decides which are skipped):
+#           P_ij  = exp(scale · Q_i K_jᵀ − lse_i)         masked where the forward masked
+#           dV_j += P_ijᵀ dO_i;   dP_ij = dO_i V_jᵀ;   dS_ij = P_ij ∘ (dP_ij − D_i)
+#           dK_j += dS_ijᵀ Q_i;   dQ_i += scale · dS_ij K_j   (into HBM: added by every key tile)
+#       write dK_j = scale · dK_j and dV_j                once
+# Nothing of size N × N exists: the largest arrays are Br × Bc tiles.
+
+# %% [4] The three stages compared (float32, ragged tiles, Nq != Nk, causal)
+q, k, v = (x.astype(np.float32) for x in (rng.standard_normal((2, n, 8)) for n in (13, 19, 19)))  # (2, N, 8)
+do = rng.standard_normal((2, 13, 8)).astype(np.float32)  # (2, Nq, dv)
+o, lse = tf.naive_attention(q, k, v, causal=True)
+ref = tf.reference_attention_backward(q, k, v, do, causal=True)  # float64
+stages = {"naive": tf.naive_attention_backward(q, k, v, do, causal=True),
+          "blocked": tf.blocked_attention_backward(q, k, v, o, lse, do, causal=True, block_q=8, block_k=8),
+          "cuda": tf.cuda_attention_backward(q, k, v, o, lse, do, causal=True)}
+for name, grads in stages.items():
+    errors = [assert_close(g, r, 1e-4, f"{name} d{x}") for g, r, x in zip(grads, ref, "qkv")]
+    print(f"  {name:8} relative error of dq, dk, dv vs float64: " + ", ".join(f"{e:.1e}" for e in errors))
+
+# %% [5] Determinism: dK and dV are each written by one block; dQ is added by many
+# Every key tile's block adds its dS_ij K_j into dQ_i with an atomic addition. On a GPU the blocks
+# run at the same time and the additions land in an order that changes from run to run; float
+# addition is not associative, so dq may differ in its last bits between runs (the GPU tests bound
+# by how much). dk and dv never do. (A second kernel over query tiles would make dq deterministic
+# too, at the price of recomputing S_ij and dP_ij: 7 matrix products instead of 5.)
+again = tf.cuda_attention_backward(q, k, v, o, lse, do, causal=True)
+assert np.array_equal(again[1], stages["cuda"][1]) and np.array_equal(again[2], stages["cuda"][2])
+print(f"  second run: dk, dv bitwise identical; dq differs by at most "
+      f"{np.abs(again[0] - stages['cuda'][0]).max():.1e}" + ("" if HAS_GPU else " (the simulator runs blocks in order)"))
+
+
+# %% [6] Training: a tiny attention layer, its loss with the naive and with the FlashAttention stages
+# x (N, 8) -> q, k, v = x Wq, x Wk, x Wv -> o = attention(q, k, v) -> loss = mean((o − y)²) / 2.
+# The chain rule through the projections: dWq = xᵀ dq (and so on); plain gradient descent.
+def train(forward, backward, steps, dtype, lr=2.0):
+    init = np.random.default_rng(seed)  # the same data and starting weights for every run
+    x, y = init.standard_normal((24, 8)).astype(dtype), init.standard_normal((24, 8)).astype(dtype)
+    W = [(init.standard_normal((8, 8)) / np.sqrt(8)).astype(dtype) for _ in range(3)]  # Wq, Wk, Wv
+    losses = []
+    for _ in range(steps):
+        q, k, v = (x @ w for w in W)  # (N, 8) each
+        o, lse = forward(q, k, v)
+        losses.append(float(((o - y) ** 2).mean() / 2))
+        do = ((o - y) / o.size).astype(dtype)  # (N, 8) ∂loss/∂o
+        grads = backward(q, k, v, o, lse, do)
+        W = [w - dtype(lr) * (x.T @ g) for w, g in zip(W, grads)]
+    return np.array(losses)
+
+
+naive = train(lambda q, k, v: tf.naive_attention(q, k, v, causal=True),
+              lambda q, k, v, o, lse, do: tf.naive_attention_backward(q, k, v, do, causal=True), 8, np.float64)
+flash = train(lambda q, k, v: tf.blocked_attention(q, k, v, causal=True, block_q=8, block_k=8),
+              lambda q, k, v, o, lse, do: tf.blocked_attention_backward(q, k, v, o, lse, do, causal=True,
+                                                                        block_q=8, block_k=8), 8, np.float64)
+kernel = train(lambda q, k, v: tf.cuda_attention(q, k, v, causal=True),
+               lambda q, k, v, o, lse, do: tf.cuda_attention_backward(q, k, v, o, lse, do, causal=True),
+               3, np.float32)
+print("  step   naive (float64)   blocked (float64)   kernel (float32)")
+for step, (a, b) in enumerate(zip(naive, flash)):
+    print(f"  {step:4d}   {a:.10f}      {b:.10f}        " + (f"{kernel[step]:.7f}" if step < len(kernel) else ""))
+assert naive[-1] < naive[0]  # it learns
+assert_close(flash, naive, 1e-10, "blocked loss curve vs naive")
+assert_close(kernel, naive[:3], 1e-4, "kernel loss curve (float32) vs naive (float64)")
+
+# %% [7] On a GPU with PyTorch: train with tinyflash.torch.attention, beside PyTorch's attention
+try:
+    import torch
+
+    HAS_TORCH_GPU = HAS_GPU and torch.cuda.is_available()
+except ImportError:
+    HAS_TORCH_GPU = False
+if HAS_TORCH_GPU:
+    import tinyflash.torch as tft
+
+    def train_torch(attention, steps=10):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x, y = (torch.randn(4, 512, 64, device="cuda", generator=gen) for _ in range(2))  # (batch, N, d)
+        W = [(torch.randn(64, 64, device="cuda", generator=gen) / 8).requires_grad_() for _ in range(3)]
+        opt, losses = torch.optim.SGD(W, lr=20.0), []
+        for _ in range(steps):
+            loss = ((attention(x @ W[0], x @ W[1], x @ W[2]) - y) ** 2).mean() / 2
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return np.array(losses)
+
+    ours = train_torch(lambda q, k, v: tft.attention(q, k, v, causal=True))
+    theirs = train_torch(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    print(f"  PyTorch, 10 steps: loss {ours[0]:.5f} -> {ours[-1]:.5f} with tinyflash, "
+          f"{theirs[0]:.5f} -> {theirs[-1]:.5f} with SDPA")
+    assert ours[-1] < ours[0]
+    assert_close(ours, theirs, 1e-3, "tinyflash.torch loss curve vs SDPA")
+else:
+    print("  (no GPU with PyTorch here: the PyTorch training run is skipped)")
+
+# %% [8] Picture: training memory against N (figures/training_memory.png, measured with tracemalloc)
+# The committed data of the figure (python -m tinyflash.plots --only training_memory remakes it):
+from tinyflash.measure.harness import read_csv  # noqa: E402
+
+rows = read_csv(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "figures", "data",
+                             "training_memory.csv"))
+print("      N   naive: kept (S, P, O)  backward peak | FlashAttention: kept (O, lse)  backward peak")
+for n in sorted({int(r["n"]) for r in rows}):
+    cells = {r["stage"]: r for r in rows if int(r["n"]) == n}
+    naive = cells.get("naive")
+    naive_cells = (f"{int(naive['kept_bytes']) / 2**20:10.1f} MiB {int(naive['backward_peak_bytes']) / 2**20:10.1f} MiB"
+                   if naive else f"{'(not run)':>29}")
+    flash_row = cells["flash"]
+    print(f"  {n:5d}  {naive_cells}   | {int(flash_row['kept_bytes']) / 2**20:16.2f} MiB "
+          f"{int(flash_row['backward_peak_bytes']) / 2**20:10.2f} MiB")
+naive_rows = sorted((int(r["n"]), int(r["kept_bytes"])) for r in rows if r["stage"] == "naive")
+assert naive_rows[-1][1] / naive_rows[0][1] > 0.8 * (naive_rows[-1][0] / naive_rows[0][0]) ** 2  # quadratic in N

@@ -1,0 +1,82 @@
+"""Backward stage 2: FlashAttention-2's backward as numba.cuda kernels — the host wrapper.
+
+:func:`cuda_attention_backward` checks the inputs, allocates the outputs, sizes the grids and
+launches three kernels: ``rows.row_dot`` (D = rowsum(dO ∘ O), dQ's accumulator zeroed), the main
+kernel of :data:`tinyflash.backward.kernels.VERSIONS` (one block per key tile), ``rows.finish_dq``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.checks import as_array, check_attention_inputs, check_backward_inputs
+from ..core.online_softmax import LOG2E
+from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
+from ..gpu.launch import LaunchArgs, launch
+from . import kernels
+from .kernels.rows import ROWS_PER_BLOCK, finish_dq, row_dot
+
+SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
+                            kernel: str | None = None, **options):
+    """Backward stage 2 on the GPU: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and ``do`` = ∂L/∂o.
+
+    The contract of :func:`tinyflash.blocked_attention_backward`; inputs float16 or float32
+    (computed in float32), lse float32 as :func:`tinyflash.cuda_attention` returns it, head dims
+    up to 256. NumPy in, NumPy out; device arrays (CuPy, numba, PyTorch) in, the same library's
+    out. dk and dv are bitwise reproducible; dq, added by atomics, only up to rounding.
+    ``kernel`` names a version of :data:`tinyflash.backward.kernels.VERSIONS`; ``options`` are its
+    (``config``: a :class:`~tinyflash.backward.kernels.tiling.BackwardTileConfig`; ``vector``: 1 or 4).
+    """
+    # 1. check the inputs
+    names = ("q", "k", "v", "o", "lse", "do")
+    arrays = (q, k, v, o, lse, do)
+    on_device = is_device_array(q)
+    if any(is_device_array(x) != on_device for x in arrays):
+        raise TypeError(f"{', '.join(names)} must all be device arrays or all host arrays; got a mix")
+    if not on_device:
+        q, k, v, o, lse, do = (as_array(x, n) for x, n in zip(arrays, names))
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    check_backward_inputs(prob, do, o, lse)
+    version = kernels.get(kernel)
+    for name, dim in (("d (head dim of q and k)", prob.d), ("dv (head dim of v)", prob.d_v)):
+        if dim > version.max_head_dim:
+            raise ValueError(f"cuda_attention_backward supports head dims up to {version.max_head_dim}; got "
+                             f"{name} = {dim}")
+    unknown = sorted(set(options) - set(version.options))
+    if unknown:
+        raise TypeError(f"kernel {version.name} takes the options {list(version.options)}; got {unknown}")
+
+    # 2. allocate the outputs and the O(N) scratch (for device inputs, in the caller's array library)
+    heads, n_q, n_k, d, d_v = math.prod(prob.lead), prob.n_q, prob.n_k, prob.d, prob.d_v
+    like = q if on_device else None
+    dq = empty(like, heads * n_q * d, prob.dtype)  # (BH·Nq·d,) flat
+    dk = empty(like, heads * n_k * d, prob.dtype)  # (BH·Nk·d,)
+    dv = empty(like, heads * n_k * d_v, prob.dtype)  # (BH·Nk·dv,)
+    D = empty(like, heads * n_q, np.float32)  # (BH·Nq,)  rowsum(dO ∘ O)
+    dq_acc = empty(like, heads * n_q * d, np.float32)  # (BH·Nq·d,) dQ before its scale, added by atomics
+
+    # 3. size the grids and launch the three kernels
+    if heads > 0:
+        Qf, Kf, Vf, Of, Lf, dOf = (to_device_flat(x) for x in (q, k, v, o, lse, do))
+        Dv, dQa = kernel_view(D), kernel_view(dq_acc)
+        if n_q > 0:
+            row_args = LaunchArgs(per_head=((dOf, n_q * d_v), (Of, n_q * d_v), (Dv, n_q), (dQa, n_q * d)),
+                                  scalars=(n_q, d, d_v), n_heads=heads)
+            launch(row_dot, -(-n_q // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0, row_args)
+        main_args = LaunchArgs(per_head=((Qf, n_q * d), (Kf, n_k * d), (Vf, n_k * d_v), (dOf, n_q * d_v), (Lf, n_q),
+                                         (Dv, n_q), (dQa, n_q * d), (kernel_view(dk), n_k * d),
+                                         (kernel_view(dv), n_k * d_v)),
+                               scalars=(n_q, n_k, d, d_v, np.float32(prob.scale), np.float32(prob.scale * LOG2E),
+                                        prob.causal), n_heads=heads)
+        version.launch(main_args, prob, **options)
+        if n_q > 0:
+            finish_args = LaunchArgs(per_head=((dQa, n_q * d), (kernel_view(dq), n_q * d)),
+                                     scalars=(n_q * d, np.float32(prob.scale)), n_heads=heads)
+            launch(finish_dq, -(-(n_q * d) // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0, finish_args)
+    to_host = not on_device
+    return (result(dq, q.shape, to_host), result(dk, k.shape, to_host), result(dv, v.shape, to_host))
