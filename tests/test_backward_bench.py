@@ -59,6 +59,10 @@ def test_training_memory_figure(tmp_path):
     # flash: the peak minus its O(N·d) arrays (dQ, dK, dV, and D, lse) is the same tile workspace at every N
     excess = [int(r["backward_peak_bytes"]) - (3 * int(r["n"]) * 16 + 2 * int(r["n"])) * 4 for r in rows[2:]]
     assert max(excess) <= 1.25 * min(excess) and max(excess) < 128 * 128 * 4, excess
+    # without remeasuring, the figure is drawn from the CSV, which is left as it was
+    before = data.read_bytes()
+    assert ptm.plot_training_memory(png, data, progress=False, remeasure=False) == png
+    assert data.read_bytes() == before
 
 
 def test_backward_table_from_a_synthetic_csv():

@@ -16,6 +16,7 @@ returns. The backward's peaks are measured with tracemalloc
 
 from __future__ import annotations
 
+import csv
 import platform
 from pathlib import Path
 
@@ -57,12 +58,33 @@ def training_memory_data(naive_ns=NAIVE_NS, flash_ns=FLASH_NS, *, d: int = 64, b
     return rows
 
 
+def read_training_memory_csv(path: Path) -> list[dict]:
+    """The rows :func:`training_memory_data` wrote, with their numbers as ints again."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in ("n", "d", "kept_bytes", "backward_peak_bytes"):
+            r[key] = int(r[key])
+        r["block"] = int(r["block"]) if r["block"] else ""
+    return rows
+
+
 def plot_training_memory(png: Path, csv_path: Path | None = None, *, naive_ns=NAIVE_NS, flash_ns=FLASH_NS,
-                         d: int = 64, block: int = BLOCK, progress: bool = True) -> Path:
-    """The figure: kept bytes (lines) and backward peaks (markers), naive and FlashAttention, against N."""
-    rows = training_memory_data(naive_ns, flash_ns, d=d, block=block, progress=progress)
-    if csv_path is not None:
-        write_csv(Path(csv_path), rows)
+                         d: int = 64, block: int = BLOCK, progress: bool = True, remeasure: bool = True) -> Path:
+    """The figure: kept bytes (lines) and backward peaks (markers), naive and FlashAttention, against N.
+
+    ``remeasure``: measure now and write ``csv_path`` if given; else draw the measurement committed
+    in ``csv_path`` (what ``python -m tinyflash.plots`` does unless given ``--remeasure-cpu``, so
+    that a run leaves the checkout as it was).
+    """
+    if remeasure:
+        rows = training_memory_data(naive_ns, flash_ns, d=d, block=block, progress=progress)
+        if csv_path is not None:
+            write_csv(Path(csv_path), rows)
+    else:
+        rows = read_training_memory_csv(Path(csv_path))
+        d = rows[0]["d"]
+        block = next(r["block"] for r in rows if r["stage"] == "flash")
     fig = Figure(figsize=(9, 5.6), layout="constrained")
     ax = fig.subplots()
     for stage, color, marker, kept_label, peak_label in (

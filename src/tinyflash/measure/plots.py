@@ -3,7 +3,7 @@
     python -m tinyflash.plots                  # run from the repository root; every figure
     python -m tinyflash.plots --only hbm_traffic memory_model
     python -m tinyflash.plots --remeasure-gpu  # on a GPU machine: run the benchmark first
-    python -m tinyflash.plots --remeasure-cpu  # measure the CPU memory figure's data again
+    python -m tinyflash.plots --remeasure-cpu  # measure the CPU memory figures' data again
 
 Each figure draws what was measured (or counted) beside the model it is compared with, and
 writes its data to ``figures/data/*.csv`` beside the PNG:
@@ -15,7 +15,7 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
-| training_memory.png         | what the backward keeps and takes      | tracemalloc, this machine          |
+| training_memory.png         | what the backward keeps and takes      | tracemalloc (committed CSV)        |
 
 The figures themselves are drawn in plot_memory.py, plot_traffic.py, plot_gpu.py and
 plot_training_memory.py.
@@ -55,8 +55,9 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
                  remeasure_cpu: bool = False) -> list[Path]:
     """Write the named figures into ``out`` and their data into ``out/data``; return the PNG paths.
 
-    The CPU memory figure is drawn from ``out/data/memory_cpu_measured.csv``; it is measured
-    again (tracemalloc, about 20 s) only if ``remeasure_cpu`` or if that file does not exist yet.
+    The two CPU memory figures are drawn from ``out/data/memory_cpu_measured.csv`` and
+    ``out/data/training_memory.csv``; they are measured again (tracemalloc, about 20 s and 7 s)
+    only if ``remeasure_cpu`` or if that file does not exist yet.
     Every other figure's data is computed, the same at every run: a run changes no committed file.
     """
     out, data = Path(out), Path(out) / "data"
@@ -72,7 +73,9 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
         "memory_gpu_measured": lambda p: plot_memory_gpu_measured(p, gpu_csv),
         "hbm_traffic": lambda p: plot_hbm_traffic(p, data, progress=progress),
         "time_gpu": lambda p: plot_time_gpu(p, gpu_csv),
-        "training_memory": lambda p: plot_training_memory(p, data / "training_memory.csv", progress=progress),
+        "training_memory": lambda p: plot_training_memory(
+            p, data / "training_memory.csv", progress=progress,
+            remeasure=remeasure_cpu or not (data / "training_memory.csv").exists()),
     }
     written = []
     for name in names:
@@ -91,8 +94,9 @@ def main(argv=None) -> int:
     parser.add_argument("--remeasure-gpu", action="store_true",
                         help="first run `python -m tinyflash.bench --csv GPU_CSV` (needs a GPU)")
     parser.add_argument("--remeasure-cpu", action="store_true",
-                        help="measure the NumPy stages' memory again (tracemalloc, about 20 s) and rewrite "
-                        "OUT/data/memory_cpu_measured.csv; without it that figure is drawn from the CSV")
+                        help="measure the NumPy stages' memory again (tracemalloc, about 30 s) and rewrite "
+                        "OUT/data/memory_cpu_measured.csv and training_memory.csv; without it those "
+                        "figures are drawn from the CSVs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     matplotlib.use("Agg")  # files only, no window (the figures are drawn on Agg canvases anyway)
