@@ -18,13 +18,16 @@ The package, one home for each idea:
                loads, launches
     measure/   tooling, not teaching code: memory model, HBM traffic, the benchmark harness, figures
     backward/  the backward pass (not built yet)
-    decode/    decoding with a KV cache (not built yet)
+    decode/    decoding with a KV cache: split-KV (Flash-Decoding), grouped-query attention, a paged cache
 
 ``python -m tinyflash.bench`` and ``python -m tinyflash.plots`` are the two commands of measure/.
 """
 
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
+from .decode.cache_memory import kv_cache_bytes
+from .decode.paged import paged_attention
+from .decode.split_kv import split_kv_attention
 from .forward.blocked import blocked_attention
 from .forward.naive import naive_attention, reference_attention
 from .measure.memory import attention_memory, format_bytes, tile_bytes
@@ -35,10 +38,15 @@ __all__ = [
     "blocked_attention",
     "causal_mask",
     "cuda_attention",
+    "cuda_paged_attention",
+    "cuda_split_kv_attention",
     "format_bytes",
+    "kv_cache_bytes",
     "naive_attention",
     "online_softmax",
+    "paged_attention",
     "reference_attention",
+    "split_kv_attention",
     "tile_bytes",
 ]
 __version__ = "0.1.0"
@@ -51,4 +59,8 @@ def __getattr__(name):
         from .forward.cuda import cuda_attention
 
         return cuda_attention
+    if name in ("cuda_split_kv_attention", "cuda_paged_attention"):
+        from .decode import cuda
+
+        return getattr(cuda, name)
     raise AttributeError(f"module 'tinyflash' has no attribute {name!r}")
