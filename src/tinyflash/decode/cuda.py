@@ -43,8 +43,12 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
     return {"rows": rows, "rb": rb, "grid": (num_splits, batch * h_kv, chunks), "num_splits": num_splits}
 
 
-def _decode(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device):
-    """Allocate, size the grid and launch both kernels; returns (o, lse) in the caller's form."""
+def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device):
+    """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
+
+    Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
+    and does nothing else, so that a benchmark times the kernels, not the checks.
+    """
     d = prob.d
     if prob.d_v != d:
         raise ValueError(f"the decode kernels need dv == d; got d={d}, dv={prob.d_v}")
@@ -58,26 +62,47 @@ def _decode(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_siz
     o = empty(like, batch * h_kv * p["rows"] * d, prob.dtype)  # (B·H·Nq·d,) flat: packed rows of each K/V head
     lse = empty(like, batch * h_kv * p["rows"], np.float32)  # (B·H·Nq,)
     if batch * h_kv * p["rows"] == 0:
-        return o, lse
+        return (lambda stream=0: None), o, lse
     from numba import cuda
 
     o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
     split, smem = kernels.make_split_kernel(p["rb"], D, VEC, kernels.threads(), d == D, page_size)
-    split[p["grid"], kernels.threads(), 0, smem](
-        to_device_flat(q), to_device_flat(k), to_device_flat(v), to_device_flat(table), to_device_flat(lens),
-        o_part, lse_part, prob.n_q, d, n_k, h_kv, max_pages, np.float32(prob.scale * LOG2E), prob.causal,
-        prob.kv_group)
+    split_args = (to_device_flat(q), to_device_flat(k), to_device_flat(v), to_device_flat(table),
+                  to_device_flat(lens), o_part, lse_part, prob.n_q, d, n_k, h_kv, max_pages,
+                  np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group)
     nt = kernels.COMBINE_THREADS
-    kernels.make_combine_kernel()[(-(-p["rows"] * d // nt), batch * h_kv), nt](
-        o_part, lse_part, kernel_view(o), kernel_view(lse), p["num_splits"], p["rows"], d)
-    return o, lse
+    combine_grid = (-(-p["rows"] * d // nt), batch * h_kv)  # one thread per (packed row, column)
+    combine_args = (o_part, lse_part, kernel_view(o), kernel_view(lse), p["num_splits"], p["rows"], d)
+
+    def run(stream=0):
+        split[p["grid"], kernels.threads(), stream, smem](*split_args)
+        kernels.make_combine_kernel()[combine_grid, nt, stream](*combine_args)
+
+    return run, o, lse
 
 
 def _lead(prob):
     """(B, H_kv): the sequences (every leading dim but the head axis, flattened) and K/V heads."""
     lead = prob.kv_lead
     return (math.prod(lead[:-1]), lead[-1]) if lead else (1, 1)
+
+
+def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None):
+    """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
+    ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times it."""
+    on_device = is_device_array(q)
+    if not on_device:
+        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    if on_device != is_device_array(k) or on_device != is_device_array(v):
+        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+    batch, h_kv = _lead(prob)
+    lens = np.full(batch, prob.n_k, dtype=np.int32)  # (B,) every sequence holds all Nk keys
+    table = np.zeros(1, dtype=np.int32)  # no block table: the cache is contiguous
+    run, o, lse = _prepare(q, k, v, table, lens, prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, max_pages=1,
+                           page_size=0, num_splits=num_splits, on_device=on_device)
+    return run, o, lse, prob
 
 
 def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: bool = False,
@@ -89,18 +114,30 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
     (float16) or 128 (float32). NumPy in, NumPy out; device arrays in, device arrays out.
     ``num_splits=None``: :func:`tinyflash.decode.split_kv.choose_num_splits` for this GPU.
     """
+    run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, scale=scale)
+    run()
+    to_host = not is_device_array(q)
+    return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)
+
+
+def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None):
+    """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``."""
     on_device = is_device_array(q)
-    if not on_device:
-        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
-    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
-    if on_device != is_device_array(k) or on_device != is_device_array(v):
-        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
-    batch, h_kv = _lead(prob)
-    lens = np.full(batch, prob.n_k, dtype=np.int32)  # (B,) every sequence holds all Nk keys
-    table = np.zeros(1, dtype=np.int32)  # no block table: the cache is contiguous
-    o, lse = _decode(q, k, v, table, lens, prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, max_pages=1,
-                     page_size=0, num_splits=num_splits, on_device=on_device)
-    return result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
+    k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
+    if len(q.shape) != 4 or len(k_pages.shape) != 4 or len(table.shape) != 2 or table.shape[0] != q.shape[0]:
+        raise ValueError(f"q must be (B, H, Nq, d), the pages (num_pages, H_kv, page_size, d) and the block table "
+                         f"(B, max_pages); got q {tuple(q.shape)}, pages {tuple(k_pages.shape)}, table "
+                         f"{tuple(table.shape)}")
+    if not is_device_array(table):
+        table, lens = np.asarray(table, dtype=np.int32), np.asarray(lens, dtype=np.int32)  # what the kernel reads
+    n_k = int(lens.max()) if not is_device_array(lens) else int(table.shape[1] * k_pages.shape[2])
+    batch, (_, h_kv, page_size, d) = q.shape[0], k_pages.shape
+    like_k = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
+    like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
+    prob = check_attention_inputs(q, like_k, like_v, causal=causal, scale=scale, allowed=SUPPORTED)
+    run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
+                           max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device)
+    return run, o, lse, prob
 
 
 def cuda_paged_attention(q, cache, *, num_splits: int | None = None, causal: bool = False,
@@ -111,17 +148,7 @@ def cuda_paged_attention(q, cache, *, num_splits: int | None = None, causal: boo
     q (B, H, Nq, d); sequence b attends its seq_lens[b] keys. Returns ``(o, lse)`` as
     :func:`tinyflash.decode.paged.paged_attention` does.
     """
-    on_device = is_device_array(q)
-    k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
-    if len(q.shape) != 4 or len(k_pages.shape) != 4 or len(table.shape) != 2 or table.shape[0] != q.shape[0]:
-        raise ValueError(f"q must be (B, H, Nq, d), the pages (num_pages, H_kv, page_size, d) and the block table "
-                         f"(B, max_pages); got q {tuple(q.shape)}, pages {tuple(k_pages.shape)}, table "
-                         f"{tuple(table.shape)}")
-    n_k = int(lens.max()) if not is_device_array(lens) else int(table.shape[1] * k_pages.shape[2])
-    batch, (_, h_kv, page_size, d) = q.shape[0], k_pages.shape
-    like_kv = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
-    like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
-    prob = check_attention_inputs(q, like_kv, like_v, causal=causal, scale=scale, allowed=SUPPORTED)
-    o, lse = _decode(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
-                     max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device)
-    return result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
+    run, o, lse, prob = prepare_paged(q, cache, num_splits=num_splits, causal=causal, scale=scale)
+    run()
+    to_host = not is_device_array(q)
+    return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)

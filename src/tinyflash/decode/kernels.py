@@ -7,7 +7,7 @@ is read from HBM once for all of them. The block walks its split's keys:
 
     threads:  lane = tid % TD  owns columns [lane·VEC, lane·VEC + VEC) of a key row
               slot = tid // TD owns keys  k_begin + slot, + KP, + 2·KP, ...   (KP = NT / TD slots)
-    per step, each slot takes UNROLL keys:
+    per step, each slot takes UNROLL keys (and the next step's loads are already in flight):
         K_j, V_j rows: one VEC-element vector load per thread (16 bytes: 8 float16 or 4 float32);
                        the TD lanes of a slot read one whole row, neighbouring slots the next rows
         S_ij = scale · q_r · K_j      partial dot product over the lane's columns, then a sum over
@@ -72,8 +72,9 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
     ``page_size``: 0 for a contiguous cache, else the tokens per page of a paged one."""
     TD = D // VEC  # lanes per key row
     KP = NT // TD  # key slots: keys in flight per step and unrolled key
-    RB_, D_, VEC_, TD_, KP_ = u(RB), u(D), u(VEC), u(TD), u(KP)
+    RB_, D_, VEC_, TD_, KP_, NT_, UNROLL_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(UNROLL)
     STEP = u(KP * UNROLL)  # keys a block takes per step
+    TWO_STEPS = STEP + STEP  # per loop trip (two register sets)
     PAGE = u(max(page_size, 1))
     M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # shared memory: m, l, acc of every slot
     load_vec = vector_load(VEC)
@@ -99,11 +100,21 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                 out[t, e] = float32(src[off + col0 + e]) if col0 + e < d else float32(0.0)
 
     @cuda.jit(device=True, inline="always")
+    def load_keys(K, V, TABLE, b, bkv, kv_head, key, k_end, n_k, h_kv, max_pages, d, col0, kf, vf):
+        """K and V rows of keys key, key + KP, ... (UNROLL of them), this thread's columns, into kf, vf.
+        A key past the split reloads the split's last key (its score is masked): no bounds branch."""
+        for t in range(UNROLL_):
+            key_t = min(key + t * KP_, k_end - ONE)
+            off = row_offset(TABLE, b, bkv, kv_head, key_t, n_k, h_kv, max_pages, d)
+            load_row(K, off, col0, d, kf, t)
+            load_row(V, off, col0, d, vf, t)
+
+    @cuda.jit(device=True, inline="always")
     def update(s, kf, vf, q, m_i, l_i, acc, key, k_end, row_stop):
         """Scores of this step's UNROLL keys for every packed row, masked, folded into (m_i, l_i, acc)."""
         for r in range(RB_):
             m_new = m_i[r]
-            for t in range(UNROLL):
+            for t in range(UNROLL_):
                 part = float32(0.0)
                 for e in range(VEC_):
                     part += q[r, e] * kf[t, e]
@@ -116,7 +127,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
             l_i[r] *= alpha
             for e in range(VEC_):
                 acc[r, e] *= alpha
-            for t in range(UNROLL):
+            for t in range(UNROLL_):
                 p = math.exp2(s[t] - m_safe)  # P_ij
                 l_i[r] += p
                 for e in range(VEC_):
@@ -133,7 +144,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
             for e in range(VEC_):
                 smem[A_OFF + (slot * RB_ + r) * D_ + lane * VEC_ + e] = acc[r, e]
         cuda.syncthreads()  # every slot's state is written before any thread merges them
-        for idx in range(tid, RB_ * D_, u(NT)):
+        for idx in range(tid, RB_ * D_, NT_):
             r, c = idx // D_, idx % D_
             m, l_sum, o = NEG_INF, float32(0.0), float32(0.0)
             for sl in range(KP_):
@@ -159,8 +170,8 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         col0 = lane * VEC_  # this thread's first column
 
         seq_len = uint64(LENS[b])
-        chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole steps
-        chunk = (chunk + STEP - ONE) // STEP * STEP
+        chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole loop trips
+        chunk = (chunk + TWO_STEPS - ONE) // TWO_STEPS * TWO_STEPS
         k_begin = min(split * chunk, seq_len)
         k_end = min(k_begin + chunk, seq_len)
 
@@ -169,8 +180,10 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         m_i = cuda.local.array(RB, float32)  # running max (base 2) of row r over this slot's keys
         l_i = cuda.local.array(RB, float32)  # running denominator
         row_stop = cuda.local.array(RB, uint64)  # row r may attend keys < row_stop[r]
-        kf = cuda.local.array((UNROLL, VEC), float32)  # K rows of this step's keys, its columns
-        vf = cuda.local.array((UNROLL, VEC), float32)  # V rows
+        ka = cuda.local.array((UNROLL, VEC), float32)  # K rows of one step's keys, this thread's columns
+        va = cuda.local.array((UNROLL, VEC), float32)  # their V rows
+        kb = cuda.local.array((UNROLL, VEC), float32)  # the same for the next step
+        vb = cuda.local.array((UNROLL, VEC), float32)
         s = cuda.local.array(UNROLL, float32)  # scores of this step's keys
         q_row0 = bkv * rows + row0  # packed rows of one K/V head are consecutive rows of q
         for r in range(RB_):
@@ -184,14 +197,15 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
             m_i[r] = NEG_INF
             l_i[r] = float32(0.0)
 
-        for base in range(k_begin, k_end, STEP):  # the same trip count in every thread (the shuffles)
-            key = base + slot
-            for t in range(UNROLL):
-                key_t = min(key + t * KP_, k_end - ONE)  # past the split: reload the last key, masked
-                off = row_offset(TABLE, b, bkv, kv_head, key_t, n_k, h_kv, max_pages, d)
-                load_row(K, off, col0, d, kf, t)
-                load_row(V, off, col0, d, vf, t)
-            update(s, kf, vf, q, m_i, l_i, acc, key, k_end, row_stop)
+        # Two sets of K/V registers (a, b): one step's loads are in flight while the other is computed.
+        # The loop has the same trip count in every thread of the block (the shuffles need it).
+        load_keys(K, V, TABLE, b, bkv, kv_head, k_begin + slot, k_end, n_k, h_kv, max_pages, d, col0, ka, va)
+        for base in range(k_begin, k_end, TWO_STEPS):
+            load_keys(K, V, TABLE, b, bkv, kv_head, base + STEP + slot, k_end, n_k, h_kv, max_pages, d, col0, kb, vb)
+            update(s, ka, va, q, m_i, l_i, acc, base + slot, k_end, row_stop)
+            load_keys(K, V, TABLE, b, bkv, kv_head, base + TWO_STEPS + slot, k_end, n_k, h_kv, max_pages, d, col0,
+                      ka, va)
+            update(s, kb, vb, q, m_i, l_i, acc, base + STEP + slot, k_end, row_stop)
 
         merge_slots(smem, m_i, l_i, acc, O_PART, LSE_PART, (bkv * n_splits + split) * rows + row0, row0, rows,
                     slot, lane, tid, d)

@@ -32,8 +32,8 @@ from ..core.masks import allowed
 from ..core.online_softmax import online_softmax_finish, online_softmax_update
 
 H200_SMS = 132  # streaming multiprocessors of an H200: the default when no GPU is asked
-BLOCKS_PER_SM = 8  # decode kernel blocks resident on one SM at once (128 threads, few registers)
-MIN_KEYS_PER_SPLIT = 256  # a split shorter than this costs more in the combine than it saves
+BLOCKS_PER_SM = 3  # split-kernel blocks resident per SM: 128 threads × 144 registers (ptxas, sm_90, d = 128)
+MIN_KEYS_PER_SPLIT = 128  # shorter splits: the per-block work (q, the merge, the partials) would dominate
 MAX_SPLITS = 256  # the combine's loop over splits stays short
 WAVE_EFFICIENCY = 0.85  # accept the fewest splits within 85% of the best wave efficiency
 
