@@ -13,7 +13,7 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash.core.online_softmax import LOG2E, merge_weights, online_softmax_update
+from tinyflash.core.online_softmax import LOG2E, merge_weights
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.decode import split_kv
 from tinyflash.decode.paged import to_paged
@@ -48,7 +48,7 @@ def test_a_split_of_only_masked_keys_has_weight_zero(rng):
     prob = tf.core.checks.check_attention_inputs(q, k, v, causal=True, scale=None)
     o_s, lse_s = split_kv.partial_attention(q, k, v, prob, 19, 20)
     assert np.all(lse_s[..., :2] == -np.inf) and np.all(o_s[..., :2, :] == 0) and np.all(np.isfinite(lse_s[..., 2]))
-    o, lse = tf.split_kv_attention(q, k, v, num_splits=10, causal=True)
+    o, _ = tf.split_kv_attention(q, k, v, num_splits=10, causal=True)
     assert_close(o, tf.reference_attention(q, k, v, causal=True)[0], F64_TOL, "o")
 
 
@@ -147,3 +147,16 @@ def test_kv_cache_bytes():
     assert tf.kv_cache_bytes(layers=32, kv_heads=32, head_dim=128, context=131_072, bytes_per_element=1) * 2 == mha
     with pytest.raises(ValueError, match="context must be a positive integer"):
         tf.kv_cache_bytes(layers=1, kv_heads=1, head_dim=1, context=0)
+
+
+def test_pages_from_contiguous(rng):
+    """The benchmark's paged copy (array operations only) holds the same keys as to_paged's."""
+    from tinyflash.decode.paged import pages_from_contiguous
+
+    q, k, v = gqa_cache(rng, 3, 4, 2, 1, 32, 4)
+    cache = pages_from_contiguous(k, v, 8, rng.permutation(12))
+    for b in range(3):
+        K, V = cache.gather(b)
+        assert np.array_equal(K, k[b]) and np.array_equal(V, v[b])
+    o, _ = tf.paged_attention(q, cache)
+    assert_close(o, tf.reference_attention(q, k, v)[0], F64_TOL, "paged o")

@@ -59,7 +59,7 @@ def test_paged_kernel_on_the_simulator(rng):
     lens = [30, 6, 13]
     cache = to_paged(k, v, lens, page_size=4, rng=rng)
     o, lse = tf.cuda_paged_attention(q, cache, num_splits=2, causal=True)
-    ref_o, ref_lse = tf.paged_attention(q, cache, causal=True)
+    _, ref_lse = tf.paged_attention(q, cache, causal=True)
     for b, n in enumerate(lens):
         check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], True, f"paged kernel, sequence {b}")
         assert_close(lse[b], ref_lse[b], F32_TOL, "paged kernel vs NumPy paged lse", is_lse=True)

@@ -68,18 +68,27 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
     split, smem = kernels.make_split_kernel(p["rb"], D, VEC, kernels.threads(), d == D, page_size)
-    split_args = (to_device_flat(q), to_device_flat(k), to_device_flat(v), to_device_flat(table),
-                  to_device_flat(lens), o_part, lse_part, prob.n_q, d, n_k, h_kv, max_pages,
-                  np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group)
+    split_args = (*(_numba(to_device_flat(x)) for x in (q, k, v, table, lens)), o_part, lse_part, prob.n_q, d, n_k,
+                  h_kv, max_pages, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group)
     nt = kernels.COMBINE_THREADS
     combine_grid = (-(-p["rows"] * d // nt), batch * h_kv)  # one thread per (packed row, column)
-    combine_args = (o_part, lse_part, kernel_view(o), kernel_view(lse), p["num_splits"], p["rows"], d)
+    combine_args = (o_part, lse_part, _numba(kernel_view(o)), _numba(kernel_view(lse)), p["num_splits"], p["rows"], d)
 
     def run(stream=0):
         split[p["grid"], kernels.threads(), stream, smem](*split_args)
         kernels.make_combine_kernel()[combine_grid, nt, stream](*combine_args)
 
     return run, o, lse
+
+
+def _numba(x):
+    """A numba view of a device array of another library (CuPy), made once: numba then need not
+    read its ``__cuda_array_interface__`` again at every launch. (The simulator's arrays as they are.)"""
+    if simulator_enabled() or hasattr(x, "is_c_contiguous"):
+        return x
+    from numba import cuda
+
+    return cuda.as_cuda_array(x)
 
 
 def _lead(prob):

@@ -78,6 +78,29 @@ def to_paged(k, v, seq_lens, page_size: int = PAGE_SIZE, rng=None, spare_pages: 
     return PagedKVCache(k_pages, v_pages, table, seq_lens)
 
 
+def pages_from_contiguous(k, v, page_size: int, perm) -> PagedKVCache:
+    """A paged copy of a cache in which every sequence holds all Nk tokens, built with array
+    operations only (NumPy or CuPy: for the benchmark, on the GPU). k (B, H_kv, Nk, d), v alike,
+    Nk a multiple of ``page_size``; ``perm`` (B · Nk / page_size,) integer array: the pool page
+    that takes each sequence's pages, in order (a permutation, so that pages land anywhere)."""
+    B, h_kv, n_k, _ = k.shape  # (B, H_kv, Nk, d)
+    if n_k % page_size:
+        raise ValueError(f"Nk must be a multiple of page_size={page_size}; got k {k.shape}")
+    per_seq = n_k // page_size  # pages per sequence
+
+    def pool(x):
+        c = x.shape[-1]
+        pages = x.reshape(B, h_kv, per_seq, page_size, c).transpose(0, 2, 1, 3, 4)  # (B, pages, H_kv, P, c)
+        pages = pages.reshape(B * per_seq, h_kv, page_size, c)  # (B·pages, H_kv, P, c), a copy
+        out = pages.copy()  # (num_pages, H_kv, P, c) the pool
+        out[perm] = pages  # page i of the batch goes to pool page perm[i]
+        return out
+
+    table = perm.reshape(B, per_seq).astype("int32")  # (B, pages): sequence b's page p is pool page perm[b·pages + p]
+    lens = table[:, 0] * 0 + n_k  # (B,) int32, every sequence full (in the library of perm)
+    return PagedKVCache(pool(k), pool(v), table, lens)
+
+
 def paged_attention(q, cache: PagedKVCache, *, num_splits: int | None = None, causal: bool = False,
                     scale: float | None = None):
     """Decode attention on a paged cache, in NumPy. Returns ``(o, lse)``.

@@ -5,6 +5,7 @@
     python -m tinyflash.bench tiles --csv figures/data/tile_sweep_h200.csv   # tilings of the latest kernel
     python -m tinyflash.bench vector --csv figures/data/vector_loads_h200.csv  # 1 or 4 elements per load
     python -m tinyflash.bench example-32k --csv figures/data/example_32k_h200.csv   # B=1, H=32, N=32k
+    python -m tinyflash.bench decode --csv figures/data/decode_h200.csv     # split-KV decoding (bench_decode.py)
     python -m tinyflash.bench --summary figures/data/bench_h200.csv          # the README's table of a CSV
 
 Each measurement is checked before it is timed (``tinyflash.measure.harness`` says how); all
@@ -202,7 +203,7 @@ SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, de
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tinyflash.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k"],
+    ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "decode"],
                     help="which benchmark (default: sweep)")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
@@ -230,6 +231,11 @@ def main(argv=None) -> int:
         return 2
     if args.what == "example-32k":
         example_32k(args.csv, args.seed)
+        return 0
+    if args.what == "decode":  # its own shapes and columns: tinyflash/measure/bench_decode.py
+        from .bench_decode import run as run_decode
+
+        run_decode(args.csv, args.seed, contexts=[4_096] if args.quick else args.n or None)
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]
     if args.impl:
