@@ -1,6 +1,6 @@
 """The figures of the README: memory, HBM traffic and time against sequence length.
 
-    python -m tinyflash.plots                  # run from the repository root; all five figures
+    python -m tinyflash.plots                  # run from the repository root; all six figures
     python -m tinyflash.plots --only hbm_traffic memory_model
     python -m tinyflash.plots --remeasure-gpu  # on a GPU machine: run the benchmark first
 
@@ -14,8 +14,9 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
+| kv_cache.png                | KV-cache bytes vs context, MHA/GQA/MQA | decode.cache_memory (formula)      |
 
-The figures themselves are drawn in plot_memory.py, plot_traffic.py and plot_gpu.py.
+The figures themselves are drawn in plot_memory.py, plot_traffic.py, plot_gpu.py and plot_kv_cache.py.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from pathlib import Path
 import matplotlib
 
 from .plot_gpu import plot_memory_gpu_measured, plot_time_gpu
+from .plot_kv_cache import plot_kv_cache
 from .plot_memory import plot_memory_cpu_measured, plot_memory_model
 from .plot_traffic import plot_hbm_traffic
 
-FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu")
+FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu", "kv_cache")
 GPU_CSV_NAME = "bench_h200.csv"
 
 
@@ -60,6 +62,7 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
         "memory_gpu_measured": lambda p: plot_memory_gpu_measured(p, gpu_csv),
         "hbm_traffic": lambda p: plot_hbm_traffic(p, data, progress=progress),
         "time_gpu": lambda p: plot_time_gpu(p, gpu_csv),
+        "kv_cache": lambda p: plot_kv_cache(p, data / "kv_cache.csv"),
     }
     written = []
     for name in names:
