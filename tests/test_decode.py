@@ -160,3 +160,20 @@ def test_pages_from_contiguous(rng):
         assert np.array_equal(K, k[b]) and np.array_equal(V, v[b])
     o, _ = tf.paged_attention(q, cache)
     assert_close(o, tf.reference_attention(q, k, v)[0], F64_TOL, "paged o")
+
+
+def test_decode_summary_table():
+    """The README's decode table from benchmark rows (synthetic here: the real CSV is the GPU's)."""
+    from tinyflash.measure.bench_decode import summary_table
+
+    def row(impl, variant, time_ms, **extra):
+        return {"impl": impl, "variant": variant, "batch": "8", "n_k": "131072", "num_splits": "6", "status": "ok",
+                "time_ms": str(time_ms), "tb_per_s": "4.0", "vs_torch_flash": "", "vs_copy": "", **extra}
+
+    rows = [row("split_kv", "", 1.0, vs_torch_flash="0.95", vs_copy="0.9"), row("no_split", "", 3.0),
+            row("paged", "page_size=16", 1.05), row("torch_flash", "enable_gqa=True", 0.95),
+            {**row("torch_cudnn", "enable_gqa=True", 0), "status": "unsupported"},
+            row("copy", "device-to-device, K and V", 1.8), row("split_kv", "splits=2", 2.0)]
+    table = summary_table(rows)
+    assert table.splitlines()[2] == ("| 8 | 131,072 | 6 | 1,000.0 | 3,000.0 | 1,050.0 | 950.0 | unsupported | 1,800.0 "
+                                     "| 4.00 | 0.95× | 90% |")

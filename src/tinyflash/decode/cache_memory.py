@@ -21,3 +21,22 @@ def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, b
                         ("batch", batch), ("bytes_per_element", bytes_per_element)):
         check_positive_int(value, name)
     return 2 * layers * batch * context * kv_heads * head_dim * bytes_per_element
+
+
+# NVIDIA's H200 datasheet (SXM): HBM3e bandwidth, and dense float16 tensor-core throughput.
+H200_HBM_BYTES_PER_S = 4.8e12  # 4.8 TB/s
+H200_FP16_DENSE_FLOPS = 989e12  # 989 TFLOP/s (the datasheet's 1,979 counts 2:4 sparsity)
+
+
+def attention_intensity(*, heads: int, kv_heads: int, n_q: int, n_k: int, head_dim: int,
+                        bytes_per_element: int = 2) -> float:
+    """FLOPs per byte read or written of one attention call (one layer, one sequence).
+
+    FLOPs: 4·H·Nq·Nk·d (Q Kᵀ and P V, a multiply-add counted as 2). Bytes: Q and O (H·Nq·d each)
+    plus K and V (H_kv·Nk·d each), each moved once, as FlashAttention moves them. Decoding
+    (Nq = 1) does about 2·H/H_kv FLOPs per element of K and V: 1 per byte in float16 without
+    GQA, whatever Nk is, while an H200 can do about 200 per byte it reads.
+    """
+    flops = 4 * heads * n_q * n_k * head_dim
+    elements = 2 * heads * n_q * head_dim + 2 * kv_heads * n_k * head_dim
+    return flops / (elements * bytes_per_element)

@@ -257,3 +257,30 @@ def print_row(r: dict) -> None:
     cp = f"{r['vs_copy']:6.0%}" if "vs_copy" in r else f"{'–':>6}"
     print(f"{r['impl']:12} {r['variant']:26} {r['batch']:>2} {r['n_k']:>7} {r['num_splits']!s:>6} {us} {tbs} {vs} "
           f"{cp}  {r['status']}")
+
+
+SUMMARY_IMPLS = (("split_kv", ""), ("no_split", ""), ("paged", f"page_size={PAGE}"), ("torch_flash", "enable_gqa=True"),
+                 ("torch_cudnn", "enable_gqa=True"), ("copy", "device-to-device, K and V"))
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The README's table of a decode CSV: µs per call of each implementation per (B, Nk), the
+    split count the rule chose, split-KV's K/V read rate and its ratios to SDPA flash and the copy."""
+    def find(impl, variant, b, n):
+        return next((r for r in rows if (r["impl"], r["variant"], r["batch"], r["n_k"]) == (impl, variant, b, n)), None)
+
+    def us(r):
+        return f"{float(r['time_ms']) * 1e3:,.1f}" if r and r["status"] == "ok" else (r["status"] if r else "–")
+
+    names = " | ".join(impl for impl, _ in SUMMARY_IMPLS)
+    lines = [f"| B | Nk | splits | {names} | split_kv TB/s | split_kv / SDPA flash | split_kv / copy |",
+             "|---" * (len(SUMMARY_IMPLS) + 6) + "|"]
+    for b, n in sorted({(r["batch"], r["n_k"]) for r in rows}, key=lambda x: (int(x[0]), int(x[1]))):
+        ours = find("split_kv", "", b, n)
+        cells = " | ".join(us(find(impl, var, b, n)) for impl, var in SUMMARY_IMPLS)
+        ok = ours is not None and ours["status"] == "ok"
+        ratio = f"{float(ours['vs_torch_flash']):.2f}×" if ok and ours.get("vs_torch_flash") else "–"
+        share = f"{float(ours['vs_copy']):.0%}" if ok and ours.get("vs_copy") else "–"
+        tbs = f"{float(ours['tb_per_s']):.2f}" if ok else "–"
+        lines.append(f"| {b} | {int(n):,} | {ours['num_splits'] if ours else '–'} | {cells} | {tbs} | {ratio} | {share} |")
+    return "\n".join(lines)
