@@ -219,6 +219,11 @@ def main(argv=None) -> int:
     ap.add_argument("--summary-n", type=int, default=16384, help="the sequence length of that table")
     args = ap.parse_args(argv)
     if args.summary:
+        if args.what == "decode":  # the decode CSV has its own columns and table
+            from .bench_decode import summary_table
+
+            print(summary_table(read_csv(args.summary)))
+            return 0
         print(report.table_for(read_csv(args.summary), args.summary_n))
         return 0
     try:
