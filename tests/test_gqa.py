@@ -52,8 +52,8 @@ def test_reference_rows_with_gqa(rng):
 
 
 @pytest.mark.simulator
-@pytest.mark.parametrize("kernel", ["v1", "v2", "v3", "v4", "v5"])
-@pytest.mark.parametrize("h, h_kv, causal", [(4, 2, True), (3, 1, False)])
+@pytest.mark.parametrize("kernel, h, h_kv, causal", [("v1", 4, 2, True), ("v2", 4, 2, False), ("v3", 4, 2, True),
+                                                     ("v4", 3, 1, True), ("v5", 4, 2, True), ("v5", 3, 1, False)])
 def test_kernels_equal_repeated_kv(rng, kernel, h, h_kv, causal):
     """Every kernel version with GQA (and MQA: H_kv = 1), on the simulator at a tiny size."""
     q, k, v, k_rep, v_rep = gqa_inputs(rng, 1, h, h_kv, 9, 11, 8, 5, np.float32)
@@ -100,3 +100,15 @@ def test_k_and_v_head_counts_must_match():
     q, k, v = np.ones((4, 3, 4)), np.ones((2, 5, 4)), np.ones((1, 5, 4))
     with pytest.raises(ValueError, match="k and v must have identical leading"):
         tf.naive_attention(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["v1", "v2", "v3", "v4", "v5"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_kernels_gqa_on_the_gpu(rng, kernel, dtype):
+    """32 query heads on 8 K/V heads, d = 128, causal, Nq != Nk, at a size the simulator cannot run."""
+    q, k, v, k_rep, v_rep = gqa_inputs(rng, 2, 32, 8, 777, 1_001, 128, 128, dtype)
+    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel=kernel)
+    o_rep, lse_rep = tf.cuda_attention(q, k_rep, v_rep, causal=True, kernel=kernel)
+    assert np.array_equal(o, o_rep) and np.array_equal(lse, lse_rep)  # the same kernel on the same numbers
+    assert_close(lse, tf.reference_attention(q, k, v, causal=True)[1], F32_TOL, f"{kernel} GQA lse", is_lse=True)
