@@ -43,8 +43,11 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
     return {"rows": rows, "rb": rb, "grid": (num_splits, batch * h_kv, chunks), "num_splits": num_splits}
 
 
-def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device):
+def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
+             threads=None, unroll=None):
     """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
+    ``threads`` and ``unroll`` override the split kernel's block size and keys per slot and step
+    (kernels.threads(), kernels.UNROLL): the benchmark tries a few.
 
     Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
     and does nothing else, so that a benchmark times the kernels, not the checks.
@@ -57,6 +60,9 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
         raise ValueError(f"the decode kernels support head dims up to {32 * VEC} for {prob.dtype.name}; got d={d}")
     if batch * h_kv > MAX_GRID_Y:
         raise ValueError(f"the decode kernels support B·H_kv <= {MAX_GRID_Y}; got {batch * h_kv}")
+    nt, unroll = threads or kernels.threads(), unroll or kernels.UNROLL
+    if nt % 32 or nt < TD or unroll < 1:
+        raise ValueError(f"threads must be a multiple of 32 and at least {TD}, unroll at least 1; got {nt}, {unroll}")
     p = plan(batch, h_kv, prob.kv_group, prob.n_q, n_k, num_splits)
     like = q if on_device else None
     o = empty(like, batch * h_kv * p["rows"] * d, prob.dtype)  # (B·H·Nq·d,) flat: packed rows of each K/V head
@@ -67,16 +73,16 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
 
     o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
-    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, kernels.threads(), d == D, page_size)
+    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, d == D, page_size, unroll)
     split_args = (*(_numba(to_device_flat(x)) for x in (q, k, v, table, lens)), o_part, lse_part, prob.n_q, d, n_k,
                   h_kv, max_pages, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group)
-    nt = kernels.COMBINE_THREADS
-    combine_grid = (-(-p["rows"] * d // nt), batch * h_kv)  # one thread per (packed row, column)
+    nc = kernels.COMBINE_THREADS
+    combine_grid = (-(-p["rows"] * d // nc), batch * h_kv)  # one thread per (packed row, column)
     combine_args = (o_part, lse_part, _numba(kernel_view(o)), _numba(kernel_view(lse)), p["num_splits"], p["rows"], d)
 
     def run(stream=0):
-        split[p["grid"], kernels.threads(), stream, smem](*split_args)
-        kernels.make_combine_kernel()[combine_grid, nt, stream](*combine_args)
+        split[p["grid"], nt, stream, smem](*split_args)
+        kernels.make_combine_kernel()[combine_grid, nc, stream](*combine_args)
 
     return run, o, lse
 
@@ -97,9 +103,11 @@ def _lead(prob):
     return (math.prod(lead[:-1]), lead[-1]) if lead else (1, 1)
 
 
-def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None):
+def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
+                     **tuning):
     """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
-    ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times it."""
+    ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
+    it. ``tuning``: ``threads``, ``unroll`` (see :func:`_prepare`)."""
     on_device = is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -110,7 +118,7 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     lens = np.full(batch, prob.n_k, dtype=np.int32)  # (B,) every sequence holds all Nk keys
     table = np.zeros(1, dtype=np.int32)  # no block table: the cache is contiguous
     run, o, lse = _prepare(q, k, v, table, lens, prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, max_pages=1,
-                           page_size=0, num_splits=num_splits, on_device=on_device)
+                           page_size=0, num_splits=num_splits, on_device=on_device, **tuning)
     return run, o, lse, prob
 
 
@@ -129,7 +137,8 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
     return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)
 
 
-def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None):
+def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
+                  **tuning):
     """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``."""
     on_device = is_device_array(q)
     k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
@@ -145,7 +154,8 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
     like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
     prob = check_attention_inputs(q, like_k, like_v, causal=causal, scale=scale, allowed=SUPPORTED)
     run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
-                           max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device)
+                           max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device,
+                           **tuning)
     return run, o, lse, prob
 
 

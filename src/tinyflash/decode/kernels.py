@@ -66,14 +66,15 @@ def lanes(d: int, itemsize: int) -> tuple[int, int, int]:
 
 
 @lru_cache(maxsize=None)
-def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int):
+def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL):
     """The split kernel for RB packed rows per block, head dim padded to D, VEC elements per load,
-    NT threads; ``full``: d == D (vector loads; else one bounds-checked load per element);
-    ``page_size``: 0 for a contiguous cache, else the tokens per page of a paged one."""
+    NT threads (a multiple of 32), ``unroll`` keys per slot and step; ``full``: d == D (vector
+    loads; else one bounds-checked load per element); ``page_size``: 0 for a contiguous cache,
+    else the tokens per page of a paged one."""
     TD = D // VEC  # lanes per key row
     KP = NT // TD  # key slots: keys in flight per step and unrolled key
-    RB_, D_, VEC_, TD_, KP_, NT_, UNROLL_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(UNROLL)
-    STEP = u(KP * UNROLL)  # keys a block takes per step
+    RB_, D_, VEC_, TD_, KP_, NT_, UNROLL_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(unroll)
+    STEP = u(KP * unroll)  # keys a block takes per step
     TWO_STEPS = STEP + STEP  # per loop trip (two register sets)
     PAGE = u(max(page_size, 1))
     M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # shared memory: m, l, acc of every slot
@@ -180,11 +181,11 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         m_i = cuda.local.array(RB, float32)  # running max (base 2) of row r over this slot's keys
         l_i = cuda.local.array(RB, float32)  # running denominator
         row_stop = cuda.local.array(RB, uint64)  # row r may attend keys < row_stop[r]
-        ka = cuda.local.array((UNROLL, VEC), float32)  # K rows of one step's keys, this thread's columns
-        va = cuda.local.array((UNROLL, VEC), float32)  # their V rows
-        kb = cuda.local.array((UNROLL, VEC), float32)  # the same for the next step
-        vb = cuda.local.array((UNROLL, VEC), float32)
-        s = cuda.local.array(UNROLL, float32)  # scores of this step's keys
+        ka = cuda.local.array((unroll, VEC), float32)  # K rows of one step's keys, this thread's columns
+        va = cuda.local.array((unroll, VEC), float32)  # their V rows
+        kb = cuda.local.array((unroll, VEC), float32)  # the same for the next step
+        vb = cuda.local.array((unroll, VEC), float32)
+        s = cuda.local.array(unroll, float32)  # scores of this step's keys
         q_row0 = bkv * rows + row0  # packed rows of one K/V head are consecutive rows of q
         for r in range(RB_):
             real = row0 + r < rows
