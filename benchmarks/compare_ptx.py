@@ -31,10 +31,14 @@ from numba import cuda, types  # noqa: E402
 from tinyflash.forward.kernels import tiling, v5_branch_free  # noqa: E402
 
 
-def signature(dtype: str) -> tuple:
+def signature(dtype: str, kernel=None) -> tuple:
+    """The argument types of a forward kernel; with ``kernel``, as many as it takes (kernels with
+    grouped-query attention take kv_group, an int64, last)."""
     element = types.float16 if dtype == "float16" else types.float32
-    return ((types.Array(element, 1, "C"),) * 4 + (types.Array(types.float32, 1, "C"),)
-            + (types.int64,) * 4 + (types.float32, types.boolean))
+    sig = ((types.Array(element, 1, "C"),) * 4 + (types.Array(types.float32, 1, "C"),)
+           + (types.int64,) * 4 + (types.float32, types.boolean))
+    extra = 0 if kernel is None else kernel.py_func.__code__.co_argcount - len(sig)
+    return sig + (types.int64,) * extra
 
 
 def instructions(ptx: str) -> list[str]:
@@ -79,9 +83,10 @@ def main(argv=None) -> int:
         for d in (64, 128):
             for dtype in ("float32", "float16"):
                 width = v5_branch_free.vector_width(dtype)
-                this = cuda.compile_ptx(v5_branch_free.make_kernel(tiling.default_config(d, d), width).py_func,
-                                        signature(dtype), cc=(9, 0))[0]
-                that = cuda.compile_ptx(old_make(old_config(d, d), width).py_func, signature(dtype), cc=(9, 0))[0]
+                this_k, that_k = v5_branch_free.make_kernel(tiling.default_config(d, d), width), old_make(
+                    old_config(d, d), width)
+                this = cuda.compile_ptx(this_k.py_func, signature(dtype, this_k), cc=(9, 0))[0]
+                that = cuda.compile_ptx(that_k.py_func, signature(dtype, that_k), cc=(9, 0))[0]
                 a, b = instructions(that), instructions(this)
                 ops = Counter(i.split()[0] for i in b)
                 ops.subtract(Counter(i.split()[0] for i in a))

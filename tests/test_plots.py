@@ -187,7 +187,7 @@ def test_main_writes_named_figures(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown"):
         plots.make_figures(tmp_path, ["memory_model", "nope"])
     assert plots.FIGURE_NAMES == ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic",
-                                  "time_gpu", "training_memory")
+                                  "time_gpu", "training_memory", "kv_cache")
 
 
 def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypatch):
@@ -240,3 +240,14 @@ def test_bad_sequence_lengths():
         plot_memory.memory_model_data([])
     with pytest.raises(ValueError, match="naive_ns"):
         plot_memory.memory_cpu_data([0], [256], progress=False)
+
+
+def test_kv_cache_figure(tmp_path):
+    """The KV-cache figure and its data: GQA's 8 K/V heads take 1/4 of MHA's bytes, int8 half of float16."""
+    from tinyflash.measure import plot_kv_cache
+
+    png = plot_kv_cache.plot_kv_cache(tmp_path / "kv_cache.png", tmp_path / "kv_cache.csv", contexts=[1024, 4096])
+    assert_png(png)
+    rows = {(r["variant"], r["dtype"], int(r["context"])): int(r["bytes"]) for r in read_rows(tmp_path / "kv_cache.csv")}
+    assert rows["MHA", "float16", 4096] == 4 * rows["GQA", "float16", 4096] == 32 * rows["MQA", "float16", 4096]
+    assert rows["GQA", "float16", 1024] == 2 * rows["GQA", "int8", 1024]

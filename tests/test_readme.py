@@ -245,6 +245,35 @@ def test_the_v4_profile_claim():
     assert f"waited most, {100 * max(samples) / total:.1f}% of all samples" in FLAT
 
 
+def test_the_decode_section():
+    """The KV-cache sentence from kv_cache_bytes; the decode table from the committed CSV, or the
+    sentence saying it is not measured yet."""
+    from tinyflash.decode.cache_memory import kv_cache_bytes
+    from tinyflash.measure.bench_decode import summary_table
+    from tinyflash.measure.memory import format_bytes
+
+    size = {h_kv: kv_cache_bytes(layers=32, kv_heads=h_kv, head_dim=128, context=131_072) for h_kv in (32, 8, 1)}
+    assert (f"At 131,072 tokens: {format_bytes(size[32])} with multi-head attention, {format_bytes(size[8])} with 8 "
+            f"K/V heads, {format_bytes(size[1])} with one, half of each in int8") in FLAT
+    assert H200_MEMORY_BYTES // size[32] == 2 and "holds the multi-head cache of two such sequences" in FLAT
+    from tinyflash.decode import kernels, paged, split_kv
+    from tinyflash.decode.cache_memory import H200_FP16_DENSE_FLOPS, H200_HBM_BYTES_PER_S
+
+    assert round(H200_FP16_DENSE_FLOPS / H200_HBM_BYTES_PER_S, -1) == 210 and "can do about 200" in FLAT
+    assert (f"within {split_kv.WAVE_EFFICIENCY:.0%} of the best fraction of busy block slots ({split_kv.H200_SMS} SMs "
+            f"× {split_kv.BLOCKS_PER_SM} resident blocks of the split kernel), at least "
+            f"{split_kv.MIN_KEYS_PER_SPLIT} keys per split") in FLAT
+    td = kernels.lanes(128, 2)[2]
+    assert f"one block of {kernels.GPU_THREADS} threads per (split, sequence, K/V head)" in FLAT
+    assert f"{td} threads read a key row (d = 128, float16) with {kernels.LOAD_BYTES}-byte vector loads" in FLAT
+    assert f"each group of {td} keeps its own online-softmax state" in FLAT
+    assert f"K and V pages of {paged.PAGE_SIZE} tokens" in FLAT
+    csv_path = DATA / "decode_h200.csv"
+    expected = (summary_table(read_csv(csv_path)) if csv_path.exists() else
+                "Not measured yet: the table appears here once `figures/data/decode_h200.csv` is committed.")
+    assert block("decode-summary") == expected
+
+
 def test_ci_runs_the_readme_test_command():
     """.ci/run installs from requirements.txt and ends with exactly the README's test command."""
     ci_lines = [x.strip() for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip()]

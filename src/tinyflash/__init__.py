@@ -21,7 +21,7 @@ The package, one home for each idea:
                loads, launches
     measure/   tooling, not teaching code: memory model, HBM traffic, the benchmark harness, figures
     backward/  the backward pass: naive.py, blocked.py (recomputation from lse), cuda.py, kernels/
-    decode/    decoding with a KV cache (not built yet)
+    decode/    decoding with a KV cache: split-KV (Flash-Decoding), grouped-query attention, a paged cache
 
 ``python -m tinyflash.bench`` and ``python -m tinyflash.plots`` are the two commands of measure/.
 """
@@ -30,6 +30,9 @@ from .backward.blocked import blocked_attention_backward
 from .backward.naive import naive_attention_backward, reference_attention_backward
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
+from .decode.cache_memory import kv_cache_bytes
+from .decode.paged import paged_attention
+from .decode.split_kv import split_kv_attention
 from .forward.blocked import blocked_attention
 from .forward.naive import naive_attention, reference_attention
 from .measure.memory import attention_memory, format_bytes, tile_bytes
@@ -42,13 +45,18 @@ __all__ = [
     "causal_mask",
     "cuda_attention",
     "cuda_attention_backward",
+    "cuda_paged_attention",
+    "cuda_split_kv_attention",
     "format_bytes",
+    "kv_cache_bytes",
     "naive_attention",
     "naive_attention_backward",
     "online_softmax",
+    "paged_attention",
     "reference_attention",
     "tensor_core_attention",
     "reference_attention_backward",
+    "split_kv_attention",
     "tile_bytes",
 ]
 __version__ = "0.1.0"
@@ -69,4 +77,8 @@ def __getattr__(name):
         from .backward.cuda import cuda_attention_backward
 
         return cuda_attention_backward
+    if name in ("cuda_split_kv_attention", "cuda_paged_attention"):
+        from .decode import cuda
+
+        return getattr(cuda, name)
     raise AttributeError(f"module 'tinyflash' has no attribute {name!r}")

@@ -22,7 +22,7 @@ SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.floa
 class AttentionProblem:
     """What the checks found out about one call: shapes, dtypes and the softmax scale."""
 
-    lead: tuple  # leading (batch, head, ...) dims shared by q, k and v
+    lead: tuple  # leading (batch, head, ...) dims of q (and of o, lse)
     n_q: int  # Nq, number of queries
     n_k: int  # Nk, number of keys (and values)
     d: int  # head dim of q and k
@@ -31,6 +31,14 @@ class AttentionProblem:
     compute_dtype: np.dtype  # dtype of the arithmetic: float32 for float16 inputs
     scale: float  # the softmax scale; 1/sqrt(d) unless given
     causal: bool
+    kv_group: int = 1  # query heads per K/V head: H / H_kv (1: one K/V head per query head; H: MQA)
+
+    @property
+    def kv_lead(self) -> tuple:
+        """Leading dims of k and v: the head axis (-3 of q) holds H / kv_group K/V heads."""
+        if self.kv_group == 1:
+            return self.lead
+        return (*self.lead[:-1], self.lead[-1] // self.kv_group)
 
     @property
     def out_shape(self) -> tuple:
@@ -112,8 +120,32 @@ def check_causal(causal) -> bool:
     return bool(causal)
 
 
+def check_kv_heads(qs: tuple, ks: tuple, vs: tuple) -> int:
+    """Grouped-query attention: the number of query heads per K/V head, from the shapes of q, k, v.
+
+    q (..., H, Nq, d), k (..., H_kv, Nk, d), v (..., H_kv, Nk, dv): every leading dim but the
+    head axis (-3) must match, and H must be a multiple of H_kv. H_kv = H is ordinary multi-head
+    attention (group 1), 1 < H_kv < H grouped-query attention (GQA), H_kv = 1 multi-query (MQA).
+    """
+    if ks[:-2] != vs[:-2]:
+        raise ValueError(f"k and v must have identical leading (batch, head, ...) dimensions; got k {ks}, v {vs}")
+    if qs[:-2] == ks[:-2]:
+        return 1
+    if len(qs) < 3 or len(qs) != len(ks) or qs[:-3] != ks[:-3]:
+        raise ValueError("q, k and v must have identical leading (batch, head, ...) dimensions, except that k "
+                         f"and v may have fewer heads (axis -3) than q; got q {qs}, k {ks}, v {vs}")
+    h, h_kv = qs[-3], ks[-3]
+    if h_kv < 1 or h % h_kv != 0:
+        raise ValueError(f"the number of query heads H (axis -3 of q) must be a multiple of the number of K/V "
+                         f"heads H_kv (axis -3 of k and v); got q {qs} (H={h}) and k {ks} (H_kv={h_kv})")
+    return h // h_kv
+
+
 def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) -> AttentionProblem:
-    """Validate q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv); return what was found.
+    """Validate q (..., H, Nq, d), k (..., H_kv, Nk, d), v (..., H_kv, Nk, dv); return what was found.
+
+    H_kv = H is ordinary attention; H_kv < H (a divisor of H) is grouped-query attention: query
+    head h reads K/V head h // (H / H_kv) (:func:`check_kv_heads`).
 
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes or values, each
     message naming the argument, what was received and what is expected.
@@ -130,9 +162,7 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
         raise TypeError(f"q, k and v must share one dtype; got q {dtypes['q'].name}, k {dtypes['k'].name}, "
                         f"v {dtypes['v'].name}")
     qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
-    if not (qs[:-2] == ks[:-2] == vs[:-2]):
-        raise ValueError("q, k and v must have identical leading (batch, head, ...) dimensions; "
-                         f"got q {qs}, k {ks}, v {vs}")
+    kv_group = check_kv_heads(qs, ks, vs)
     n_q, d = qs[-2], qs[-1]
     n_k, d_k = ks[-2], ks[-1]
     n_v, d_v = vs[-2], vs[-1]
@@ -151,7 +181,7 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
     dtype = dtypes["q"]
     compute = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
     return AttentionProblem(lead=qs[:-2], n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
-                            scale=check_scale(scale, d), causal=check_causal(causal))
+                            scale=check_scale(scale, d), causal=check_causal(causal), kv_group=kv_group)
 
 
 def check_like(x, name: str, shape: tuple, dtype, what: str):

@@ -17,10 +17,18 @@ a tile of Br rows) both call it, and :func:`online_softmax_finish` turns the sta
 The GPU kernels do the same arithmetic on registers, one phase per line of the update, in
 base 2: with S2 = S · log2(e), exp(S - m) = exp2(S2 - m2), one hardware instruction (ex2.approx)
 per score, and at the end lse = (m2 + log2(l)) · ln(2). LOG2E and LN2 below are those constants.
+
+Two states over disjoint sets of keys merge by the same rescaling: a state (m, l, o) and
+another (m', l', o') give m'' = max(m, m'), l'' = exp(m - m'')·l + exp(m' - m'')·l', and the
+same weights for o. That is what split-KV decoding (``tinyflash.decode``) does with the partial
+results of its splits. Finished partials (O_s, lse_s) are the states (lse_s, 1, O_s), so the
+NumPy combine is :func:`online_softmax_update` itself, with one "score" lse_s and one "value"
+O_s per split; the kernels call :func:`merge_weights`, the same rescaling for two scalars.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +57,21 @@ def online_softmax_update(m_i, l_i, acc, S_ij, V_j=None):
     if V_j is not None:
         acc = alpha[..., None] * acc + P_ij @ V_j  # (..., Br, dv)  P·V
     return m_new, l_i, acc, alpha
+
+
+def merge_weights(m_a, m_b):
+    """Merge two online-softmax states with maxima m_a, m_b (base 2, as in the kernels).
+
+    Returns ``(m, alpha_a, alpha_b)``: the merged maximum m = max(m_a, m_b) and the factors
+    exp2(m_a - m), exp2(m_b - m) that put each state's sums on its scale; l = alpha_a·l_a +
+    alpha_b·l_b, and the same for acc. A state that has seen no allowed key has m = -inf and
+    weight 0; when both have, both weights are 0. Scalars only: plain Python, so that the kernels
+    compile these very lines (``tinyflash.gpu.runtime.device_function``), as they do the causal rule.
+    """
+    m = max(m_a, m_b)
+    if m == -math.inf:  # neither state has seen an allowed key: avoid -inf - -inf
+        return m, 0.0, 0.0
+    return m, math.exp2(m_a - m), math.exp2(m_b - m)
 
 
 def online_softmax_finish(m_i, l_i, acc=None):

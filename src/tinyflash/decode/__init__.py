@@ -1,7 +1,20 @@
-"""Decoding with a KV cache: not built yet.
+"""Decoding with a KV cache: split-KV attention (Flash-Decoding), grouped-query attention, a paged cache.
 
-It will live here: split-KV attention (each split computes a partial (o, lse) over a slice of the
-cache, and a combine step merges them with the online softmax's rescaling from
-``tinyflash.core.online_softmax``), grouped-query attention and a paged cache, in NumPy first and
-then as numba.cuda kernels in ``decode/kernels/``, with the runtime from ``tinyflash.gpu``.
+    split_kv.py     split the keys, attend each split, combine the partial (O, lse) exactly (NumPy),
+                    and how many splits to take (choose_num_splits)
+    paged.py        a paged cache (pages in one pool + a block table per sequence) and its NumPy attention
+    kernels.py      the split kernel (GQA heads packed into one block; contiguous or paged cache)
+                    and the combine kernel, numba.cuda
+    cuda.py         their host wrappers: cuda_split_kv_attention, cuda_paged_attention
+    cache_memory.py bytes of a KV cache for a model shape
+
+The combine uses the online softmax's rescaling from ``tinyflash.core.online_softmax``; the
+kernels take their runtime from ``tinyflash.gpu``. Lesson 09 walks through all of it.
 """
+
+from .cache_memory import kv_cache_bytes
+from .paged import PagedKVCache, paged_attention, to_paged
+from .split_kv import choose_num_splits, combine, split_kv_attention
+
+__all__ = ["PagedKVCache", "choose_num_splits", "combine", "kv_cache_bytes", "paged_attention",
+           "split_kv_attention", "to_paged"]

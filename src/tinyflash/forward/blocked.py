@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_positive_int
+from ..core.heads import group_query_heads, kv_heads_view, ungroup_heads
 from ..core.masks import causal_mask, key_stop
 from ..core.online_softmax import online_softmax_finish, online_softmax_update
 
@@ -48,17 +49,22 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
     compute, n_q, n_k = prob.compute_dtype, prob.n_q, prob.n_k
     Tr, Tc = -(-n_q // Br), -(-n_k // Bc)  # number of query tiles, of key/value tiles (ceil)
 
-    O = np.empty(prob.out_shape, dtype=prob.dtype)  # (..., Nq, dv) the output, in HBM
-    lse = np.empty(prob.lse_shape, dtype=compute)  # (..., Nq)     log-sum-exp per row, in HBM
+    # Grouped-query attention: each query head meets its K/V head through views (core/heads.py).
+    g, k_in, v_in = prob.kv_group, k, v  # k_in, v_in: the arrays in HBM, for the io counter
+    q, k, v = group_query_heads(q, g), kv_heads_view(k, g), kv_heads_view(v, g)  # (..., H_kv, g, N, ·) or as given
+    lead = q.shape[:-2]  # the leading dims of the (grouped) query heads
+
+    O = np.empty((*lead, n_q, prob.d_v), dtype=prob.dtype)  # (..., Nq, dv) the output, in HBM
+    lse = np.empty((*lead, n_q), dtype=compute)  # (..., Nq)     log-sum-exp per row, in HBM
     for i in range(Tr):  # one query tile: one thread block on the GPU
         q_start = i * Br
         q_end = min(q_start + Br, n_q)  # ragged last tile: q_end - q_start <= Br
         Q_i = q[..., q_start:q_end, :].astype(compute, copy=False)  # (..., Br, d)  load Q_i once
         if io is not None:
             io.read("Q", q[..., q_start:q_end, :])
-        m_i = np.full((*prob.lead, q_end - q_start), -np.inf, dtype=compute)  # (..., Br) running row max
-        l_i = np.zeros((*prob.lead, q_end - q_start), dtype=compute)  # (..., Br) running denominator
-        acc = np.zeros((*prob.lead, q_end - q_start, prob.d_v), dtype=compute)  # (..., Br, dv) unnormalised O_i
+        m_i = np.full((*lead, q_end - q_start), -np.inf, dtype=compute)  # (..., Br) running row max
+        l_i = np.zeros((*lead, q_end - q_start), dtype=compute)  # (..., Br) running denominator
+        acc = np.zeros((*lead, q_end - q_start, prob.d_v), dtype=compute)  # (..., Br, dv) unnormalised O_i
         # Causal: the keys any row of this tile may see end at k_stop; later tiles are skipped.
         k_stop = key_stop(q_end, n_q, n_k, prob.causal)
         for j in range(Tc):  # one key/value tile
@@ -69,8 +75,8 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
             K_j = k[..., k_start:k_end, :].astype(compute, copy=False)  # (..., Bc, d)
             V_j = v[..., k_start:k_end, :].astype(compute, copy=False)  # (..., Bc, dv)
             if io is not None:
-                io.read("K", k[..., k_start:k_end, :])
-                io.read("V", v[..., k_start:k_end, :])
+                io.read("K", k_in[..., k_start:k_end, :])
+                io.read("V", v_in[..., k_start:k_end, :])
 
             S_ij = prob.scale * (Q_i @ np.swapaxes(K_j, -1, -2))  # (..., Br, Bc) scores, on chip only
             # mask: only a tile that reaches past the keys its first row may see holds a masked pair
@@ -84,4 +90,4 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
         if io is not None:
             io.write("O", O[..., q_start:q_end, :])
             io.write("lse", lse[..., q_start:q_end])
-    return O, lse
+    return ungroup_heads(O, prob.out_shape), ungroup_heads(lse, prob.lse_shape)

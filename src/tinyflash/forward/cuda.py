@@ -30,8 +30,9 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """Stage 2: FlashAttention's forward pass on the GPU. Returns ``(o, lse)``.
 
     Same contract as :func:`tinyflash.naive_attention`: q (..., Nq, d), k (..., Nk, d),
-    v (..., Nk, dv); o (..., Nq, dv) in the input dtype, lse (..., Nq) in float32. Inputs are
-    float16 or float32 (float16 is read from memory and computed in float32) with 1 <= d, dv <= 256.
+    v (..., Nk, dv), or k and v with fewer heads (axis -3) than q (grouped-query attention);
+    o (..., Nq, dv) in the input dtype, lse (..., Nq) in float32. Inputs are float16 or float32
+    (float16 is read from memory and computed in float32) with 1 <= d, dv <= 256.
     NumPy inputs are copied to the GPU and the results back; device arrays (CuPy, numba, PyTorch
     CUDA tensors, anything with ``__cuda_array_interface__``) stay on the GPU and the results are
     device arrays of the same library. ``kernel`` names a version of
@@ -68,6 +69,7 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         args = LaunchArgs(per_head=((to_device_flat(q), n_q * d), (to_device_flat(k), n_k * d),
                                     (to_device_flat(v), n_k * d_v), (kernel_view(o), n_q * d_v),
                                     (kernel_view(lse), n_q)),
-                          scalars=(n_q, n_k, d, d_v, np.float32(prob.scale * LOG2E), prob.causal), n_heads=heads)
+                          scalars=(n_q, n_k, d, d_v, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group),
+                          n_heads=heads, kv_group=prob.kv_group)  # k and v: one matrix per K/V head (GQA)
         version.launch(args, prob, **options)
     return result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)

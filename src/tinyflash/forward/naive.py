@@ -15,13 +15,15 @@ from dataclasses import replace
 import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs
+from ..core.heads import group_query_heads, kv_heads_view, ungroup_heads
 from ..core.masks import allowed
 
 
 def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
     """Stage 0: textbook softmax attention. Returns ``(o, lse)``.
 
-    q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv), identical leading dims, one float dtype.
+    q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv), identical leading dims, one float dtype;
+    or, grouped-query attention, q (..., H, Nq, d) with k, v (..., H_kv, Nk, ·), H a multiple of H_kv.
     o: (..., Nq, dv) in the input dtype; lse: (..., Nq), the natural-log logsumexp of each row of
     the scaled, masked scores, in float32 (float64 for float64 inputs). float16 inputs are
     computed in float32. ``scale=None`` means 1/sqrt(d). Rows that may attend no key (causal with
@@ -35,7 +37,16 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 @np.errstate(invalid="ignore")  # NaN and ±inf inputs give NaN rows, as README "NaN and ±inf" says: no warnings
 def _textbook(q, k, v, prob, rows):
-    """The formula for the query ``rows`` (indices into Nq, which the causal mask needs) of q."""
+    """The formula for the query ``rows`` (indices into Nq, which the causal mask needs) of q.
+
+    With grouped-query attention, each query head meets its K/V head through broadcasting views
+    (``tinyflash.core.heads``): K and V are never repeated."""
+    g = prob.kv_group
+    O, lse = _formula(group_query_heads(q, g), kv_heads_view(k, g), kv_heads_view(v, g), prob, rows)
+    return ungroup_heads(O, (*q.shape[:-1], prob.d_v)), ungroup_heads(lse, q.shape[:-1])
+
+
+def _formula(q, k, v, prob, rows):
     ct = prob.compute_dtype
     Q, K, V = q.astype(ct, copy=False), k.astype(ct, copy=False), v.astype(ct, copy=False)
 

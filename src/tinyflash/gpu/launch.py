@@ -42,8 +42,10 @@ class LaunchArgs:
     """A kernel's arguments: flat arrays with their elements per head, then scalars."""
 
     per_head: tuple  # ((flat device array, elements per head), ...), in the kernel's argument order
-    scalars: tuple  # the arguments after the arrays
+    scalars: tuple  # the arguments after the arrays (for attention kernels, kv_group last)
     n_heads: int  # batch · heads: the blocks along y
+    kv_group: int = 1  # query heads per K/V head (GQA); kernels read K/V head `head // kv_group`
+    kv_arrays: tuple = (1, 2)  # positions in per_head of the arrays with one matrix per K/V head (K, V)
 
 
 def simulator_aware(launch_heads):
@@ -73,9 +75,16 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
         allow_large_shared_memory(kernel, (*arrays, *args.scalars), smem_bytes)
     except Exception as exc:
         raise SharedMemoryRefused(f"could not enable {smem_bytes} bytes of shared memory ({exc})") from exc
-    for h0 in range(0, args.n_heads, MAX_GRID_Y):
-        heads = min(MAX_GRID_Y, args.n_heads - h0)
-        views = [a[h0 * size:(h0 + heads) * size] for a, size in args.per_head]  # heads h0 .. h0 + heads - 1
+    g = args.kv_group
+    if g > MAX_GRID_Y:
+        raise ValueError(f"kv_group (query heads per K/V head) must be at most {MAX_GRID_Y}; got {g}")
+    step = MAX_GRID_Y - MAX_GRID_Y % g  # heads per launch: a multiple of kv_group
+    for h0 in range(0, args.n_heads, step):
+        heads = min(step, args.n_heads - h0)
+        views = []  # heads h0 .. h0 + heads - 1 of each array (K/V heads h0 / g .. (h0 + heads) / g - 1)
+        for i, (a, size) in enumerate(args.per_head):
+            first, count = (h0 // g, heads // g) if i in args.kv_arrays else (h0, heads)
+            views.append(a[first * size:(first + count) * size])
         kernel[(n_tiles, heads), threads, 0, smem_bytes](*views, *args.scalars)
 
 

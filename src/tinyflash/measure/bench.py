@@ -8,6 +8,7 @@
     python -m tinyflash.bench tensor-cores --csv figures/data/tensor_cores_h200.csv  # stage 3 vs SDPA flash, cuDNN
     python -m tinyflash.bench backward --csv figures/data/backward_h200.csv  # the backward pass (bench_backward.py)
     python -m tinyflash.bench backward-tiles --csv backward_tiles.csv   # tilings of the backward kernel
+    python -m tinyflash.bench decode --csv figures/data/decode_h200.csv     # split-KV decoding (bench_decode.py)
     python -m tinyflash.bench --summary figures/data/bench_h200.csv          # the README's table of a CSV
 
 Each measurement is checked before it is timed (``tinyflash.measure.harness`` says how); all
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "tensor-cores", "backward",
-                                                                 "backward-tiles"],
+                                                                 "backward-tiles", "decode"],
                     help="which benchmark (default: sweep):\n"
                     "  sweep        tinyflash, naive CuPy and PyTorch SDPA against N\n"
                     "  versions     every registered kernel version, side by side\n"
@@ -216,7 +217,8 @@ def main(argv=None) -> int:
                     "  example-32k  the 32k-token example: B=1, H=32, N=32,768, d=128, float16, causal\n"
                     "  tensor-cores stage 3 (v6) beside SDPA's flash and cuDNN backends\n"
                     "  backward     the backward pass beside SDPA's efficient and flash backwards, naive CuPy\n"
-                    "  backward-tiles  tilings of the backward kernel")
+                    "  backward-tiles  tilings of the backward kernel\n"
+                    "  decode       split-KV decoding, paged cache, SDPA with GQA, a copy's bandwidth")
     ap.add_argument("--csv", help="write the results here (default: print only)")
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths (default: the benchmark's)")
     ap.add_argument("--d", type=int, nargs="+", help="head dims (default: the benchmark's)")
@@ -232,6 +234,11 @@ def main(argv=None) -> int:
     ap.add_argument("--summary-n", type=int, default=16384, help="the sequence length of that table")
     args = ap.parse_args(argv)
     if args.summary:
+        if args.what == "decode":  # the decode CSV has its own columns and table
+            from .bench_decode import summary_table
+
+            print(summary_table(read_csv(args.summary)))
+            return 0
         print(report.table_for(read_csv(args.summary), args.summary_n))
         return 0
     try:
@@ -260,6 +267,11 @@ def main(argv=None) -> int:
                      causals=[c == "True" for c in args.causal] if args.causal else (False, True),
                      batch=args.batch, heads=args.heads, csv_path=args.csv, seed=args.seed,
                      tiles=args.what == "backward-tiles")
+        return 0
+    if args.what == "decode":  # its own shapes and columns: tinyflash/measure/bench_decode.py
+        from .bench_decode import run as run_decode
+
+        run_decode(args.csv, args.seed, contexts=[4_096] if args.quick else args.n or None)
         return 0
     variants_for, ns, ds, dtypes, causals = SWEEPS[args.what]
     if args.impl:

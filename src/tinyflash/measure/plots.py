@@ -16,9 +16,10 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
 | training_memory.png         | what the backward keeps and takes      | tracemalloc (committed CSV)        |
+| kv_cache.png                | KV-cache bytes vs context, MHA/GQA/MQA | decode.cache_memory (formula)      |
 
-The figures themselves are drawn in plot_memory.py, plot_traffic.py, plot_gpu.py and
-plot_training_memory.py.
+The figures themselves are drawn in plot_memory.py, plot_traffic.py, plot_gpu.py,
+plot_training_memory.py and plot_kv_cache.py.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from pathlib import Path
 import matplotlib
 
 from .plot_gpu import plot_memory_gpu_measured, plot_time_gpu
+from .plot_kv_cache import plot_kv_cache
 from .plot_memory import plot_memory_cpu_measured, plot_memory_model
 from .plot_traffic import plot_hbm_traffic
 from .plot_training_memory import plot_training_memory
 
 FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu",
-                "training_memory")
+                "training_memory", "kv_cache")
 GPU_CSV_NAME = "bench_h200.csv"
 
 
@@ -76,6 +78,7 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
         "training_memory": lambda p: plot_training_memory(
             p, data / "training_memory.csv", progress=progress,
             remeasure=remeasure_cpu or not (data / "training_memory.csv").exists()),
+        "kv_cache": lambda p: plot_kv_cache(p, data / "kv_cache.csv"),
     }
     written = []
     for name in names:

@@ -51,14 +51,16 @@ def make_kernel(BR: int, BC: int, D: int, DV: int):
     BUF = max(1, BC * max(D, DV) // BR)  # elements of one tile per thread
 
     @cuda.jit
-    def flash_fwd_simple(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
+    def flash_fwd_simple(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal, kv_group):
         smem = shared_floats()  # K_j then V_j: 4·BC·(D + DV) bytes
         tid = uint64(cuda.threadIdx.x)
         bh = uint64(cuda.blockIdx.y)  # which (batch, head)
         q_start = uint64(cuda.blockIdx.x) * BR_  # first query row of this block's tile Q_i
         row = q_start + tid  # this thread's query row
         n_q, n_k, d, d_v = uint64(n_q), uint64(n_k), uint64(d), uint64(d_v)
-        q_off, k_off, v_off, o_off = bh * n_q * d, bh * n_k * d, bh * n_k * d_v, bh * n_q * d_v  # this head
+        kv_head = bh // uint64(kv_group)  # the K/V head this query head reads (GQA: kv_group heads share one)
+        q_off, o_off = bh * n_q * d, bh * n_q * d_v  # this query head
+        k_off, v_off = kv_head * n_k * d, kv_head * n_k * d_v  # its K/V head
 
         q_row = cuda.local.array(D, float32)  # Q[row, :] (registers or local memory)
         s_row = cuda.local.array(BC, float32)  # S_ij[row, :] for the current tile

@@ -200,13 +200,15 @@ def make_kernel(cfg: TileConfig):
                     LSE[lse_off + row] = (m_i[i] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
     @cuda.jit
-    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal):
+    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal, kv_group):
         smem = shared_floats()  # the regions of cfg.smem_layout(): Q_i, K_j (then P_ij), V_j, row max / sum
         tid = uint64(cuda.threadIdx.x)
         bh = uint64(cuda.blockIdx.y)  # which (batch, head)
         q_start = uint64(cuda.blockIdx.x) * BR  # first query row of Q_i
         n_q, n_k, d, d_v = uint64(n_q), uint64(n_k), uint64(d), uint64(d_v)
-        q_off, k_off, v_off, o_off = bh * n_q * d, bh * n_k * d, bh * n_k * d_v, bh * n_q * d_v  # this head
+        kv_head = bh // uint64(kv_group)  # the K/V head this query head reads (GQA: kv_group heads share one)
+        q_off, o_off = bh * n_q * d, bh * n_q * d_v  # this query head
+        k_off, v_off = kv_head * n_k * d, kv_head * n_k * d_v  # its K/V head
         ct = tid % CT
         row0 = (tid // CT) * TM  # this thread's first row within the tile
 

@@ -1,0 +1,187 @@
+"""Lesson 09: decoding with a KV cache — split-KV (Flash-Decoding), grouped-query attention, pages.
+
+What you will learn
+    * why generating one token at a time is bound by memory, not arithmetic: a decode step
+      reads the whole KV cache to do about one FLOP per byte, where an H200 could do 200;
+    * why FlashAttention's grid (one thread block per query tile and head) leaves most of the
+      GPU idle when there is one query row, and how split-KV fixes it: split the keys, attend
+      each split in its own block, combine the partial results exactly through their lse;
+    * that the combine is the online softmax's rescaling once more (lesson 02), so the result
+      is exact for any number of splits, even empty ones;
+    * what grouped-query attention saves (the cache and the bytes read, by H / H_kv) and how a
+      kernel reads each K/V byte once for all the query heads that share it;
+    * how a paged cache (pages of 16 tokens in one pool, a block table per sequence) holds
+      sequences of different lengths, and that attention through it gives the same numbers;
+    * how big a KV cache is: a 32-layer model at 128k tokens of context, computed.
+
+What changed since lesson 05: the same online softmax, but the loop over K/V tiles is cut into
+splits that run in parallel, and there is one query row instead of thousands. The kernels are
+new (src/tinyflash/decode/kernels.py): one block per (split, sequence, K/V head).
+
+Run from the repository root:  python lessons/09_decode_and_kv_cache.py
+Without a GPU the kernels run on numba's CUDA simulator at a tiny size (a few seconds).
+Add  --figures DIR  to draw the KV-cache figure into DIR (figures/kv_cache.png is made by
+python -m tinyflash.plots).
+"""
+
+# %% [0] Where the kernels run: decide before numba is imported
+import argparse
+import os
+import sys
+from pathlib import Path
+
+try:
+    import cupy
+
+    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
+except Exception:  # no CuPy or no GPU
+    HAS_GPU = False
+if not HAS_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numpy as np  # noqa: E402
+
+import tinyflash as tf  # noqa: E402
+from tinyflash.core.checks import check_attention_inputs  # noqa: E402
+from tinyflash.core.heads import group_query_heads, kv_heads_view  # noqa: E402
+from tinyflash.core.tolerance import F32_TOL, assert_close  # noqa: E402
+from tinyflash.decode import split_kv  # noqa: E402
+from tinyflash.decode.cache_memory import (H200_FP16_DENSE_FLOPS, H200_HBM_BYTES_PER_S,  # noqa: E402
+                                           attention_intensity, kv_cache_bytes)
+from tinyflash.decode.paged import to_paged  # noqa: E402
+from tinyflash.measure.memory import H200_MEMORY_BYTES, format_bytes  # noqa: E402
+
+parser = argparse.ArgumentParser(description="Lesson 09: decoding with a KV cache")
+parser.add_argument("--figures", metavar="DIR", help="also draw the KV-cache figure into DIR")
+args = parser.parse_args(sys.argv[1:])
+seed = int(np.random.default_rng().integers(2**31))
+rng = np.random.default_rng(seed)
+print(f"kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}; random seed {seed}")
+
+# %% [1] Why decode is memory-bound: FLOPs per byte
+# A decode step of one layer: one new query row per head (Nq = 1) against the Nk cached keys.
+#   FLOPs  = 4 · H · Nq · Nk · d            (Q Kᵀ and P V)
+#   bytes  = (2 · H_kv · Nk · d) · 2        (read all of K and V once, float16) + Q and O (tiny)
+# so FLOPs per byte is about H · Nq / H_kv: 1 for multi-head attention, whatever Nk is.
+balance = H200_FP16_DENSE_FLOPS / H200_HBM_BYTES_PER_S  # FLOPs the H200 can do per byte it reads
+shape = {"heads": 32, "n_k": 131_072, "head_dim": 128}
+decode_mha = attention_intensity(kv_heads=32, n_q=1, **shape)
+decode_gqa = attention_intensity(kv_heads=8, n_q=1, **shape)
+prefill = attention_intensity(kv_heads=32, n_q=131_072, **shape)
+print(f"\nH200 datasheet: {H200_FP16_DENSE_FLOPS / 1e12:.0f} TFLOP/s (float16, dense) / "
+      f"{H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s = {balance:.0f} FLOPs per byte")
+print(f"attention, H = 32, d = 128, Nk = 131,072, float16: decode (Nq = 1) {decode_mha:.2f} FLOP/byte with 32 "
+      f"K/V heads, {decode_gqa:.2f} with 8; prefill (Nq = Nk) {prefill:,.0f}")
+assert decode_mha < 1.01 and 3.9 < decode_gqa < 4.01 and prefill > balance > 50 * decode_gqa
+# Decode can at best run at the speed HBM delivers K and V: its time is bytes / bandwidth.
+
+# %% [2] Why one block per head leaves the GPU idle
+# FlashAttention's grid: one block per (query tile, batch · head). With Nq = 1 that is B · H_kv
+# blocks (the query heads of a K/V head packed into one block, see [5]). An H200 has 132 SMs
+# and runs a few such blocks on each at once (split_kv.BLOCKS_PER_SM): the "slots" of one wave.
+slots = split_kv.H200_SMS * split_kv.BLOCKS_PER_SM
+print(f"\n{split_kv.H200_SMS} SMs × {split_kv.BLOCKS_PER_SM} resident blocks = {slots} slots per wave")
+print("  B   Nk       blocks unsplit  busy     splits (rule)  blocks  busy")
+for batch in (1, 8):
+    for n_k in (4_096, 131_072):
+        blocks = batch * 8  # B · H_kv, H_kv = 8
+        s = tf.decode.choose_num_splits(blocks, n_k)
+        busy, busy_split = split_kv.wave_efficiency(blocks, slots), split_kv.wave_efficiency(blocks * s, slots)
+        print(f"  {batch}  {n_k:>7,}  {blocks:>14}  {busy:5.1%}  {s:>14}  {blocks * s:>6}  {busy_split:5.1%}")
+        assert busy < 0.2 < busy_split  # unsplit, most of the GPU waits; split, it is busy
+# The rule (split_kv.choose_num_splits) is FlashAttention's: the fewest splits whose wave
+# efficiency is within 85% of the best, each split holding at least MIN_KEYS_PER_SPLIT keys.
+
+# %% [3] The split and the merge, in NumPy
+# Pseudocode:
+#   for each split s, keys [k_begin, k_end):  O_s, lse_s = attention(q, K[k_begin:k_end], V[k_begin:k_end])
+#   lse = log Σ_s exp(lse_s)                  (the log-sum-exp of all the scores of the row)
+#   O   = Σ_s exp(lse_s - lse) · O_s          (each split weighted by its share of the softmax mass)
+# That is the online softmax's update with one "score" lse_s and one "value" O_s per split.
+q = rng.standard_normal((1, 4, 1, 16))  # (B, H, Nq, d): one new token, 4 query heads
+k = rng.standard_normal((1, 2, 50, 16))  # (B, H_kv, Nk, d): 2 K/V heads (grouped-query attention)
+v = rng.standard_normal((1, 2, 50, 16))  # (B, H_kv, Nk, d)
+ref_o, ref_lse = tf.reference_attention(q, k, v)
+prob = check_attention_inputs(q, k, v, causal=False, scale=None)
+bounds = split_kv.split_bounds(50, 4)  # [(0, 13), (13, 26), (26, 39), (39, 50)]
+Qg = group_query_heads(q, 2)  # (1, 2, 2, 1, 16): the query heads of each K/V head side by side
+Kg, Vg = kv_heads_view(k, 2), kv_heads_view(v, 2)  # (1, 2, 1, 50, 16): broadcast over them
+parts = [split_kv.partial_attention(Qg, Kg, Vg, prob, *b) for b in bounds]  # (O_s (1, 2, 2, 1, 16), lse_s (1, 2, 2, 1))
+lse_s = np.stack([p[1] for p in parts])  # (4 splits, B, H_kv, group, Nq)
+weights = np.exp(lse_s - np.logaddexp.reduce(lse_s, axis=0))  # (4, ...): each split's share, summing to 1
+print(f"\n4 splits of 50 keys {bounds}: weights of head 0 = {np.round(weights[:, 0, 0, 0, 0], 3)}")
+o, lse = split_kv.combine([p[0] for p in parts], lse_s)
+assert_close(o.reshape(ref_o.shape), ref_o, 1e-12, "combined o")
+assert_close(lse.reshape(ref_lse.shape), ref_lse, 1e-12, "combined lse", is_lse=True)
+errors = [float(np.abs(tf.split_kv_attention(q, k, v, num_splits=s)[0] - ref_o).max()) for s in (1, 2, 7, 50, 80)]
+print(f"split_kv_attention with 1, 2, 7, 50, 80 splits: max |error| {max(errors):.1e} (80 > 50 keys: empty splits)")
+assert max(errors) < 1e-12
+
+# %% [4] Grouped-query attention: what it saves
+# q (B, H, Nq, d), k and v (B, H_kv, Nk, d): query head h reads K/V head h // (H / H_kv). The
+# NumPy stages pair them with broadcasting views; K and V are never repeated.
+k_rep, v_rep = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)  # (1, 4, 50, 16): what MHA would store
+assert_close(tf.naive_attention(q, k_rep, v_rep)[0], ref_o, 1e-12, "GQA == repeated K/V")
+print(f"GQA here: K and V of {k.nbytes + v.nbytes:,} bytes instead of {k_rep.nbytes + v_rep.nbytes:,} (H / H_kv = 2)")
+
+# %% [5] The kernels: a split kernel, then a combine kernel
+# One block per (split, sequence, K/V head). Its threads read each key row with 16-byte vector
+# loads (TD lanes per row), compute the scores of all the packed rows (the group's query heads ×
+# Nq) from that one read, and keep an online-softmax state per key slot in registers; at the end
+# the slots' states are merged (core.online_softmax.merge_weights) and the partial (O_s, lse_s)
+# written. The combine kernel merges the splits with the same rule.
+n_k, d = (4_000, 128) if HAS_GPU else (45, 8)
+q32 = rng.standard_normal((2, 4, 2, d)).astype(np.float32)  # (B, H, Nq = 2, d): speculative decoding
+k32 = rng.standard_normal((2, 2, n_k, d)).astype(np.float32)  # (B, H_kv, Nk, d)
+v32 = rng.standard_normal((2, 2, n_k, d)).astype(np.float32)
+o_gpu, lse_gpu = tf.cuda_split_kv_attention(q32, k32, v32, num_splits=3, causal=True)
+o_ref, lse_ref = tf.reference_attention(q32, k32, v32, causal=True)
+err = assert_close(o_gpu, o_ref, F32_TOL, "split kernel o")
+assert_close(lse_gpu, lse_ref, F32_TOL, "split kernel lse", is_lse=True)
+print(f"\nsplit kernel, B = 2, H = 4, H_kv = 2, Nq = 2 (causal), Nk = {n_k:,}, 3 splits: relative error {err:.1e}")
+
+# %% [6] The paged cache: pages in one pool, a block table per sequence
+lens = [n_k, n_k // 3]  # two sequences of different lengths
+cache = to_paged(k32, v32, lens, page_size=4 if not HAS_GPU else 16, rng=rng)
+print(f"pages of {cache.page_size} tokens, pool of {cache.k_pages.shape[0]} pages; block table of sequence 1 "
+      f"(its {lens[1]} tokens): {cache.block_table[1, :-(-lens[1] // cache.page_size)].tolist()}")
+o_paged, lse_paged = tf.cuda_paged_attention(q32, cache, causal=True)
+for b, n in enumerate(lens):
+    ref_b = tf.reference_attention(q32[b], k32[b, :, :n], v32[b, :, :n], causal=True)
+    assert_close(o_paged[b], ref_b[0], F32_TOL, f"paged kernel, sequence {b}")
+    assert_close(lse_paged[b], ref_b[1], F32_TOL, f"paged kernel lse, sequence {b}", is_lse=True)
+print("the paged kernel, reading every key through the block table, gives the contiguous cache's result")
+
+# %% [7] How big the cache is: a worked example, and the figure
+# bytes = 2 (K and V) · layers · batch · context · H_kv · d · bytes per element
+model = {"layers": 32, "head_dim": 128, "context": 131_072}
+print("\n32 layers, 32 query heads, d = 128, one sequence of 131,072 tokens:")
+sizes = {}
+for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
+    for dt, size in (("float16", 2), ("int8", 1)):
+        sizes[name, dt] = kv_cache_bytes(kv_heads=h_kv, bytes_per_element=size, **model)
+    read_ms = sizes[name, "float16"] / H200_HBM_BYTES_PER_S * 1e3
+    print(f"  {name} ({h_kv:>2} K/V head{'s' if h_kv > 1 else ' '}): {format_bytes(sizes[name, 'float16']):>9} in float16, "
+          f"{format_bytes(sizes[name, 'int8']):>9} in int8; reading it once at {H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s "
+          f"takes {read_ms:.1f} ms: at most {1e3 / read_ms:.0f} tokens/s for this sequence")
+assert sizes["MHA", "float16"] == 4 * sizes["GQA", "float16"] == 32 * sizes["MQA", "float16"]
+assert sizes["MHA", "float16"] == 2 * sizes["MHA", "int8"]
+print(f"an H200 holds {H200_MEMORY_BYTES / 1e9:.0f} GB: the MHA cache of "
+      f"{H200_MEMORY_BYTES // sizes['MHA', 'float16']} such sequences, the GQA one of "
+      f"{H200_MEMORY_BYTES // sizes['GQA', 'float16']} (before the model's weights)")
+assert H200_MEMORY_BYTES // sizes["MHA", "float16"] == 2 and H200_MEMORY_BYTES // sizes["GQA", "float16"] == 8
+
+measured = Path(__file__).resolve().parent.parent / "figures" / "data" / "decode_h200.csv"
+if measured.exists():  # the benchmark's measurements on an H200 (python -m tinyflash.bench decode)
+    from tinyflash.measure.bench_decode import summary_table
+    from tinyflash.measure.harness import read_csv
+
+    print("\nmeasured on an H200 (figures/data/decode_h200.csv), µs per call:\n" + summary_table(read_csv(measured)))
+else:
+    print("\nthe H200 measurements: python -m tinyflash.bench decode --csv figures/data/decode_h200.csv")
+if args.figures:
+    from tinyflash.measure.plot_kv_cache import plot_kv_cache
+
+    print(f"figure written to {plot_kv_cache(Path(args.figures) / 'kv_cache.png')}")
+else:
+    print("the figure: python -m tinyflash.plots --only kv_cache  ->  figures/kv_cache.png")

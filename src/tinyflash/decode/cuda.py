@@ -1,0 +1,173 @@
+"""Split-KV decoding on the GPU: the host wrappers of ``decode/kernels.py``.
+
+:func:`cuda_split_kv_attention` (a contiguous cache) and :func:`cuda_paged_attention` (a paged
+one) do what every host wrapper here does, in this order: check the inputs, allocate the outputs
+(and the splits' partials), size the grid, launch the split kernel and then the combine kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..core.checks import as_array, check_attention_inputs, check_positive_int
+from ..core.online_softmax import LOG2E
+from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
+from ..gpu.launch import MAX_GRID_Y
+from ..gpu.runtime import simulator_enabled
+from . import kernels
+from .split_kv import H200_SMS, choose_num_splits
+
+SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the GPU (the H200's 132 on the simulator)."""
+    if simulator_enabled():
+        return H200_SMS
+    from numba import cuda
+
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=None) -> dict:
+    """The launch: rows per block, row chunks, splits and the grid, for one decode call."""
+    rows = kv_group * n_q  # packed rows per K/V head
+    rb = min(kernels.MAX_ROWS, rows)
+    chunks = -(-rows // rb)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch * h_kv * chunks, n_k, sm_count())
+    num_splits = check_positive_int(num_splits, "num_splits")
+    return {"rows": rows, "rb": rb, "grid": (num_splits, batch * h_kv, chunks), "num_splits": num_splits}
+
+
+def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
+             threads=None, unroll=None):
+    """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
+    ``threads`` and ``unroll`` override the split kernel's block size and keys per slot and step
+    (kernels.threads(), kernels.UNROLL): the benchmark tries a few.
+
+    Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
+    and does nothing else, so that a benchmark times the kernels, not the checks.
+    """
+    d = prob.d
+    if prob.d_v != d:
+        raise ValueError(f"the decode kernels need dv == d; got d={d}, dv={prob.d_v}")
+    VEC, D, TD = kernels.lanes(d, prob.dtype.itemsize)
+    if TD > 32:
+        raise ValueError(f"the decode kernels support head dims up to {32 * VEC} for {prob.dtype.name}; got d={d}")
+    if batch * h_kv > MAX_GRID_Y:
+        raise ValueError(f"the decode kernels support B·H_kv <= {MAX_GRID_Y}; got {batch * h_kv}")
+    nt, unroll = threads or kernels.threads(), unroll or kernels.UNROLL
+    if nt % 32 or nt < TD or unroll < 1:
+        raise ValueError(f"threads must be a multiple of 32 and at least {TD}, unroll at least 1; got {nt}, {unroll}")
+    p = plan(batch, h_kv, prob.kv_group, prob.n_q, n_k, num_splits)
+    like = q if on_device else None
+    o = empty(like, batch * h_kv * p["rows"] * d, prob.dtype)  # (B·H·Nq·d,) flat: packed rows of each K/V head
+    lse = empty(like, batch * h_kv * p["rows"], np.float32)  # (B·H·Nq,)
+    if batch * h_kv * p["rows"] == 0:
+        return (lambda stream=0: None), o, lse
+    from numba import cuda
+
+    o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
+    lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
+    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, d == D, page_size, unroll)
+    split_args = (*(_numba(to_device_flat(x)) for x in (q, k, v, table, lens)), o_part, lse_part, prob.n_q, d, n_k,
+                  h_kv, max_pages, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group)
+    nc = kernels.COMBINE_THREADS
+    combine_grid = (-(-p["rows"] * d // nc), batch * h_kv)  # one thread per (packed row, column)
+    combine_args = (o_part, lse_part, _numba(kernel_view(o)), _numba(kernel_view(lse)), p["num_splits"], p["rows"], d)
+
+    def run(stream=0):
+        split[p["grid"], nt, stream, smem](*split_args)
+        kernels.make_combine_kernel()[combine_grid, nc, stream](*combine_args)
+
+    return run, o, lse
+
+
+def _numba(x):
+    """A numba view of a device array of another library (CuPy), made once: numba then need not
+    read its ``__cuda_array_interface__`` again at every launch. (The simulator's arrays as they are.)"""
+    if simulator_enabled() or hasattr(x, "is_c_contiguous"):
+        return x
+    from numba import cuda
+
+    return cuda.as_cuda_array(x)
+
+
+def _lead(prob):
+    """(B, H_kv): the sequences (every leading dim but the head axis, flattened) and K/V heads."""
+    lead = prob.kv_lead
+    return (math.prod(lead[:-1]), lead[-1]) if lead else (1, 1)
+
+
+def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
+                     **tuning):
+    """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
+    ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
+    it. ``tuning``: ``threads``, ``unroll`` (see :func:`_prepare`)."""
+    on_device = is_device_array(q)
+    if not on_device:
+        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    if on_device != is_device_array(k) or on_device != is_device_array(v):
+        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+    batch, h_kv = _lead(prob)
+    lens = np.full(batch, prob.n_k, dtype=np.int32)  # (B,) every sequence holds all Nk keys
+    table = np.zeros(1, dtype=np.int32)  # no block table: the cache is contiguous
+    run, o, lse = _prepare(q, k, v, table, lens, prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, max_pages=1,
+                           page_size=0, num_splits=num_splits, on_device=on_device, **tuning)
+    return run, o, lse, prob
+
+
+def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: bool = False,
+                            scale: float | None = None):
+    """Split-KV (Flash-Decoding) attention on the GPU. Returns ``(o, lse)``.
+
+    The contract of :func:`tinyflash.split_kv_attention`: q (..., H, Nq, d), k and v
+    (..., H_kv, Nk, d), H a multiple of H_kv; here float16 or float32, dv == d, d up to 256
+    (float16) or 128 (float32). NumPy in, NumPy out; device arrays in, device arrays out.
+    ``num_splits=None``: :func:`tinyflash.decode.split_kv.choose_num_splits` for this GPU.
+    """
+    run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, scale=scale)
+    run()
+    to_host = not is_device_array(q)
+    return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)
+
+
+def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
+                  **tuning):
+    """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``."""
+    on_device = is_device_array(q)
+    k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
+    if len(q.shape) != 4 or len(k_pages.shape) != 4 or len(table.shape) != 2 or table.shape[0] != q.shape[0]:
+        raise ValueError(f"q must be (B, H, Nq, d), the pages (num_pages, H_kv, page_size, d) and the block table "
+                         f"(B, max_pages); got q {tuple(q.shape)}, pages {tuple(k_pages.shape)}, table "
+                         f"{tuple(table.shape)}")
+    if not is_device_array(table):
+        table, lens = np.asarray(table, dtype=np.int32), np.asarray(lens, dtype=np.int32)  # what the kernel reads
+    n_k = int(lens.max()) if not is_device_array(lens) else int(table.shape[1] * k_pages.shape[2])
+    batch, (_, h_kv, page_size, d) = q.shape[0], k_pages.shape
+    like_k = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
+    like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
+    prob = check_attention_inputs(q, like_k, like_v, causal=causal, scale=scale, allowed=SUPPORTED)
+    run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
+                           max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device,
+                           **tuning)
+    return run, o, lse, prob
+
+
+def cuda_paged_attention(q, cache, *, num_splits: int | None = None, causal: bool = False,
+                         scale: float | None = None):
+    """Decode attention on a paged cache (:class:`tinyflash.decode.paged.PagedKVCache`, NumPy or
+    device arrays in its fields) on the GPU, reading every key through the block table.
+
+    q (B, H, Nq, d); sequence b attends its seq_lens[b] keys. Returns ``(o, lse)`` as
+    :func:`tinyflash.decode.paged.paged_attention` does.
+    """
+    run, o, lse, prob = prepare_paged(q, cache, num_splits=num_splits, causal=causal, scale=scale)
+    run()
+    to_host = not is_device_array(q)
+    return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)

@@ -1,0 +1,292 @@
+"""Decode benchmark: one query row per head against a long KV cache, float16, on a GPU.
+
+    python -m tinyflash.bench decode --csv figures/data/decode_h200.csv
+
+Shape (a Llama-like layer): H = 32 query heads, H_kv = 8 K/V heads, d = 128, Nq = 1,
+B ∈ {1, 8}, Nk ∈ {4,096, 32,768, 131,072}. For each shape, every implementation is checked
+against the float64 reference (first and last sequence, all heads; float16 by FlashAttention's
+rule against standard attention in float16 on K/V repeated to 32 heads), then timed by the
+harness's :func:`~tinyflash.measure.harness.time_call`:
+
+* ``split_kv``: tinyflash's split kernel + combine kernel, ``num_splits`` by the rule;
+* ``no_split``: the same kernels with one split, so one block per (sequence, K/V head): the
+  idle GPU, measured;
+* ``paged``: the same kernels reading the same keys through a block table (pages of 16 tokens,
+  shuffled in the pool);
+* ``torch_flash``, ``torch_cudnn``: PyTorch's scaled_dot_product_attention, ``enable_gqa=True``;
+* ``copy``: a device-to-device copy of the K and V bytes (CuPy), the bandwidth reference;
+* variant ``CUDA graph`` of ``split_kv`` and ``torch_flash``: the same launches replayed from a
+  CUDA graph, without the CPU's cost per launch (numba's is tens of µs; see :func:`graph_of`).
+
+TB/s counts the K and V bytes read once (B·H_kv·Nk·d·2 bytes·2); for ``copy`` it counts what a
+copy moves, read plus write. At Nk = 131,072 (B = 1 and 8) a few fixed split counts are
+timed too (``split_kv`` with variant ``splits=N``), to show the split rule's choice among them,
+and the split kernel with 1 or 4 keys per slot and step instead of 2, and 256 threads a block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .harness import environment, time_call
+
+H, H_KV, D, N_Q = 32, 8, 128, 1
+BATCHES, CONTEXTS = (1, 8), (4_096, 32_768, 131_072)
+PAGE = 16
+SPLIT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)  # fixed split counts timed at Nk = 131,072
+TUNINGS = ({"unroll": 1}, {"unroll": 4}, {"threads": 256})  # other block shapes of the split kernel, there too
+FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "impl", "variant", "batch", "n_k", "heads",
+          "kv_heads", "d", "num_splits", "time_ms", "time_min_ms", "time_max_ms", "reps", "kv_bytes", "tb_per_s",
+          "vs_torch_flash", "vs_copy", "status", "max_rel_err", "tolerance"]
+
+
+def inputs(batch: int, n_k: int, gen):
+    """q (B, H, 1, d), k and v (B, H_kv, Nk, d), float16 on the GPU (CuPy)."""
+    import cupy
+
+    def normal(*shape):
+        return gen.standard_normal(shape, dtype=np.float32).astype(np.float16)
+
+    q, k, v = normal(batch, H, N_Q, D), normal(batch, H_KV, n_k, D), normal(batch, H_KV, n_k, D)
+    cupy.cuda.Device().synchronize()
+    return q, k, v
+
+
+def reference(q, k, v):
+    """For the first and last sequence: (b, float64 reference o, float16 naive o on repeated K/V)."""
+    import cupy
+
+    from ..core.tolerance import to_host64
+    from ..forward.naive import reference_attention
+    from .harness import naive_same_precision
+
+    refs = []
+    for b in sorted({0, q.shape[0] - 1}):
+        ref = reference_attention(*(to_host64(x[b]) for x in (q, k, v)))[0]  # (H, 1, d) float64, GQA on the host
+        group = H // H_KV
+        naive = naive_same_precision(q[b], cupy.repeat(k[b], group, axis=0), cupy.repeat(v[b], group, axis=0))
+        refs.append((b, ref, to_host64(naive)))
+    return refs
+
+
+def verdict(o, refs) -> dict:
+    """The project's float16 rule on each checked sequence; the worst error, the smallest tolerance."""
+    from ..core.tolerance import to_host64, within_tolerance
+
+    ok, worst, tol = True, 0.0, math.inf
+    for b, ref, naive in refs:
+        v = within_tolerance(to_host64(o[b]), ref, np.float16, naive)
+        ok, worst, tol = ok and v.ok, max(worst, v.error), min(tol, v.tolerance)
+    return {"ok": ok, "max_rel_err": worst, "tolerance": tol}
+
+
+def candidates(q, k, v, rng):
+    """(impl, variant, num_splits, run, output) for everything timed on this input: run() launches,
+    output() is the result to check (None: the copy, which is not attention)."""
+    import cupy
+
+    from ..decode.cuda import prepare_paged, prepare_split_kv
+    from ..decode.paged import pages_from_contiguous
+
+    found = []
+
+    def ours(impl, variant, splits, prepared):
+        run, o, _, _ = prepared  # run() launches the split and the combine kernel into o
+        found.append((impl, variant, _splits(q, k, splits), run, lambda: o.reshape(q.shape)))
+
+    ours("split_kv", "", None, prepare_split_kv(q, k, v))
+    graphed = graph_of(found[-1][3])
+    if graphed is not None:
+        found.append(("split_kv", "CUDA graph", found[-1][2], graphed, found[-1][4]))
+    ours("no_split", "", 1, prepare_split_kv(q, k, v, num_splits=1))
+    if k.shape[2] == CONTEXTS[-1]:  # a few fixed split counts beside the rule's choice, and other block shapes
+        for splits in SPLIT_SWEEP[1:]:
+            ours("split_kv", f"splits={splits}", splits, prepare_split_kv(q, k, v, num_splits=splits))
+        for tuning in TUNINGS:
+            label = " ".join(f"{key}={val}" for key, val in tuning.items())
+            ours("split_kv", label, None, prepare_split_kv(q, k, v, **tuning))
+    perm = cupy.asarray(rng.permutation(q.shape[0] * (k.shape[2] // PAGE)), dtype=np.int32)  # pool page of each page
+    ours("paged", f"page_size={PAGE}", None, prepare_paged(q, pages_from_contiguous(k, v, PAGE, perm)))
+    found += torch_candidates(q, k, v)
+    dst = cupy.empty_like(k), cupy.empty_like(v)
+
+    def copy():
+        cupy.copyto(dst[0], k)
+        cupy.copyto(dst[1], v)
+
+    found.append(("copy", "device-to-device, K and V", 0, copy, None))
+    return found
+
+
+def _splits(q, k, num_splits) -> int:
+    from ..decode.cuda import plan
+
+    return plan(q.shape[0], H_KV, H // H_KV, N_Q, k.shape[2], num_splits)["num_splits"]
+
+
+def torch_candidates(q, k, v) -> list:
+    """PyTorch SDPA, flash and cuDNN backends, grouped-query attention without repeating K/V."""
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return []
+    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))  # zero-copy views
+    found = []
+    for impl, backend in (("torch_flash", SDPBackend.FLASH_ATTENTION), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        result = {}
+
+        def run(backend=backend, result=result):
+            with sdpa_kernel(backend):
+                result["o"] = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+
+        found.append((impl, "enable_gqa=True", 0, run, lambda result=result: result["o"]))
+    try:  # the flash backend replayed from a CUDA graph, as a server would (no CPU launch cost)
+        run = found[0][3]
+        run()  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        found.append(("torch_flash", "CUDA graph", 0, graph.replay, found[0][4]))
+    except Exception as exc:  # a backend that cannot run or be captured: reported, not timed
+        print(f"torch_flash in a CUDA graph: not measured ({type(exc).__name__}: {exc})")
+    return found
+
+
+def graph_of(run):
+    """``run``'s launches captured into a CUDA graph (CuPy stream capture, numba launching on that
+    stream); returns a function that replays it on the current stream, or None if capture fails.
+    A graph replays every launch from the GPU's side: numba's CPU cost per launch (tens of µs,
+    more than the kernels take at small Nk) disappears, as in servers that capture their decode steps."""
+    import cupy
+    from numba import cuda
+
+    try:
+        run()  # compile and load the kernels first: loading cannot be captured
+        cupy.cuda.Device().synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                run(cuda.external_stream(stream.ptr))
+            finally:
+                graph = stream.end_capture()
+        return graph.launch
+    except Exception as exc:
+        print(f"split_kv in a CUDA graph: not measured ({type(exc).__name__}: {exc})")
+        return None
+
+
+def measure_one(impl, run, output, refs) -> dict:
+    """Check (unless it is the copy), then time; a backend that refuses the inputs is 'unsupported'."""
+    import cupy
+
+    try:
+        run()
+        cupy.cuda.Device().synchronize()
+        if output is not None:
+            o = output()
+            o = o if isinstance(o, cupy.ndarray) else cupy.from_dlpack(o)  # PyTorch's output: a zero-copy view
+            ver = verdict(o, refs)
+            if not ver.pop("ok"):
+                return {**ver, "status": f"wrong (error {ver['max_rel_err']:.2e} > {ver['tolerance']:.2e})"}
+        else:
+            ver = {}
+        return {**ver, **time_call(run), "status": "ok"}
+    except Exception as exc:  # e.g. a PyTorch backend that has no kernel for these inputs
+        if impl.startswith("torch") or "not supported" in str(exc).lower():
+            print(f"{impl}: unsupported ({type(exc).__name__}: {str(exc)[:200]})")
+            return {"status": "unsupported"}
+        raise
+
+
+def run(csv_path: str | None = None, seed: int | None = None, batches=BATCHES, contexts=None) -> list[dict]:
+    """Measure every shape (``contexts``: the Nk to run, default CONTEXTS); print a table; write
+    the rows to ``csv_path``."""
+    import cupy
+
+    from .harness import CsvWriter
+
+    rng = np.random.default_rng(seed)
+    env = environment()
+    writer, rows = CsvWriter(csv_path, FIELDS), []
+    print(f"{'impl':12} {'variant':26} {'B':>2} {'Nk':>7} {'splits':>6} {'µs':>9} {'TB/s':>6} {'×flash':>7} "
+          f"{'/copy':>6}  status")
+    for batch in batches:
+        for n_k in contexts or CONTEXTS:
+            gen = cupy.random.default_rng(int(rng.integers(2**31)))
+            q, k, v = inputs(batch, n_k, gen)
+            refs = reference(q, k, v)
+            kv_bytes = 2 * batch * H_KV * n_k * D * 2  # K and V, float16
+            found = candidates(q, k, v, rng)
+            shape_rows = []
+            for impl, variant, splits, fn, output in found:
+                res = measure_one(impl, fn, output, refs)
+                moved = 2 * kv_bytes if impl == "copy" else kv_bytes
+                row = {**env, "impl": impl, "variant": variant, "batch": batch, "n_k": n_k, "heads": H,
+                       "kv_heads": H_KV, "d": D, "num_splits": splits or "", "kv_bytes": kv_bytes, **res}
+                if res["status"] == "ok":
+                    row["tb_per_s"] = moved / (res["time_ms"] * 1e-3) / 1e12
+                shape_rows.append(row)
+            ratios(shape_rows)
+            for row in shape_rows:
+                writer.write(row)
+                print_row(row)
+            rows += shape_rows
+            del q, k, v, found
+            cupy.get_default_memory_pool().free_all_blocks()
+    writer.close()
+    return rows
+
+
+def ratios(rows: list[dict]) -> None:
+    """vs_torch_flash: SDPA flash's time / this one's (above 1: faster), launched the same way (both
+    plain, or both from CUDA graphs); vs_copy: this one's K/V read rate / the copy's read + write rate."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    flash = {r["variant"] == "CUDA graph": r for r in ok if r["impl"] == "torch_flash"}
+    copy = next((r for r in ok if r["impl"] == "copy"), None)
+    for r in ok:
+        base = flash.get(r["variant"] == "CUDA graph")
+        if base is not None:
+            r["vs_torch_flash"] = base["time_ms"] / r["time_ms"]
+        if copy is not None:
+            r["vs_copy"] = r["tb_per_s"] / copy["tb_per_s"]
+
+
+def print_row(r: dict) -> None:
+    us = f"{r['time_ms'] * 1e3:9.1f}" if r["status"] == "ok" else f"{'–':>9}"
+    tbs = f"{r['tb_per_s']:6.2f}" if "tb_per_s" in r else f"{'–':>6}"
+    vs = f"{r['vs_torch_flash']:6.2f}×" if "vs_torch_flash" in r else f"{'–':>7}"
+    cp = f"{r['vs_copy']:6.0%}" if "vs_copy" in r else f"{'–':>6}"
+    print(f"{r['impl']:12} {r['variant']:26} {r['batch']:>2} {r['n_k']:>7} {r['num_splits']!s:>6} {us} {tbs} {vs} "
+          f"{cp}  {r['status']}")
+
+
+SUMMARY_IMPLS = (("split_kv", ""), ("no_split", ""), ("paged", f"page_size={PAGE}"), ("torch_flash", "enable_gqa=True"),
+                 ("torch_cudnn", "enable_gqa=True"), ("copy", "device-to-device, K and V"))
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The README's table of a decode CSV: µs per call of each implementation per (B, Nk), the
+    split count the rule chose, split-KV's K/V read rate and its ratios to SDPA flash and the copy."""
+    def find(impl, variant, b, n):
+        return next((r for r in rows if (r["impl"], r["variant"], r["batch"], r["n_k"]) == (impl, variant, b, n)), None)
+
+    def us(r):
+        return f"{float(r['time_ms']) * 1e3:,.1f}" if r and r["status"] == "ok" else (r["status"] if r else "–")
+
+    names = " | ".join(impl for impl, _ in SUMMARY_IMPLS)
+    lines = [f"| B | Nk | splits | {names} | split_kv TB/s | split_kv / SDPA flash | split_kv / copy |",
+             "|---" * (len(SUMMARY_IMPLS) + 6) + "|"]
+    for b, n in sorted({(r["batch"], r["n_k"]) for r in rows}, key=lambda x: (int(x[0]), int(x[1]))):
+        ours = find("split_kv", "", b, n)
+        cells = " | ".join(us(find(impl, var, b, n)) for impl, var in SUMMARY_IMPLS)
+        ok = ours is not None and ours["status"] == "ok"
+        ratio = f"{float(ours['vs_torch_flash']):.2f}×" if ok and ours.get("vs_torch_flash") else "–"
+        share = f"{float(ours['vs_copy']):.0%}" if ok and ours.get("vs_copy") else "–"
+        tbs = f"{float(ours['tb_per_s']):.2f}" if ok else "–"
+        lines.append(f"| {b} | {int(n):,} | {ours['num_splits'] if ours else '–'} | {cells} | {tbs} | {ratio} | {share} |")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""The decode kernels (split kernel + combine kernel): tiny on numba's simulator, real sizes on a GPU.
+
+Each result is compared with the float64 reference and with the NumPy split-KV stage: float32
+within F32_TOL; float16 by FlashAttention's rule against the naive stage in float16. The simulator
+runs one block of 32 threads at a time, one Python thread each, so the sizes there are tiny.
+"""
+
+import numpy as np
+import pytest
+
+import tinyflash as tf
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
+from tinyflash.decode import kernels
+from tinyflash.decode.cuda import prepare_split_kv
+from tinyflash.gpu import arrays
+from tinyflash.decode.paged import to_paged
+
+
+def decode_inputs(rng, batch, h, h_kv, n_q, n_k, d, dtype):
+    q = rng.standard_normal((batch, h, n_q, d)).astype(dtype)  # (B, H, Nq, d)
+    k = rng.standard_normal((batch, h_kv, n_k, d)).astype(dtype)  # (B, H_kv, Nk, d)
+    v = rng.standard_normal((batch, h_kv, n_k, d)).astype(dtype)  # (B, H_kv, Nk, d)
+    return q, k, v
+
+
+def check(o, lse, q, k, v, causal, what):
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
+    if q.dtype == np.float16:
+        assert_fa_rule(o, tf.naive_attention(q, k, v, causal=causal)[0], ref_o, np.float16, what=f"{what} o")
+    else:
+        assert_close(o, ref_o, F32_TOL, f"{what} o")
+    assert_close(lse, ref_lse, F32_TOL, f"{what} lse", is_lse=True)
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("n_q, n_k, d, num_splits, causal", [
+    (3, 21, 8, 2, True),  # speculative decoding: 3 queries, bottom-right causal; a ragged last step
+    (1, 5, 5, 4, False),  # d not a multiple of the vector width; more splits than steps: empty splits
+])
+def test_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits, causal):
+    q, k, v = decode_inputs(rng, 2, 4, 2, n_q, n_k, d, np.float32)  # GQA: 2 query heads per K/V head
+    o, lse = tf.cuda_split_kv_attention(q, k, v, num_splits=num_splits, causal=causal)
+    assert o.shape == q.shape and o.dtype == np.float32 and lse.shape == q.shape[:-1]
+    check(o, lse, q, k, v, causal, f"split kernel, {num_splits} splits")
+
+
+@pytest.mark.simulator
+def test_split_kernel_mqa_and_row_chunks(rng):
+    """MQA (H_kv = 1) with 9 query heads: 9 packed rows, more than a block's MAX_ROWS (two row
+    chunks); and the benchmark's other block shape, 3 keys per slot and step."""
+    assert 9 > kernels.MAX_ROWS
+    q, k, v = decode_inputs(rng, 1, 9, 1, 1, 19, 8, np.float32)
+    o, lse = tf.cuda_split_kv_attention(q, k, v, num_splits=2)
+    check(o, lse, q, k, v, False, "MQA")
+    run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=1, unroll=3)
+    run()
+    check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, False, "unroll=3")
+    with pytest.raises(ValueError, match="threads must be a multiple of 32"):
+        prepare_split_kv(q, k, v, threads=48)
+
+
+@pytest.mark.simulator
+def test_paged_kernel_on_the_simulator(rng):
+    """Ragged lengths through a random block table (pages of 4 tokens), causal, float16."""
+    q, k, v = decode_inputs(rng, 3, 4, 2, 2, 30, 8, np.float16)
+    lens = [30, 6, 13]
+    cache = to_paged(k, v, lens, page_size=4, rng=rng)
+    o, lse = tf.cuda_paged_attention(q, cache, num_splits=2, causal=True)
+    _, ref_lse = tf.paged_attention(q, cache, causal=True)
+    for b, n in enumerate(lens):
+        check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], True, f"paged kernel, sequence {b}")
+        assert_close(lse[b], ref_lse[b], F32_TOL, "paged kernel vs NumPy paged lse", is_lse=True)
+
+
+def test_bad_inputs_to_the_kernels(rng):
+    q, k, v = decode_inputs(rng, 1, 2, 1, 1, 4, 8, np.float32)
+    with pytest.raises(ValueError, match="need dv == d"):
+        tf.cuda_split_kv_attention(q, k, v[..., :4])
+    with pytest.raises(TypeError, match="expected one of float16, float32"):
+        tf.cuda_split_kv_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    with pytest.raises(ValueError, match="head dims up to 128 for float32"):
+        tf.cuda_split_kv_attention(*(np.zeros(x.shape[:-1] + (200,), np.float32) for x in (q, k, v)))
+
+
+# ---- on a real GPU, at decode sizes ----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, n_k, num_splits", [(1, 32_768, None), (4, 4_099, None), (2, 8_192, 1),
+                                                    (1, 1_000, 300)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_kernel_on_the_gpu(rng, batch, n_k, num_splits, causal):
+    """Llama-like heads (32 query heads, 8 K/V heads, d = 128), float16, Nq = 1 and 4."""
+    for n_q in (1, 4):
+        q, k, v = decode_inputs(rng, batch, 32, 8, n_q, n_k, 128, np.float16)
+        o, lse = tf.cuda_split_kv_attention(q, k, v, num_splits=num_splits, causal=causal)
+        check(o, lse, q, k, v, causal, f"B={batch} Nk={n_k} Nq={n_q}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, d", [(np.float32, 64), (np.float32, 128), (np.float16, 256), (np.float16, 80)])
+def test_split_kernel_dtypes_and_head_dims_on_the_gpu(rng, dtype, d):
+    q, k, v = decode_inputs(rng, 2, 8, 2, 1, 5_000, d, dtype)
+    o, lse = tf.cuda_split_kv_attention(q, k, v)
+    check(o, lse, q, k, v, False, f"{np.dtype(dtype).name} d={d}")
+
+
+@pytest.mark.gpu
+def test_paged_kernel_on_the_gpu(rng):
+    q, k, v = decode_inputs(rng, 8, 32, 8, 1, 20_000, 128, np.float16)
+    lens = rng.integers(1, 20_001, size=8)
+    lens[0] = 20_000
+    cache = to_paged(k, v, lens, page_size=16, rng=rng)
+    o, lse = tf.cuda_paged_attention(q, cache)
+    for b, n in enumerate(lens):
+        check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], False, f"paged, sequence {b} of {n}")
