@@ -27,25 +27,34 @@ NO_GPU_SCRIPT = """
     import numpy as np
     import tinyflash as tf
     q = np.ones((3, 8), np.float32)
-    tf.cuda_attention(q, q, q)
+    {call}
 """
+GPU_ENTRY_POINTS = {  # every public function that runs a kernel, called as a user would
+    "cuda_attention": "tf.cuda_attention(q, q, q)",
+    "tensor_core_attention": "tf.tensor_core_attention(q.astype(np.float16), q.astype(np.float16), "
+                             "q.astype(np.float16))",
+    "cuda_attention_backward": "o, lse = tf.naive_attention(q, q, q); tf.cuda_attention_backward(q, q, q, o, lse, q)",
+    "cuda_split_kv_attention": "tf.cuda_split_kv_attention(q[None], q[None], q[None])",
+}
 
 
-def run_without_gpu(patch: str) -> subprocess.CompletedProcess:
+def run_without_gpu(patch: str, entry: str = "cuda_attention") -> subprocess.CompletedProcess:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
-    code = textwrap.dedent(NO_GPU_SCRIPT.format(patch=patch))
+    code = textwrap.dedent(NO_GPU_SCRIPT.format(patch=patch, call=GPU_ENTRY_POINTS[entry]))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
 
 
-@pytest.mark.parametrize("how", [
-    "driver reported missing",  # numba.cuda.is_available() says False: what a machine without a driver shows
-    pytest.param("this machine", marks=pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: nothing to fail")),
+@pytest.mark.parametrize("how, entry", [
+    *[("driver reported missing", entry) for entry in GPU_ENTRY_POINTS],  # numba.cuda.is_available() says False:
+    # what a machine without a driver shows
+    pytest.param("this machine", "cuda_attention",
+                 marks=pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: nothing to fail")),
 ])
-def test_no_gpu_gives_one_clear_error(how):
+def test_no_gpu_gives_one_clear_error(how, entry):
     patch = "numba.cuda.is_available = lambda: False" if how == "driver reported missing" else ""
-    proc = run_without_gpu(patch)
+    proc = run_without_gpu(patch, entry)
     assert proc.returncode != 0, proc.stdout
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("tinyflash.gpu.runtime.NoGPUError: no CUDA GPU was found"), proc.stderr[-3000:]

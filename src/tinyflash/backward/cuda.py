@@ -15,6 +15,7 @@ from ..core.checks import as_array, check_attention_inputs, check_backward_input
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
 from ..gpu.launch import LaunchArgs, launch
+from ..gpu.runtime import require_gpu
 from . import kernels
 from .kernels.rows import ROWS_PER_BLOCK, finish_dq, row_dot
 
@@ -32,6 +33,7 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
     ``kernel`` names a version of :data:`tinyflash.backward.kernels.VERSIONS`; ``options`` are its
     (``config``: a :class:`~tinyflash.backward.kernels.tiling.BackwardTileConfig`; ``vector``: 1 or 4).
     """
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     # 1. check the inputs
     names = ("q", "k", "v", "o", "lse", "do")
     arrays = (q, k, v, o, lse, do)

@@ -16,7 +16,7 @@ from ..core.checks import as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
 from ..gpu.launch import MAX_GRID_Y
-from ..gpu.runtime import simulator_enabled
+from ..gpu.runtime import require_gpu, simulator_enabled
 from . import kernels
 from .split_kv import H200_SMS, choose_num_splits
 
@@ -108,6 +108,7 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
     ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
     it. ``tuning``: ``threads``, ``unroll`` (see :func:`_prepare`)."""
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -140,6 +141,7 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
 def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
                   **tuning):
     """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``."""
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)
     k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
     if len(q.shape) != 4 or len(k_pages.shape) != 4 or len(table.shape) != 2 or table.shape[0] != q.shape[0]:

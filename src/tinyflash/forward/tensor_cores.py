@@ -23,6 +23,7 @@ from ..core.checks import as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, is_device_array, kernel_view, library, result, to_device_flat
 from ..gpu.launch import LaunchArgs
+from ..gpu.runtime import require_gpu
 from .kernels import v6_tensor_cores as v6
 
 FLOAT16 = np.dtype(np.float16)
@@ -63,6 +64,7 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
     tensors) stay there and the results are of the same library. For float32 inputs, other head
     dims or different d and dv, use :func:`tinyflash.cuda_attention`.
     """
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     # 1. check the inputs
     on_device = is_device_array(q)
     if not on_device:
