@@ -20,10 +20,11 @@ from tinyflash.measure.harness import attention_flops, environment, measure  # n
 TILINGS = {64: [(4, 32), (4, 64), (8, 64)], 128: [(4, 32), (4, 64), (8, 64), (8, 128)]}
 
 
-def main(ns):
+def main(ns) -> list[dict]:
+    """Check and time every tiling; print a line each and return them (d, causal, warps, keys, tflops, ...)."""
     import cupy
 
-    env, rng = environment(), np.random.default_rng(0)
+    env, rng, rows = environment(), np.random.default_rng(0), []
     print(f"v6 tilings: {env['device']} numba-cuda {env['numba_cuda']} {env['date']}; float16, B=1, H=32")
     for n in ns:
         for d, tilings in TILINGS.items():
@@ -34,17 +35,22 @@ def main(ns):
                     cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys)
                     if cfg.problems():
                         continue
+
                     def run(q, k, v, c, cfg=cfg):
                         return cuda_attention(q, k, v, causal=c, kernel="v6", config=cfg)[0]
 
                     res = measure(run, q, k, v, causal, rng)
-                    regs = v6.make_kernel(cfg, "float16").get_regs_per_thread()
-                    regs = max(regs.values()) if isinstance(regs, dict) else regs
+                    kernel = v6.specialized(v6.make_kernel(cfg, "float16"), 0, ())  # compiled by the run above
+                    regs, spilled = kernel.get_regs_per_thread(), kernel.get_local_mem_per_thread()
                     tflops = (attention_flops(1, 32, n, n, d, causal) / (res["time_ms"] * 1e9)
                               if res["status"] == "ok" else float("nan"))
+                    rows.append({"n": n, "d": d, "causal": causal, "warps": warps, "keys": keys, "tflops": tflops,
+                                 "regs": regs, "local_bytes": spilled, "status": res["status"]})
                     print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d}: "
                           f"{res.get('time_ms', 0):8.3f} ms "
-                          f"{tflops:6.1f} TFLOP/s  regs={regs} smem={cfg.smem_bytes}  {res['status']}", flush=True)
+                          f"{tflops:6.1f} TFLOP/s  regs={regs} local={spilled} smem={cfg.smem_bytes}  {res['status']}",
+                          flush=True)
+    return rows
 
 
 if __name__ == "__main__":
