@@ -58,6 +58,7 @@ class TensorCoreTiling:
     D: int  # head dim (d = dv)
     WARPS: int  # warps per block
     BC: int  # keys per tile K_j, V_j (Bc)
+    MAX_REGISTERS: int | None = None  # a cap on registers per thread (more blocks per multiprocessor), or None
 
     @property
     def BR(self) -> int:  # query rows per block (Br): 16 per warp
@@ -106,8 +107,9 @@ def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
     (``benchmarks/tensor_core_tiles.py``; logs in benchmarks/results/tensor_core_tiles_h200*.log):
     8 warps × 128 keys at d = 128 (255 registers: a few bytes spill, reloaded once per tile, outside
     the products), 4 warps × 32 keys at d = 64, causal or not."""
-    warps, keys = {(128, False): (8, 128), (128, True): (8, 128), (64, False): (4, 32), (64, True): (4, 32)}[d, causal]
-    return TensorCoreTiling(D=d, WARPS=warps, BC=keys).validate()
+    warps, keys, cap = {(128, False): (8, 128, None), (128, True): (8, 128, None), (64, False): (4, 32, None),
+                        (64, True): (4, 32, None)}[d, causal]
+    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap).validate()
 
 
 def simulator_tiling(d: int) -> TensorCoreTiling:
@@ -242,7 +244,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                 if t == ZERO:
                     LSE[lse_off + r] = (m_i[half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @cuda.jit(fastmath=FAST_MATH, **({"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}))
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group):
         smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
         tid = uint64(cuda.threadIdx.x)
