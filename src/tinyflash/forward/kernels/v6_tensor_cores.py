@@ -103,12 +103,13 @@ class TensorCoreTiling:
 
 
 def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
-    """The tiling used on a GPU, per head dim and causal, from measured sweeps on an H200
-    (``benchmarks/tensor_core_tiles.py``; logs in benchmarks/results/tensor_core_tiles_h200*.log):
-    8 warps × 128 keys at d = 128 (255 registers: a few bytes spill, reloaded once per tile, outside
-    the products), 4 warps × 32 keys at d = 64, causal or not."""
-    warps, keys, cap = {(128, False): (8, 128, None), (128, True): (8, 128, None), (64, False): (4, 32, None),
-                        (64, True): (4, 32, None)}[d, causal]
+    """The tiling used on a GPU, per head dim and causal: the fastest without local memory (no
+    spilled registers) in the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``; log in
+    benchmarks/results/tensor_core_tiles_h200.log, N = 16,384, float16): 8 warps × 128 keys at
+    d = 128 (244 registers, one block of 8 warps per multiprocessor), 4 warps × 32 keys at d = 64
+    (128 registers, 4 blocks). Capping the registers (``MAX_REGISTERS``) was slower at both."""
+    warps, keys, cap = {(128, False): (8, 128, None), (128, True): (8, 128, None),
+                        (64, False): (4, 32, None), (64, True): (4, 32, None)}[d, causal]
     return TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap).validate()
 
 
