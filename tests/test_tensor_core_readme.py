@@ -52,7 +52,7 @@ def same_run_sentence() -> str:
         if local == "0" and float(tflops) > best.get((d, causal), (0.0,))[0]:
             best[d, causal] = (float(tflops), f"{warps} warps × {keys} keys")
     proto = {(name, causal): float(tf) for name, causal, tf in
-             re.findall(r"^\s+(tc2_\S+)\s+causal=(\d) f16=1 N= 16384:\s+[\d.]+ ms\s+([\d.]+) TFLOP/s", PROTOTYPE_LOG, re.M)}
+             re.findall(r"^\s+(tc2_\S+)\s+causal=(\d) f16=1 N= 16384:\s+[\d.]+ ms\s+([\d.]+) TFLOP/s", PROTOTYPE_LOG, re.MULTILINE)}
     whole, bare, host_us = re.search(r"tensor_core_attention: ([\d.]+) ms median;\s+the compiled kernel launched alone: "
                                      r"([\d.]+) ms;\s+difference (\d+) us", HOST_LOG).groups()
     v6 = {d: f"{best[d, 'False'][0]:.1f} / {best[d, 'True'][0]:.1f} TFLOP/s ({best[d, 'False'][1]})" for d in ("128", "64")}
@@ -66,7 +66,7 @@ def same_run_sentence() -> str:
 
 def test_stage3_table_and_sentences():
     numbers = stage3_numbers()
-    m = re.search(r"<!-- tensor-cores:start -->\n(.*?)\n<!-- tensor-cores:end -->", README, re.S)
+    m = re.search(r"<!-- tensor-cores:start -->\n(.*?)\n<!-- tensor-cores:end -->", README, re.DOTALL)
     assert m and m.group(1) == numbers["TABLE"]
     for name in ("SENTENCE", "GPU_SENTENCE", "SAME_RUN_SENTENCE"):
         assert " ".join(numbers[name].split()) in FLAT, (name, numbers[name])
