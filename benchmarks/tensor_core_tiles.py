@@ -17,34 +17,43 @@ from tinyflash.forward.cuda import cuda_attention  # noqa: E402
 from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
 from tinyflash.measure.harness import attention_flops, environment, measure  # noqa: E402
 
-TILINGS = {64: [(4, 32), (4, 64), (8, 64)], 128: [(4, 32), (4, 64), (8, 64), (8, 128)]}
+# (warps, keys per tile, register cap or None): a cap lets more blocks share a multiprocessor
+TILINGS = {64: [(4, 32, None), (4, 32, 96), (4, 64, None), (4, 64, 128)],
+           128: [(4, 32, None), (4, 32, 128), (4, 64, None), (8, 64, None), (8, 128, None)]}
 
 
-def main(ns):
+def main(ns) -> list[dict]:
+    """Check and time every tiling; print a line each and return them (d, causal, warps, keys, tflops, ...)."""
     import cupy
 
-    env, rng = environment(), np.random.default_rng(0)
+    env, rng, rows = environment(), np.random.default_rng(0), []
     print(f"v6 tilings: {env['device']} numba-cuda {env['numba_cuda']} {env['date']}; float16, B=1, H=32")
     for n in ns:
         for d, tilings in TILINGS.items():
             gen = cupy.random.default_rng(n + d)
             q, k, v = (gen.standard_normal((1, 32, n, d), dtype=np.float32).astype(np.float16) for _ in range(3))
             for causal in (False, True):
-                for warps, keys in tilings:
-                    cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys)
+                for warps, keys, cap in tilings:
+                    cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap)
                     if cfg.problems():
                         continue
+
                     def run(q, k, v, c, cfg=cfg):
                         return cuda_attention(q, k, v, causal=c, kernel="v6", config=cfg)[0]
 
                     res = measure(run, q, k, v, causal, rng)
-                    regs = v6.make_kernel(cfg, "float16").get_regs_per_thread()
-                    regs = max(regs.values()) if isinstance(regs, dict) else regs
+                    kernel = v6.specialized(v6.make_kernel(cfg, "float16"), 0, ())  # compiled by the run above
+                    regs, spilled = kernel.get_regs_per_thread(), kernel.get_local_mem_per_thread()
                     tflops = (attention_flops(1, 32, n, n, d, causal) / (res["time_ms"] * 1e9)
                               if res["status"] == "ok" else float("nan"))
-                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d}: "
+                    rows.append({"n": n, "d": d, "causal": causal, "warps": warps, "keys": keys, "cap": cap,
+                                 "tflops": tflops,
+                                 "regs": regs, "local_bytes": spilled, "status": res["status"]})
+                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d} cap={cap!s:4}: "
                           f"{res.get('time_ms', 0):8.3f} ms "
-                          f"{tflops:6.1f} TFLOP/s  regs={regs} smem={cfg.smem_bytes}  {res['status']}", flush=True)
+                          f"{tflops:6.1f} TFLOP/s  regs={regs} local={spilled} smem={cfg.smem_bytes}  {res['status']}",
+                          flush=True)
+    return rows
 
 
 if __name__ == "__main__":

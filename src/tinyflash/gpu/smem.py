@@ -62,9 +62,15 @@ def allow_large_shared_memory(kernel, args, nbytes: int) -> None:
     """
     if nbytes <= STATIC_SMEM_LIMIT or simulator_enabled():
         return
+    allow_large_shared_memory_compiled(kernel.compile(tuple(kernel.typeof_pyval(a) for a in args)), nbytes)
+
+
+def allow_large_shared_memory_compiled(compiled, nbytes: int) -> None:
+    """:func:`allow_large_shared_memory` for a kernel already compiled (``dispatcher.compile(signature)``)."""
+    if nbytes <= STATIC_SMEM_LIMIT or simulator_enabled():
+        return
     from numba.cuda.cudadrv.driver import binding, driver
 
-    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
     cufunc = compiled.library.get_cufunc()
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)

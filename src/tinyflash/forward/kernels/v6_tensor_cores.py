@@ -34,9 +34,9 @@ from numba import cuda, float32, uint32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu import ptx
-from ...gpu.launch import LaunchArgs, launch as launch_grid
+from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
 from ...gpu.runtime import device_function, simulator_enabled, u
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, shared_words
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, allow_large_shared_memory_compiled, shared_words
 
 HEAD_DIMS = (64, 128)  # d = dv supported
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
@@ -58,6 +58,7 @@ class TensorCoreTiling:
     D: int  # head dim (d = dv)
     WARPS: int  # warps per block
     BC: int  # keys per tile K_j, V_j (Bc)
+    MAX_REGISTERS: int | None = None  # a cap on registers per thread (more blocks per multiprocessor), or None
 
     @property
     def BR(self) -> int:  # query rows per block (Br): 16 per warp
@@ -102,13 +103,14 @@ class TensorCoreTiling:
 
 
 def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
-    """The tiling used on a GPU, per head dim and causal, from measured sweeps on an H200
-    (``benchmarks/tensor_core_tiles.py``; logs in benchmarks/results/tensor_core_tiles_h200*.log):
-    4 warps × 64 keys at d = 128; 4 × 32 (not causal) and 4 × 64 (causal) at d = 64. The last sweep
-    found 8 × 128 faster at d = 128 (255 registers, a few bytes spilled) and 4 × 32 at d = 64 causal:
-    not adopted yet, since the committed benchmark was measured with these."""
-    warps, keys = {(128, False): (4, 64), (128, True): (4, 64), (64, False): (4, 32), (64, True): (4, 64)}[d, causal]
-    return TensorCoreTiling(D=d, WARPS=warps, BC=keys).validate()
+    """The tiling used on a GPU, per head dim and causal: the fastest without local memory (no
+    spilled registers) in the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``; log in
+    benchmarks/results/tensor_core_tiles_h200.log, N = 16,384, float16): 8 warps × 128 keys at
+    d = 128 (244 registers, one block of 8 warps per multiprocessor), 4 warps × 32 keys at d = 64
+    (128 registers, 4 blocks). Capping the registers (``MAX_REGISTERS``) was slower at both."""
+    warps, keys, cap = {(128, False): (8, 128, None), (128, True): (8, 128, None),
+                        (64, False): (4, 32, None), (64, True): (4, 32, None)}[d, causal]
+    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap).validate()
 
 
 def simulator_tiling(d: int) -> TensorCoreTiling:
@@ -126,20 +128,25 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
     layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
     Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
     STAGE = layout["stage 1"] - layout["stage 0"]
+    KEYS8_BYTES = 8 * cfg.ROW_WORDS * 4  # 8 rows of shared memory, in bytes
     K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per warp
     P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+    ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
 
     @cuda.jit(device=True, inline="always")
     def copy_rows(src, src_off, first, n_rows, smem_addr, tid, CHUNKS_PER_THREAD):
         """Rows first .. of a (rows, d) matrix into shared memory, 16 bytes per cp.async; rows at or
-        past n_rows become zeros (the ragged last tile)."""
+        past n_rows become zeros (the ragged last tile). A thread copies the same column of rows
+        row0, row0 + ROWS_PER_PASS, ...: one address for the tile, then small offsets."""
+        row0, col = tid // CHUNKS, (tid % CHUNKS) * FOUR  # the thread's first row; its word column
+        tile_src = src_off + first * DW + col  # row `first` (it exists) at that column
+        rows_left = uint32(min(n_rows - first, uint64(ROWS_PER_PASS * CHUNKS_PER_THREAD)))
         for i in range(CHUNKS_PER_THREAD):
-            chunk = tid + uint64(i) * NT
-            row, col = chunk // CHUNKS, (chunk % CHUNKS) * FOUR  # destination row; word column
-            inside = first + row < n_rows
-            src_row = first + row if inside else ZERO  # a valid address even when nothing is read
-            ptx.cp_async_16(smem_addr + uint32((row * RW + col) * FOUR), src, src_off + src_row * DW + col,
+            row = uint32(row0) + uint32(i * ROWS_PER_PASS)
+            inside = row < rows_left
+            ptx.cp_async_16(smem_addr + (row * uint32(RW) + uint32(col)) * uint32(4), src,
+                            tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
                             uint32(16) if inside else uint32(0))
 
     @cuda.jit(device=True, inline="always")
@@ -150,20 +157,23 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, inline="always")
-    def ldmatrix_16x16(addr, lane, row, word):
-        """Lanes 0-15 give rows row .. row+15 at word, lanes 16-31 the same rows 8 columns on: a 16 × 16
-        block as four 8 × 8 matrices, in the order of an A operand (a0, a1, a2, a3)."""
-        return addr + uint32(((row + lane % SIXTEEN) * RW + word + (lane // SIXTEEN) * FOUR) * FOUR)
+    def lane_rows(lane):
+        """Byte offsets of the row each lane gives ldmatrix, computed once: for K_j, lanes 8i .. 8i+7 give
+        keys 0-7 at dims 8i (8 keys × 32 dims: the B operands of 2 mma steps); for a 16 × 16 block of Q_i
+        or V_j, lanes 0-15 give rows 0-15 and lanes 16-31 the same rows 8 columns on (an A operand's order).
+        Each tile then adds a constant, which the compiler folds into the instruction."""
+        k_lane = ((lane % EIGHT) * RW + (lane // EIGHT) * FOUR) * FOUR
+        block_lane = ((lane % SIXTEEN) * RW + (lane // SIXTEEN) * FOUR) * FOUR
+        return uint32(k_lane), uint32(block_lane)
 
     @cuda.jit(device=True, inline="always")
-    def scores(s, qf, k_addr, lane):
+    def scores(s, qf, k_lane_addr):
         """S_ij = Q_i K_jᵀ for the warp's 16 rows, s[n] the lane's part of keys 8n .. 8n+7 (not yet
         scaled: the scale is folded into the exponent, one fused multiply-add per score)."""
         for n in range(S_TILES):
             c0 = c1 = c2 = c3 = float32(0.0)
             for kk in range(0, K_STEPS, 2):  # one ldmatrix: 8 keys × 32 dims, the B operands of 2 steps
-                b = ptx.ldmatrix_x4(k_addr + uint32(((uint64(n) * EIGHT + lane % EIGHT) * RW + uint64(kk) * EIGHT
-                                                     + (lane // EIGHT) * FOUR) * FOUR))
+                b = ptx.ldmatrix_x4(k_lane_addr + uint32(n * KEYS8_BYTES + kk * 2 * MMA_K))  # keys 8n.., dims 16kk..
                 c0, c1, c2, c3 = mma(qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3], b[0], b[1], c0, c1, c2, c3)
                 c0, c1, c2, c3 = mma(qf[kk + 1, 0], qf[kk + 1, 1], qf[kk + 1, 2], qf[kk + 1, 3], b[2], b[3],
                                      c0, c1, c2, c3)
@@ -207,14 +217,14 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                 l_i[half] += s[n, 2 * half + e]
 
     @cuda.jit(device=True, inline="always")
-    def p_times_v(acc, s, v_addr, lane):
+    def p_times_v(acc, s, v_lane_addr):
         """acc += P_ij V_j: P_ij packed from the S accumulators (their layout is the A operand's), V_j by
         ldmatrix.trans, 16 keys × 16 dims per instruction."""
         for kk in range(P_STEPS):
             a0, a1 = pack(s[2 * kk, 0], s[2 * kk, 1]), pack(s[2 * kk, 2], s[2 * kk, 3])
             a2, a3 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1]), pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
-            for n in range(0, O_TILES, 2):
-                b = ptx.ldmatrix_x4_trans(ldmatrix_16x16(v_addr, lane, uint64(kk) * SIXTEEN, uint64(n) * FOUR))
+            for n in range(0, O_TILES, 2):  # keys 16kk .., dims 8n ..: 16 bytes per 8 dims
+                b = ptx.ldmatrix_x4_trans(v_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
                 for h in range(2):
                     acc[n + h, 0], acc[n + h, 1], acc[n + h, 2], acc[n + h, 3] = mma(
                         a0, a1, a2, a3, b[2 * h], b[2 * h + 1],
@@ -235,7 +245,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                 if t == ZERO:
                     LSE[lse_off + r] = (m_i[half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @cuda.jit(fastmath=FAST_MATH, **({"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}))
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group):
         smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
         tid = uint64(cuda.threadIdx.x)
@@ -267,9 +277,10 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         load_kv(K, V, kv_off, ZERO, n_k, base + uint32(STAGE0 * FOUR), tid)  # K_0, V_0 into stage 0
         ptx.cp_async_wait_all()
         cuda.syncthreads()  # every thread's copies of Q_i, K_0, V_0 have landed before any warp reads them
-        for kk in range(K_STEPS):
-            qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3] = ptx.ldmatrix_x4(
-                ldmatrix_16x16(base + uint32(Q_OFF * FOUR), lane, warp * SIXTEEN, uint64(kk) * EIGHT))
+        k_lane, block_lane = lane_rows(lane)
+        q_warp = base + uint32(Q_OFF * FOUR) + uint32(warp) * uint32(2 * KEYS8_BYTES) + block_lane  # its 16 rows
+        for kk in range(K_STEPS):  # dims 16kk ..: 32 bytes each
+            qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3] = ptx.ldmatrix_x4(q_warp + uint32(kk * 2 * MMA_K))
 
         for j in range(n_tiles):
             k_start = j * BC
@@ -277,12 +288,12 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             if j + ONE < n_tiles:  # K_j+1, V_j+1 into the other stage, in flight during this tile
                 load_kv(K, V, kv_off, k_start + BC, n_k, base + uint32((STAGE0 + ((j + ONE) % TWO) * STAGE)
                                                                        * FOUR), tid)
-            scores(s, qf, stage, lane)
+            scores(s, qf, stage + k_lane)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
             for half in range(2):
                 rescale(s, m_i, l_i, acc, half, row_max(s, half, scale_log2), scale_log2)
-            p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR), lane)  # P·V: acc += P_ij V_j
+            p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR) + block_lane)  # P·V: acc += P_ij V_j
             ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
             cuda.syncthreads()  # everyone's have, and no warp still reads this stage before it is refilled
 
@@ -309,16 +320,36 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal))
     if cfg.D != prob.d:
         raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
-    words = [(a.view(np.uint32), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
+    words = [(a if a.dtype == np.uint32 else a.view(np.uint32), size // 2)  # 16-bit pairs: q, k, v, o
+             for a, size in args.per_head[:4]]
     n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
     kv_group = getattr(args, "kv_group", 1)  # grouped-query attention: query heads per K, V head
     grid_args = LaunchArgs(per_head=(*words, args.per_head[4]), scalars=(n_q, n_k, scale_log2, causal, kv_group),
                            n_heads=args.n_heads)
-    kernel = make_kernel(cfg.validate(), element)
+    kernel, n_tiles = make_kernel(cfg.validate(), element), -(-n_q // cfg.BR)
     if simulator_enabled():  # every emulated warp instruction waits at a barrier: make those faster
         from ...gpu.ptx_emulation import fast_barriers
 
         with fast_barriers():
-            launch_grid(kernel, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, grid_args)
+            launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
+    elif args.n_heads <= MAX_GRID_Y:  # one launch, no views of the arrays: the lean path
+        arrays = (*(a for a, _ in grid_args.per_head), *grid_args.scalars)
+        specialized(kernel, cfg.smem_bytes, arrays)[(n_tiles, args.n_heads), cfg.NT, 0, cfg.smem_bytes](*arrays)
     else:
-        launch_grid(kernel, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, grid_args)
+        launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
+
+
+_SPECIALIZED: dict = {}  # make_kernel(...) -> its specialized dispatcher
+
+
+def specialized(kernel, smem_bytes: int, args):
+    """``kernel`` compiled once for the types of ``args`` (numba's ``specialize``), with its shared
+    memory raised once. The host's time counts in every call, and a kernel takes well under a
+    millisecond at N = 4,096: a specialized dispatcher skips typing each argument again, and
+    raising the shared memory is done once, not per call. The argument types never change:
+    the host wrappers always pass flat uint32 and float32 device arrays and the same scalars."""
+    if kernel not in _SPECIALIZED:
+        spec = kernel.specialize(*args)
+        allow_large_shared_memory_compiled(next(iter(spec.overloads.values())), smem_bytes)
+        _SPECIALIZED[kernel] = spec
+    return _SPECIALIZED[kernel]
