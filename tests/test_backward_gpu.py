@@ -124,13 +124,14 @@ def test_torch_autograd_matches_sdpa(rng, n, d, causal, dtype):
     import tinyflash.torch as tft
 
     tdtype = getattr(torch, dtype)
-    q, k, v = (torch.tensor(x, device="cuda") for x in make_qkv(rng, (2, 4), n, n, d=d))  # float64 on the GPU
+    q, k, v = (torch.tensor(x, device="cuda", requires_grad=True)  # float64 on the GPU: the reference
+               for x in make_qkv(rng, (2, 4), n, n, d=d))
     do = torch.tensor(rng.standard_normal((2, 4, n, d)), device="cuda")
     ref = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
                               (q, k, v), do)
 
     def grads(attention):
-        leaves = [x.to(tdtype).requires_grad_() for x in (q, k, v)]
+        leaves = [x.detach().to(tdtype).requires_grad_() for x in (q, k, v)]
         return torch.autograd.grad(attention(*leaves), leaves, do.to(tdtype))
 
     ours = grads(lambda q, k, v: tft.attention(q, k, v, causal=causal))
