@@ -25,26 +25,20 @@ at a tiny size; with a GPU and CuPy it runs them there at a larger one.
 
 # %% [0] Where the kernels run: decide before numba is imported
 import inspect
-import os
 import sys
 import textwrap
 from pathlib import Path
 
-try:
-    import cupy
+from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
 
-    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
-except Exception:  # no CuPy or no GPU
-    HAS_GPU = False
-if not HAS_GPU:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
 import numpy as np  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
-from tinyflash.forward.kernels import v1_row_per_thread, v5_branch_free  # noqa: E402
+from tinyflash.forward.kernels import v1_row_per_thread, v5_branch_free  # noqa: E402, I001
 from tinyflash.gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT  # noqa: E402
 from tinyflash.measure.harness import read_csv  # noqa: E402
 from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
@@ -149,8 +143,8 @@ print("\nShared memory per block on an H200 (float32 tiles; rows padded by 4 flo
 for d in (64, 128):
     c = tiling.default_config(d, d)
     regions = c.smem_layout()
-    print(f"  d = {d:3d}, Br = {c.BR}, Bc = {c.BC}: " + ", ".join(f"{r.name} {4 * r.floats / 1024:.1f} KiB"
-                                                               for r in regions) + f"  -> {c.smem_bytes / 1024:.1f} KiB")
+    parts = ", ".join(f"{r.name} {4 * r.floats / 1024:.1f} KiB" for r in regions)
+    print(f"  d = {d:3d}, Br = {c.BR}, Bc = {c.BC}: {parts}  -> {c.smem_bytes / 1024:.1f} KiB")
     assert 4 * sum(r.floats for r in regions) == c.smem_bytes
     assert STATIC_SMEM_LIMIT < c.smem_bytes <= MAX_SMEM_PER_BLOCK  # more than 48 KiB: must be asked for
 # P_ij can overwrite K_j: once every thread has its scores (a barrier guarantees it), K_j is not

@@ -21,29 +21,23 @@ Python at a toy size; with a GPU and CuPy, on the real tensor cores.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
-import os
 import sys
 from pathlib import Path
 
-try:
-    import cupy
+from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
 
-    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
-except Exception:  # no CuPy or no GPU
-    HAS_GPU = False
-if not HAS_GPU:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
 import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
-from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
 from tinyflash.gpu import ptx  # noqa: E402
 from tinyflash.gpu.ptx_emulation import a_fragment, b_fragment, c_fragment, draw, from_bits, to_bits  # noqa: E402
 from tinyflash.measure.harness import read_csv  # noqa: E402
+from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
 
 print(f"running on {'the GPU (real tensor cores)' if HAS_GPU else 'numba CUDA simulator (emulated instructions)'}")
 

@@ -22,14 +22,9 @@ the last cell also trains with tinyflash.torch.attention beside PyTorch's own at
 # %% [0] Where the kernels run: decide before numba is imported
 import os
 
-try:
-    import cupy
+from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
 
-    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
-except Exception:  # no CuPy or no GPU
-    HAS_GPU = False
-if not HAS_GPU:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
 import numpy as np  # noqa: E402
 
@@ -115,7 +110,8 @@ for name, grads in stages.items():
 again = tf.cuda_attention_backward(q, k, v, o, lse, do, causal=True)
 assert np.array_equal(again[1], stages["cuda"][1]) and np.array_equal(again[2], stages["cuda"][2])
 print(f"  second run: dk, dv bitwise identical; dq differs by at most "
-      f"{np.abs(again[0] - stages['cuda'][0]).max():.1e}" + ("" if HAS_GPU else " (the simulator runs blocks in order)"))
+      f"{np.abs(again[0] - stages['cuda'][0]).max():.1e}"
+      + ("" if HAS_GPU else " (the simulator runs blocks in order)"))
 
 
 # %% [6] Training: a tiny attention layer, its loss with the naive and with the FlashAttention stages

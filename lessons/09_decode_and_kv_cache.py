@@ -26,18 +26,12 @@ python -m tinyflash.plots).
 
 # %% [0] Where the kernels run: decide before numba is imported
 import argparse
-import os
 import sys
 from pathlib import Path
 
-try:
-    import cupy
+from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
 
-    HAS_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and bool(cupy.cuda.is_available())
-except Exception:  # no CuPy or no GPU
-    HAS_GPU = False
-if not HAS_GPU:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
 import numpy as np  # noqa: E402
 
@@ -46,8 +40,12 @@ from tinyflash.core.checks import check_attention_inputs  # noqa: E402
 from tinyflash.core.heads import group_query_heads, kv_heads_view  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close  # noqa: E402
 from tinyflash.decode import split_kv  # noqa: E402
-from tinyflash.decode.cache_memory import (H200_FP16_DENSE_FLOPS, H200_HBM_BYTES_PER_S,  # noqa: E402
-                                           attention_intensity, kv_cache_bytes)
+from tinyflash.decode.cache_memory import (  # noqa: E402
+    H200_FP16_DENSE_FLOPS,
+    H200_HBM_BYTES_PER_S,
+    attention_intensity,
+    kv_cache_bytes,
+)
 from tinyflash.decode.paged import to_paged  # noqa: E402
 from tinyflash.measure.memory import H200_MEMORY_BYTES, format_bytes  # noqa: E402
 from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
@@ -161,7 +159,8 @@ for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
     for dt, size in (("float16", 2), ("int8", 1)):
         sizes[name, dt] = kv_cache_bytes(kv_heads=h_kv, bytes_per_element=size, **model)
     read_ms = sizes[name, "float16"] / H200_HBM_BYTES_PER_S * 1e3
-    print(f"  {name} ({h_kv:>2} K/V head{'s' if h_kv > 1 else ' '}): {format_bytes(sizes[name, 'float16']):>9} in float16, "
+    print(f"  {name} ({h_kv:>2} K/V head{'s' if h_kv > 1 else ' '}): "
+          f"{format_bytes(sizes[name, 'float16']):>9} in float16, "
           f"{format_bytes(sizes[name, 'int8']):>9} in int8; reading it once at {H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s "
           f"takes {read_ms:.1f} ms: at most {1e3 / read_ms:.0f} tokens/s for this sequence")
 assert sizes["MHA", "float16"] == 4 * sizes["GQA", "float16"] == 32 * sizes["MQA", "float16"]

@@ -12,20 +12,9 @@ import numpy as np
 import pytest
 
 
-def _real_gpu() -> bool:
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "0":
-        return False
-    try:
-        import cupy
+from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
 
-        return bool(cupy.cuda.is_available())
-    except Exception:  # no CuPy, no driver, no device
-        return False
-
-
-HAS_GPU = _real_gpu()
-if not HAS_GPU:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # must be set before numba is imported
+HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
 
 def pytest_collection_modifyitems(config, items):

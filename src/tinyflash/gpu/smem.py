@@ -9,12 +9,31 @@ more (up to 227 KiB per block on Hopper) must be asked for first, per compiled k
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from numba import cuda, float32, uint32
 
 from .runtime import simulator_enabled
 
 STATIC_SMEM_LIMIT = 48 * 1024  # what any kernel may use without asking
 MAX_SMEM_PER_BLOCK = 227 * 1024  # the most a block may ask for on Hopper (compute capability 9.0)
+
+
+class Region(NamedTuple):
+    """One part of the block's shared memory, in float32 elements."""
+
+    name: str
+    offset: int
+    floats: int
+
+
+def layout(sizes) -> tuple[Region, ...]:
+    """Regions placed one after another, in the order given: ``sizes`` is ((name, floats), ...)."""
+    regions, offset = [], 0
+    for name, floats in sizes:
+        regions.append(Region(name, offset, floats))
+        offset += floats
+    return tuple(regions)
 
 if simulator_enabled():  # the simulator rejects the alignment argument; its arrays are NumPy arrays
 

@@ -19,19 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ...gpu.launch import launch
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK
-
-
-class Region(NamedTuple):
-    """One part of the block's shared memory, in float32 elements."""
-
-    name: str
-    offset: int
-    floats: int
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, Region, layout
 
 
 @dataclass(frozen=True)
@@ -64,11 +55,7 @@ class BackwardTileConfig:
         sizes = (("Q_i", self.BR * self.QS), ("dO_i", self.BR * self.OS), ("K_j", self.BC * self.QS),
                  ("V_j", self.BC * self.OS), ("P_ij", self.BR * self.PS), ("dS_ij", self.BR * self.PS),
                  ("lse_i (base 2)", self.BR), ("D_i", self.BR))
-        regions, offset = [], 0
-        for name, floats in sizes:
-            regions.append(Region(name, offset, floats))
-            offset += floats
-        return tuple(regions)
+        return layout(sizes)
 
     @property
     def smem_bytes(self) -> int:

@@ -17,19 +17,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ...gpu.launch import SharedMemoryRefused, launch
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT
-
-
-class Region(NamedTuple):
-    """One part of the block's shared memory, in float32 elements."""
-
-    name: str
-    offset: int
-    floats: int
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT, Region, layout
 
 
 @dataclass(frozen=True)
@@ -80,11 +71,7 @@ class TileConfig:
         max (at the end, row sum) per row and thread of the row group."""
         sizes = (("Q_i", self.BR * self.QS), ("K_j, then P_ij", max(self.BC * self.KS, self.BC * self.PS)),
                  ("V_j", self.BC * self.DV), ("row max / row sum exchange", self.BR * self.CT))
-        regions, offset = [], 0
-        for name, floats in sizes:
-            regions.append(Region(name, offset, floats))
-            offset += floats
-        return tuple(regions)
+        return layout(sizes)
 
     @property
     def smem_bytes(self) -> int:
