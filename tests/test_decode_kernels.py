@@ -11,7 +11,7 @@ import pytest
 import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.decode import kernels
-from tinyflash.decode.cuda import prepare_split_kv
+from tinyflash.decode.cuda import prepare_paged, prepare_split_kv
 from tinyflash.gpu import arrays
 from tinyflash.decode.paged import to_paged
 
@@ -57,6 +57,24 @@ def test_split_kernel_mqa_and_row_chunks(rng):
     check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, False, "unroll=3")
     with pytest.raises(ValueError, match="threads must be a multiple of 32"):
         prepare_split_kv(q, k, v, threads=48)
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_ring_wraps_on_the_simulator(rng, paged):
+    """One key per slot and tile (tiles of 16 keys at d = 16, float16): 5 tiles per split, more than
+    the ring's STAGES, so stages are reused; causal with 2 queries, a ragged last tile, and (paged)
+    pages of 4 tokens read through the block table, one read per page."""
+    assert -(-75 // 16) > kernels.STAGES
+    q, k, v = decode_inputs(rng, 1, 2, 1, 2, 75, 16, np.float16)
+    if paged:
+        run, o, lse, prob = prepare_paged(q, to_paged(k, v, [75], page_size=4, rng=rng), num_splits=1, causal=True,
+                                          unroll=1)
+    else:
+        run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=1, causal=True, unroll=1)
+    run()
+    check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, True,
+          f"ring of {kernels.STAGES} stages, paged={paged}")
 
 
 @pytest.mark.simulator
