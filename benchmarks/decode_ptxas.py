@@ -9,7 +9,8 @@ Needs numba-cuda with the CUDA 13.0 toolkit and ``ptxas`` on the PATH (see compa
 reports and what follows from it on an H200 (65,536 registers and 228 KB of shared memory per SM,
 1 KB of it reserved per block): blocks per SM, and bytes in flight per SM = blocks × (STAGES - 1)
 tiles × keys per tile × 512 bytes (a K row and a V row). The loop's instruction count is its static
-length (the mask's branch, taken only on the last tile or the diagonal, included) per key and thread.
+length (the mask's branch, taken only on the last tile or the diagonal, included), in warp
+instructions per key: the instructions the SMs' schedulers issue for each key of the cache.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from numba import cuda, types
 from tinyflash.decode import kernels
 
 REGISTERS_PER_SM, SMEM_PER_SM, SMEM_RESERVED = 65_536, 228 * 1024, 1024
-SHAPES = [(128, 4), (128, 2), (256, 4)]  # (threads, keys per slot and tile): the default, then the benchmark's variants
+SHAPES = [(128, 4, 16), (128, 2, 16), (128, 4, 32), (256, 4, 16)]  # (threads, keys per slot and tile, bytes per
+# thread and key row): the default, then other shapes (the benchmark times the second and third)
 
 
 def signature():
@@ -51,9 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nvdisasm", help="path of nvdisasm: also count the main loop's instructions")
     args = parser.parse_args()
-    VEC, D, TD = kernels.lanes(128, 2)
     work = Path(tempfile.mkdtemp())
-    for nt, unroll in SHAPES:
+    for nt, unroll, row_bytes in SHAPES:
+        VEC, D, TD = kernels.lanes(128, 2, row_bytes)
         kernel, smem = kernels.make_split_kernel(4, D, VEC, nt, True, 0, unroll)
         (work / "k.ptx").write_text(cuda.compile_ptx(kernel.py_func, signature(), cc=(9, 0))[0])
         out = subprocess.run(["ptxas", "-v", "-arch=sm_90", str(work / "k.ptx"), "-o", str(work / "k.cubin")],
@@ -63,13 +65,15 @@ def main() -> None:
         blocks = min(REGISTERS_PER_SM // (regs * nt), SMEM_PER_SM // (smem + SMEM_RESERVED))
         keys = nt // TD * unroll  # keys per tile
         in_flight = blocks * (kernels.STAGES - 1) * keys * 2 * D * 2
-        line = (f"{nt} threads, {unroll} keys per slot ({keys} per tile): {regs} registers, "
+        line = (f"{nt} threads, {unroll} keys per slot ({keys} per tile), {row_bytes} bytes per row and thread: {regs} "
+                f"registers, "
                 f"{spills.group(1) if spills else 0} bytes spilled, {smem // 1024} KB shared -> {blocks} blocks per SM, "
                 f"{in_flight // 1024} KB in flight per SM")
         if args.nvdisasm:
             listing = subprocess.run([args.nvdisasm, "-c", str(work / "k.cubin")], capture_output=True, text=True,
                                      check=True).stdout
-            line += f"; main loop {loop_instructions(listing) / unroll:.0f} instructions per key and thread"
+            per_key = loop_instructions(listing) / unroll * TD / 32  # TD threads share a key: TD / 32 of a warp
+            line += f"; main loop {per_key:.0f} warp instructions per key"
         print(line)
 
 

@@ -57,24 +57,28 @@ def test_split_kernel_mqa_and_row_chunks(rng):
     check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, False, "unroll=3")
     with pytest.raises(ValueError, match="threads must be a multiple of 32"):
         prepare_split_kv(q, k, v, threads=48)
+    with pytest.raises(ValueError, match="row_bytes must be a multiple of 16"):
+        prepare_split_kv(q, k, v, row_bytes=24)
 
 
 @pytest.mark.simulator
-@pytest.mark.parametrize("paged", [False, True])
-def test_the_ring_wraps_on_the_simulator(rng, paged):
-    """One key per slot and tile (tiles of 16 keys at d = 16, float16): 5 tiles per split, more than
-    the ring's STAGES, so stages are reused; causal with 2 queries, a ragged last tile, and (paged)
-    pages of 4 tokens read through the block table, one read per page."""
-    assert -(-75 // 16) > kernels.STAGES
-    q, k, v = decode_inputs(rng, 1, 2, 1, 2, 75, 16, np.float16)
+@pytest.mark.parametrize("paged, row_bytes", [(False, 16), (True, 16), (True, 32)])
+def test_the_ring_wraps_on_the_simulator(rng, paged, row_bytes):
+    """One key per slot and tile (tiles of 8 keys at d = 32, float16, 16 bytes per thread and row;
+    16 keys with 32 bytes, two copies each): 7 or 4 tiles per split, more than the ring's STAGES,
+    so stages are reused; causal with 2 queries, a ragged last tile, and (paged) pages of 4 tokens
+    read through the block table."""
+    q, k, v = decode_inputs(rng, 1, 2, 1, 2, 50, 32, np.float16)
+    tiles = -(-50 // (kernels.SIMULATOR_THREADS // kernels.lanes(32, 2, row_bytes)[2]))
+    assert tiles > kernels.STAGES
+    tuning = {"num_splits": 1, "causal": True, "unroll": 1, "row_bytes": row_bytes}
     if paged:
-        run, o, lse, prob = prepare_paged(q, to_paged(k, v, [75], page_size=4, rng=rng), num_splits=1, causal=True,
-                                          unroll=1)
+        run, o, lse, prob = prepare_paged(q, to_paged(k, v, [50], page_size=4, rng=rng), **tuning)
     else:
-        run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=1, causal=True, unroll=1)
+        run, o, lse, prob = prepare_split_kv(q, k, v, **tuning)
     run()
     check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, True,
-          f"ring of {kernels.STAGES} stages, paged={paged}")
+          f"{tiles} tiles in a ring of {kernels.STAGES} stages, paged={paged}, {row_bytes} bytes per row and thread")
 
 
 @pytest.mark.simulator

@@ -45,10 +45,11 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
 
 
 def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
-             threads=None, unroll=None):
+             threads=None, unroll=None, row_bytes=None):
     """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
-    ``threads`` and ``unroll`` override the split kernel's block size and keys per slot and step
-    (kernels.threads(), kernels.UNROLL): the benchmark tries a few.
+    ``threads``, ``unroll`` and ``row_bytes`` override the split kernel's block size, keys per slot
+    and tile, and bytes per thread and key row (kernels.threads(), kernels.UNROLL,
+    kernels.LOAD_BYTES; row_bytes a multiple of 16): the benchmark tries a few.
 
     Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
     and does nothing else, so that a benchmark times the kernels, not the checks.
@@ -56,7 +57,10 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     d = prob.d
     if prob.d_v != d:
         raise ValueError(f"the decode kernels need dv == d; got d={d}, dv={prob.d_v}")
-    VEC, D, TD = kernels.lanes(d, prob.dtype.itemsize)
+    row_bytes = row_bytes or kernels.LOAD_BYTES
+    if row_bytes % kernels.LOAD_BYTES:
+        raise ValueError(f"row_bytes must be a multiple of {kernels.LOAD_BYTES}; got {row_bytes}")
+    VEC, D, TD = kernels.lanes(d, prob.dtype.itemsize, row_bytes)
     if TD > 32:
         raise ValueError(f"the decode kernels support head dims up to {32 * VEC} for {prob.dtype.name}; got d={d}")
     if batch * h_kv > MAX_GRID_Y:
@@ -75,7 +79,7 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
     full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
-    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll)
+    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize)
     kv = (_numba(to_device_flat(x)) for x in (k, v))
     split_args = (_numba(to_device_flat(q)), *((x.view(np.uint32) for x in kv) if full else kv),
                   *(_numba(to_device_flat(x)) for x in (table, lens)), o_part, lse_part, int(prob.n_q), int(d),
@@ -134,7 +138,8 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
                      **tuning):
     """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
     ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
-    it. ``tuning``: ``threads``, ``unroll`` (see :func:`_prepare`)."""
+    it. ``tuning``: ``threads``, ``unroll``, ``row_bytes`` (see
+    :func:`_prepare`)."""
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)
     if not on_device:

@@ -70,10 +70,12 @@ def threads() -> int:
     return SIMULATOR_THREADS if simulator_enabled() else GPU_THREADS
 
 
-def lanes(d: int, itemsize: int) -> tuple[int, int, int]:
-    """(VEC, D, TD): elements per load, the head dim padded so that TD = D / VEC lanes per key
-    row is a power of two (the shuffles sum over groups of TD lanes), and TD."""
-    VEC = LOAD_BYTES // itemsize
+def lanes(d: int, itemsize: int, row_bytes: int = LOAD_BYTES) -> tuple[int, int, int]:
+    """(VEC, D, TD): elements per thread and key row (``row_bytes`` of them: one 16-byte copy, or
+    several), the head dim padded so that TD = D / VEC lanes per key row is a power of two (the
+    shuffles sum over groups of TD lanes), and TD. Fewer lanes per row (more bytes each) mean fewer
+    shuffles and less of the softmax repeated per lane, but more registers (q and acc: VEC per row)."""
+    VEC = row_bytes // itemsize
     TD = 1 << max(0, math.ceil(math.log2(-(-d // VEC))))  # lanes per key row, a power of two
     return VEC, VEC * TD, TD
 
@@ -105,14 +107,17 @@ def shared_elements(element):
 
 
 @lru_cache(maxsize=None)
-def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL):
-    """The split kernel for RB packed rows per block, head dim padded to D, VEC elements per
-    16-byte copy, NT threads (a multiple of 32), ``unroll`` keys per slot and tile; ``full``:
+def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
+                      itemsize: int = 2):
+    """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
+    ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
+    ``unroll`` keys per slot and tile; ``full``:
     d == D (K and V arrive as uint32 words and are copied by cp.async; else element by element,
     zero past d); ``page_size``: 0 for a contiguous cache, else the tokens per page of a paged one."""
     TD = D // VEC  # lanes per key row
     KP = NT // TD  # key slots
-    itemsize = LOAD_BYTES // VEC
+    PIECES = u(VEC * itemsize // LOAD_BYTES)  # 16-byte copies per thread and key row
+    PIECE = u(LOAD_BYTES // itemsize)  # elements per copy
     RB_, D_, VEC_, TD_, KP_, NT_, U_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(unroll)
     BK = u(KP * unroll)  # keys per tile
     TILE = BK * D_  # elements of one K_j (or V_j) tile in the ring
@@ -149,10 +154,12 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
             inside = key < seq_len
             off = row_offset(TABLE, b, bkv, kv_head, min(key, seq_len - ONE), n_k, h_kv, max_pages, d, seen)
             dst = stage_loc + t * KP_ * D_  # the key's row in the tile, this thread's columns
-            if full:  # 16 bytes: VEC elements = VEC / WORD words
+            if full:  # VEC elements: PIECES copies of 16 bytes
                 nbytes = uint32(LOAD_BYTES) if inside else uint32(0)
-                ptx.cp_async_16(ptx.shared_address(ring_w, dst // WORD), K, (off + col0) // WORD, nbytes)
-                ptx.cp_async_16(ptx.shared_address(ring_w, (dst + TILE) // WORD), V, (off + col0) // WORD, nbytes)
+                for c in range(PIECES):
+                    src, at = (off + col0 + c * PIECE) // WORD, dst + c * PIECE
+                    ptx.cp_async_16(ptx.shared_address(ring_w, at // WORD), K, src, nbytes)
+                    ptx.cp_async_16(ptx.shared_address(ring_w, (at + TILE) // WORD), V, src, nbytes)
             else:
                 for e in range(VEC_):
                     ok = inside and col0 + e < d

@@ -21,8 +21,9 @@ harness's :func:`~tinyflash.measure.harness.time_call`:
 TB/s counts the K and V bytes read once (B·H_kv·Nk·d·2 bytes·2); for ``copy`` it counts what a
 copy moves, read plus write. At Nk = 131,072 (B = 1 and 8) three other settings of the split
 kernel are timed too (VARIANTS): 128 splits (several waves of blocks instead of the rule's one),
-tiles of 2 keys per slot instead of 4 (16 KB in flight per block instead of 32 KB), and 256
-threads a block (tiles of 64 keys, 96 KB of shared memory: 2 blocks per SM instead of 4).
+tiles of 2 keys per slot instead of 4 (16 KB in flight per block instead of 32 KB), and 32 bytes
+per thread and key row (8 threads a row: about 30% fewer instructions per key, but 225 registers,
+so 2 blocks per SM instead of 4; ``benchmarks/decode_ptxas.py``).
 Run time on an H200: about a minute (mostly compiling and the float64 references).
 """
 
@@ -37,7 +38,7 @@ from .harness import environment, time_call
 H, H_KV, D, N_Q = 32, 8, 128, 1
 BATCHES, CONTEXTS = (1, 8), (4_096, 32_768, 131_072)
 PAGE = 16
-VARIANTS = ({"num_splits": 128}, {"unroll": 2}, {"threads": 256})  # other settings of the split kernel at 131,072
+VARIANTS = ({"num_splits": 128}, {"unroll": 2}, {"row_bytes": 32})  # other settings of the split kernel at 131,072
 FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "impl", "variant", "batch", "n_k", "heads",
           "kv_heads", "d", "num_splits", "time_ms", "time_min_ms", "time_max_ms", "reps", "kv_bytes", "tb_per_s",
           "vs_torch_flash", "vs_copy", "status", "max_rel_err", "tolerance"]
