@@ -271,6 +271,10 @@ def test_the_decode_section():
     in_flight = (kernels.STAGES - 1) * keys * 2 * D * 2  # tiles in flight × (K and V rows of float16)
     assert f"a ring of {kernels.STAGES} tiles of {keys} keys" in FLAT
     assert f"{kernels.STAGES - 1} tiles ({in_flight // 1024} KB) are in flight" in FLAT
+    from tinyflash.measure.bench_decode import SHORT, VARIANTS
+
+    for variant in VARIANTS[1:]:  # the labels of the CSV's variants, as the README names them
+        assert "`" + " ".join(f"{SHORT[key]}={val}" for key, val in variant.items()) + "`" in FLAT
     assert f"tiles of 2 keys per slot instead of {kernels.UNROLL}" in FLAT
     assert f"K and V pages of {paged.PAGE_SIZE} tokens" in FLAT
     csv_path = DATA / "decode_h200.csv"

@@ -45,11 +45,12 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
 
 
 def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
-             threads=None, unroll=None, row_bytes=None):
+             threads=None, unroll=None, row_bytes=None, max_registers=None):
     """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
     ``threads``, ``unroll`` and ``row_bytes`` override the split kernel's block size, keys per slot
     and tile, and bytes per thread and key row (kernels.threads(), kernels.UNROLL,
-    kernels.LOAD_BYTES; row_bytes a multiple of 16): the benchmark tries a few.
+    kernels.LOAD_BYTES; row_bytes a multiple of 16); ``max_registers`` caps the registers per
+    thread (default: none): the benchmark tries a few.
 
     Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
     and does nothing else, so that a benchmark times the kernels, not the checks.
@@ -79,7 +80,8 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
     full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
-    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize)
+    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize,
+                                            max_registers)
     kv = (_numba(to_device_flat(x)) for x in (k, v))
     split_args = (_numba(to_device_flat(q)), *((x.view(np.uint32) for x in kv) if full else kv),
                   *(_numba(to_device_flat(x)) for x in (table, lens)), o_part, lse_part, int(prob.n_q), int(d),
@@ -138,7 +140,7 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
                      **tuning):
     """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
     ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
-    it. ``tuning``: ``threads``, ``unroll``, ``row_bytes`` (see
+    it. ``tuning``: ``threads``, ``unroll``, ``row_bytes``, ``max_registers`` (see
     :func:`_prepare`)."""
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)

@@ -108,10 +108,12 @@ def shared_elements(element):
 
 @lru_cache(maxsize=None)
 def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
-                      itemsize: int = 2):
+                      itemsize: int = 2, max_registers: int | None = None):
     """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
     ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
-    ``unroll`` keys per slot and tile; ``full``:
+    ``unroll`` keys per slot and tile, registers per thread capped at ``max_registers`` (None: no
+    cap; fewer registers, more resident blocks, perhaps spills; a compiler option, which the
+    simulator does not have); ``full``:
     d == D (K and V arrive as uint32 words and are copied by cp.async; else element by element,
     zero past d); ``page_size``: 0 for a contiguous cache, else the tokens per page of a paged one."""
     TD = D // VEC  # lanes per key row
@@ -234,7 +236,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                 if c == ZERO:  # lse_s = m + log(l), back from base 2; -inf for an empty split
                     LSE_PART[part_row0 + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
 
-    @cuda.jit
+    @cuda.jit(**({"max_registers": max_registers} if max_registers and not simulator_enabled() else {}))
     def split_kv_decode(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, d, n_k, h_kv, max_pages, scale_log2, causal,
                         kv_group):
         ring_w, ring = shared_words(), ring_elements()  # the ring of K/V tiles: cp.async's side, the reads' side
