@@ -263,7 +263,7 @@ def test_the_decode_section():
     assert (f"within {split_kv.WAVE_EFFICIENCY:.0%} of the best fraction of busy block slots ({split_kv.H200_SMS} SMs "
             f"× {split_kv.BLOCKS_PER_SM} resident blocks of the split kernel), at least "
             f"{split_kv.MIN_KEYS_PER_SPLIT} keys per split") in FLAT
-    VEC, D, td = kernels.lanes(128, 2)
+    _, D, td = kernels.lanes(128, 2)
     assert f"one block of {kernels.GPU_THREADS} threads per (split, sequence, K/V head)" in FLAT
     assert f"{td} threads read a key row (d = 128, float16) with {kernels.LOAD_BYTES}-byte copies" in FLAT
     assert f"each group of {td} keeps its own online-softmax state" in FLAT
