@@ -5,7 +5,7 @@ sequence, chunk of packed query rows). With grouped-query attention, the kv_grou
 share a K/V head (times Nq query rows each) are *packed* into the block's rows, so each K/V byte
 is read from HBM once for all of them. The block walks its split's keys in tiles of BK keys:
 
-    threads:  lane = tid % TD  owns columns [lane·VEC, lane·VEC + VEC) of a key row (16 bytes)
+    threads:  lane = tid % TD  owns columns [lane·VEC, lane·VEC + VEC) of a key row (16 bytes; or 32)
               slot = tid // TD owns keys  tile + slot, + KP, ..., + (U - 1)·KP   (KP = NT / TD slots,
                                           U keys per slot and tile, BK = KP · U)
     a ring of STAGES tiles in shared memory, filled by cp.async (HBM -> shared memory directly):
@@ -23,6 +23,12 @@ holds no register: in flight per block = (STAGES - 1) tiles = 2 × 32 keys × 51
 rows of d = 128, float16) = 32 KB, and with 4 blocks per SM (48 KB of shared memory and at most
 128 registers each) 128 KB per SM. Each thread copies exactly the 16-byte pieces it later reads
 (its slot's keys, its lane's columns), so it waits only for its own copies: no barrier in the loop.
+
+What is left is the instructions: about 108 per key for the SMs' schedulers to issue (the loop's
+machine code, ``benchmarks/decode_ptxas.py``): products and shuffles for 4 packed rows, the f16 to
+f32 conversions, the softmax repeated in each of the TD lanes. At B = 8, Nk = 131,072 that is
+~0.8 ms at one instruction per cycle on every scheduler, against ~1.0 ms to read the cache: the
+two must overlap well. 32 bytes per thread and row (TD = 8) need 76 per key, but 225 registers.
 
 After the loop the KP slots' states are merged through shared memory (the ring's space) with the
 online softmax's rule (:func:`tinyflash.core.online_softmax.merge_weights`) and the block writes
@@ -113,9 +119,9 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
     ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
     ``unroll`` keys per slot and tile, registers per thread capped at ``max_registers`` (None: no
     cap; fewer registers, more resident blocks, perhaps spills; a compiler option, which the
-    simulator does not have); ``full``:
-    d == D (K and V arrive as uint32 words and are copied by cp.async; else element by element,
-    zero past d); ``page_size``: 0 for a contiguous cache, else the tokens per page of a paged one."""
+    simulator does not have); ``full``: d == D (K and V arrive as uint32 words and are copied by
+    cp.async; else element by element, zero past d); ``page_size``: 0 for a contiguous cache, else
+    the tokens per page of a paged one."""
     TD = D // VEC  # lanes per key row
     KP = NT // TD  # key slots
     PIECES = u(VEC * itemsize // LOAD_BYTES)  # 16-byte copies per thread and key row
