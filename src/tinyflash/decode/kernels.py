@@ -242,7 +242,10 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                 if c == ZERO:  # lse_s = m + log(l), back from base 2; -inf for an empty split
                     LSE_PART[part_row0 + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
 
-    @cuda.jit(**({"max_registers": max_registers} if max_registers and not simulator_enabled() else {}))
+    # The SMs' on-chip memory as shared memory first (228 KB; L1 gets the rest): room for 4 rings of
+    # 48 KB, whatever the driver would otherwise choose. The ring's copies bypass L1 (cp.async.cg).
+    @cuda.jit(shared_memory_carveout="MaxShared",
+              **({"max_registers": max_registers} if max_registers and not simulator_enabled() else {}))
     def split_kv_decode(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, d, n_k, h_kv, max_pages, scale_log2, causal,
                         kv_group):
         ring_w, ring = shared_words(), ring_elements()  # the ring of K/V tiles: cp.async's side, the reads' side
