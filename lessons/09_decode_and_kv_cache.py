@@ -123,9 +123,11 @@ assert_close(tf.naive_attention(q, k_rep, v_rep)[0], ref_o, 1e-12, "GQA == repea
 print(f"GQA here: K and V of {k.nbytes + v.nbytes:,} bytes instead of {k_rep.nbytes + v_rep.nbytes:,} (H / H_kv = 2)")
 
 # %% [5] The kernels: a split kernel, then a combine kernel
-# One block per (split, sequence, K/V head). Its threads read each key row with 16-byte vector
-# loads (TD lanes per row), compute the scores of all the packed rows (the group's query heads ×
-# Nq) from that one read, and keep an online-softmax state per key slot in registers; at the end
+# One block per (split, sequence, K/V head). Its threads copy tiles of K and V rows into a ring
+# of shared memory with 16-byte cp.async copies (TD lanes per row; 2 tiles in flight while one is
+# computed, so HBM always has enough requests), compute the scores of all the packed rows (the
+# group's query heads × Nq) from that one read, and keep an online-softmax state per key slot in
+# registers; at the end
 # the slots' states are merged (core.online_softmax.merge_weights) and the partial (O_s, lse_s)
 # written. The combine kernel merges the splits with the same rule.
 n_k, d = (4_000, 128) if HAS_GPU else (45, 8)

@@ -106,6 +106,10 @@ def test_choose_num_splits():
     assert tf.decode.choose_num_splits(slots, 131_072) == 1
     assert tf.decode.choose_num_splits(8, 100) == 1  # shorter than MIN_KEYS_PER_SPLIT
     assert tf.decode.choose_num_splits(64, 131_072) < s  # 8 sequences need fewer splits than one
+    # the numbers choose_num_splits's docstring gives for B = 1 and 8 (8 K/V heads)
+    assert (s, 8 * s, slots, tf.decode.choose_num_splits(64, 131_072)) == (57, 456, 528, 8)
+    assert all(f"about {s} splits ({8 * s} blocks on {slots} slots)" in " ".join(x.split()) and "8 splits (512 blocks)"
+               in " ".join(x.split()) for x in [split_kv.choose_num_splits.__doc__])
 
 
 @pytest.mark.parametrize("causal", [False, True])

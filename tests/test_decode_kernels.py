@@ -11,7 +11,7 @@ import pytest
 import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.decode import kernels
-from tinyflash.decode.cuda import prepare_split_kv
+from tinyflash.decode.cuda import prepare_paged, prepare_split_kv
 from tinyflash.gpu import arrays
 from tinyflash.decode.paged import to_paged
 
@@ -47,16 +47,39 @@ def test_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits, causal):
 @pytest.mark.simulator
 def test_split_kernel_mqa_and_row_chunks(rng):
     """MQA (H_kv = 1) with 9 query heads: 9 packed rows, more than a block's MAX_ROWS (two row
-    chunks); and the benchmark's other block shape, 3 keys per slot and step."""
+    chunks); and another block shape, 3 keys per slot and tile (a register cap is accepted; the
+    simulator ignores it)."""
     assert 9 > kernels.MAX_ROWS
     q, k, v = decode_inputs(rng, 1, 9, 1, 1, 19, 8, np.float32)
     o, lse = tf.cuda_split_kv_attention(q, k, v, num_splits=2)
     check(o, lse, q, k, v, False, "MQA")
-    run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=1, unroll=3)
+    run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=1, unroll=3, max_registers=168)
     run()
     check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, False, "unroll=3")
     with pytest.raises(ValueError, match="threads must be a multiple of 32"):
         prepare_split_kv(q, k, v, threads=48)
+    with pytest.raises(ValueError, match="row_bytes must be a multiple of 16"):
+        prepare_split_kv(q, k, v, row_bytes=24)
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("paged, row_bytes", [(False, 16), (True, 16), (True, 32)])
+def test_the_ring_wraps_on_the_simulator(rng, paged, row_bytes):
+    """One key per slot and tile (tiles of 8 keys at d = 32, float16, 16 bytes per thread and row;
+    16 keys with 32 bytes, two copies each): 7 or 4 tiles per split, more than the ring's STAGES,
+    so stages are reused; causal with 2 queries, a ragged last tile, and (paged) pages of 4 tokens
+    read through the block table."""
+    q, k, v = decode_inputs(rng, 1, 2, 1, 2, 50, 32, np.float16)
+    tiles = -(-50 // (kernels.SIMULATOR_THREADS // kernels.lanes(32, 2, row_bytes)[2]))
+    assert tiles > kernels.STAGES
+    tuning = {"num_splits": 1, "causal": True, "unroll": 1, "row_bytes": row_bytes}
+    if paged:
+        run, o, lse, prob = prepare_paged(q, to_paged(k, v, [50], page_size=4, rng=rng), **tuning)
+    else:
+        run, o, lse, prob = prepare_split_kv(q, k, v, **tuning)
+    run()
+    check(arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), q, k, v, True,
+          f"{tiles} tiles in a ring of {kernels.STAGES} stages, paged={paged}, {row_bytes} bytes per row and thread")
 
 
 @pytest.mark.simulator

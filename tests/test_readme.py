@@ -263,10 +263,19 @@ def test_the_decode_section():
     assert (f"within {split_kv.WAVE_EFFICIENCY:.0%} of the best fraction of busy block slots ({split_kv.H200_SMS} SMs "
             f"× {split_kv.BLOCKS_PER_SM} resident blocks of the split kernel), at least "
             f"{split_kv.MIN_KEYS_PER_SPLIT} keys per split") in FLAT
-    td = kernels.lanes(128, 2)[2]
+    _, D, td = kernels.lanes(128, 2)
     assert f"one block of {kernels.GPU_THREADS} threads per (split, sequence, K/V head)" in FLAT
-    assert f"{td} threads read a key row (d = 128, float16) with {kernels.LOAD_BYTES}-byte vector loads" in FLAT
+    assert f"{td} threads read a key row (d = 128, float16) with {kernels.LOAD_BYTES}-byte copies" in FLAT
     assert f"each group of {td} keeps its own online-softmax state" in FLAT
+    keys = kernels.GPU_THREADS // td * kernels.UNROLL  # keys per tile
+    in_flight = (kernels.STAGES - 1) * keys * 2 * D * 2  # tiles in flight × (K and V rows of float16)
+    assert f"a ring of {kernels.STAGES} tiles of {keys} keys" in FLAT
+    assert f"{kernels.STAGES - 1} tiles ({in_flight // 1024} KB) are in flight" in FLAT
+    from tinyflash.measure.bench_decode import SHORT, VARIANTS
+
+    for variant in VARIANTS[1:]:  # the labels of the CSV's variants, as the README names them
+        assert "`" + " ".join(f"{SHORT[key]}={val}" for key, val in variant.items()) + "`" in FLAT
+    assert f"tiles of 2 keys per slot instead of {kernels.UNROLL}" in FLAT
     assert f"K and V pages of {paged.PAGE_SIZE} tokens" in FLAT
     csv_path = DATA / "decode_h200.csv"
     expected = (summary_table(read_csv(csv_path)) if csv_path.exists() else

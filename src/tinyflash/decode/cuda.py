@@ -17,6 +17,7 @@ from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
 from ..gpu.launch import MAX_GRID_Y
 from ..gpu.runtime import require_gpu, simulator_enabled
+from ..gpu.smem import allow_large_shared_memory_compiled
 from . import kernels
 from .split_kv import H200_SMS, choose_num_splits
 
@@ -44,10 +45,12 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
 
 
 def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
-             threads=None, unroll=None):
+             threads=None, unroll=None, row_bytes=None, max_registers=None):
     """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
-    ``threads`` and ``unroll`` override the split kernel's block size and keys per slot and step
-    (kernels.threads(), kernels.UNROLL): the benchmark tries a few.
+    ``threads``, ``unroll`` and ``row_bytes`` override the split kernel's block size, keys per slot
+    and tile, and bytes per thread and key row (kernels.threads(), kernels.UNROLL,
+    kernels.LOAD_BYTES; row_bytes a multiple of 16); ``max_registers`` caps the registers per
+    thread (default: none): the benchmark tries a few.
 
     Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
     and does nothing else, so that a benchmark times the kernels, not the checks.
@@ -55,7 +58,10 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     d = prob.d
     if prob.d_v != d:
         raise ValueError(f"the decode kernels need dv == d; got d={d}, dv={prob.d_v}")
-    VEC, D, TD = kernels.lanes(d, prob.dtype.itemsize)
+    row_bytes = row_bytes or kernels.LOAD_BYTES
+    if row_bytes % kernels.LOAD_BYTES:
+        raise ValueError(f"row_bytes must be a multiple of {kernels.LOAD_BYTES}; got {row_bytes}")
+    VEC, D, TD = kernels.lanes(d, prob.dtype.itemsize, row_bytes)
     if TD > 32:
         raise ValueError(f"the decode kernels support head dims up to {32 * VEC} for {prob.dtype.name}; got d={d}")
     if batch * h_kv > MAX_GRID_Y:
@@ -73,18 +79,45 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
 
     o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
-    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, d == D, page_size, unroll)
-    split_args = (*(_numba(to_device_flat(x)) for x in (q, k, v, table, lens)), o_part, lse_part, prob.n_q, d, n_k,
-                  h_kv, max_pages, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group)
+    full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
+    split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize,
+                                            max_registers)
+    kv = (_numba(to_device_flat(x)) for x in (k, v))
+    split_args = (_numba(to_device_flat(q)), *((x.view(np.uint32) for x in kv) if full else kv),
+                  *(_numba(to_device_flat(x)) for x in (table, lens)), o_part, lse_part, int(prob.n_q), int(d),
+                  int(n_k), int(h_kv), int(max_pages), np.float32(prob.scale * LOG2E), bool(prob.causal),
+                  int(prob.kv_group))
     nc = kernels.COMBINE_THREADS
     combine_grid = (-(-p["rows"] * d // nc), batch * h_kv)  # one thread per (packed row, column)
-    combine_args = (o_part, lse_part, _numba(kernel_view(o)), _numba(kernel_view(lse)), p["num_splits"], p["rows"], d)
+    combine_args = (o_part, lse_part, _numba(kernel_view(o)), _numba(kernel_view(lse)), int(p["num_splits"]),
+                    int(p["rows"]), int(d))
+    split = _specialized(split, smem, split_args)
+    combine = _specialized(kernels.make_combine_kernel(), 0, combine_args)
 
     def run(stream=0):
         split[p["grid"], nt, stream, smem](*split_args)
-        kernels.make_combine_kernel()[combine_grid, nc, stream](*combine_args)
+        combine[combine_grid, nc, stream](*combine_args)
 
     return run, o, lse
+
+
+_SPECIALIZED: dict = {}  # (kernel, the arguments' types) -> its specialized dispatcher
+
+
+def _specialized(kernel, smem_bytes: int, args):
+    """``kernel`` compiled once for these arguments (numba's ``specialize``), its shared memory
+    raised once if above 48 KiB. A decode call takes tens of µs at small Nk, and a plain dispatcher
+    types every argument again at each launch; a specialized one skips that. The wrappers pass only
+    flat, contiguous device arrays and Python scalars, so the dtypes (and scalar types) are the key.
+    (On the simulator: the kernel itself.)"""
+    if simulator_enabled():
+        return kernel
+    key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
+    if key not in _SPECIALIZED:
+        spec = kernel.specialize(*args)
+        allow_large_shared_memory_compiled(next(iter(spec.overloads.values())), smem_bytes)
+        _SPECIALIZED[key] = spec
+    return _SPECIALIZED[key]
 
 
 def _numba(x):
@@ -107,7 +140,8 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
                      **tuning):
     """Everything :func:`cuda_split_kv_attention` does before launching: ``(run, o, lse, prob)``.
     ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
-    it. ``tuning``: ``threads``, ``unroll`` (see :func:`_prepare`)."""
+    it. ``tuning``: ``threads``, ``unroll``, ``row_bytes``, ``max_registers`` (see
+    :func:`_prepare`)."""
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)
     if not on_device:

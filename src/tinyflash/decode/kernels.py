@@ -3,23 +3,38 @@
 **Split kernel** (:func:`make_split_kernel`): one thread block per (split, K/V head of one
 sequence, chunk of packed query rows). With grouped-query attention, the kv_group query heads that
 share a K/V head (times Nq query rows each) are *packed* into the block's rows, so each K/V byte
-is read from HBM once for all of them. The block walks its split's keys:
+is read from HBM once for all of them. The block walks its split's keys in tiles of BK keys:
 
-    threads:  lane = tid % TD  owns columns [lane·VEC, lane·VEC + VEC) of a key row
-              slot = tid // TD owns keys  k_begin + slot, + KP, + 2·KP, ...   (KP = NT / TD slots)
-    per step, each slot takes UNROLL keys (and the next step's loads are already in flight):
-        K_j, V_j rows: one VEC-element vector load per thread (16 bytes: 8 float16 or 4 float32);
-                       the TD lanes of a slot read one whole row, neighbouring slots the next rows
+    threads:  lane = tid % TD  owns columns [lane·VEC, lane·VEC + VEC) of a key row (16 bytes; or 32)
+              slot = tid // TD owns keys  tile + slot, + KP, ..., + (U - 1)·KP   (KP = NT / TD slots,
+                                          U keys per slot and tile, BK = KP · U)
+    a ring of STAGES tiles in shared memory, filled by cp.async (HBM -> shared memory directly):
+        tile j + STAGES - 1 is requested, then tile j is waited for and computed:
         S_ij = scale · q_r · K_j      partial dot product over the lane's columns, then a sum over
                                       the TD lanes of the slot (shuffles: tinyflash.gpu.warp)
         mask                           keys past the split, the sequence, or the diagonal: -inf
-        m_new, alpha, P, l, acc        the online softmax, in registers, for each packed row r
+        m_new, alpha, P, l, acc        the online softmax, in registers, once per tile and row
 
-No barrier and no shared memory in the loop: each slot keeps its own state (m, l, acc) for its
-keys. After the loop the KP states are merged through shared memory with the online softmax's
-rule (:func:`tinyflash.core.online_softmax.merge_weights`) and the block writes its partial
-(O_s, lse_s). The keys are found through a block table when the cache is paged
-(``decode/paged.py``), else at ``(b·H_kv + kv_head)·Nk + key``.
+Why a ring (the old kernel prefetched K/V into registers, 2 keys per slot ahead): a load in
+flight in registers holds those registers until it lands, so 144 registers per thread allowed
+3 blocks per SM and only ~8 KB of loads in flight per block, ~24 KB per SM; an H200 needs about
+4.8 TB/s × ~1 µs / 132 SMs ≈ 36 KB in flight per SM to keep HBM busy (Little's law). A cp.async
+holds no register: in flight per block = (STAGES - 1) tiles = 2 × 32 keys × 512 bytes (K and V
+rows of d = 128, float16) = 32 KB, and with 4 blocks per SM (48 KB of shared memory and at most
+128 registers each) 128 KB per SM. Each thread copies exactly the 16-byte pieces it later reads
+(its slot's keys, its lane's columns), so it waits only for its own copies: no barrier in the loop.
+
+What is left is the instructions: about 108 per key for the SMs' schedulers to issue (the loop's
+machine code, ``benchmarks/decode_ptxas.py``): products and shuffles for 4 packed rows, the f16 to
+f32 conversions, the softmax repeated in each of the TD lanes. At B = 8, Nk = 131,072 that is
+~0.8 ms at one instruction per cycle on every scheduler, against ~1.0 ms to read the cache: the
+two must overlap well. 32 bytes per thread and row (TD = 8) need 76 per key, but 225 registers.
+
+After the loop the KP slots' states are merged through shared memory (the ring's space) with the
+online softmax's rule (:func:`tinyflash.core.online_softmax.merge_weights`) and the block writes
+its partial (O_s, lse_s). The keys are found through a block table when the cache is paged
+(``decode/paged.py``; one table read per page, not per key), else at
+``(b·H_kv + kv_head)·Nk + key``.
 
 **Combine kernel** (:func:`make_combine_kernel`): one thread per (packed row, column) merges
 the splits' partials with the same rule and writes O and lse.
@@ -31,109 +46,179 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import cuda, float32, types, uint32, uint64
 
 from ..core.masks import key_stop
 from ..core.online_softmax import LN2, LOG2E, merge_weights
+from ..gpu import ptx
 from ..gpu.loads import vector_load
 from ..gpu.runtime import device_function, simulator_enabled, u
-from ..gpu.smem import shared_floats
+from ..gpu.smem import shared_floats, shared_words
 from ..gpu.warp import group_sum
 
 NEG_INF = float32(-np.inf)
 ZERO, ONE = u(0), u(1)
+NO_PAGE = u(2**64 - 1)  # "no block-table entry read yet"
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 merge_weights = device_function(merge_weights)  # the online softmax's merge, from tinyflash.core
 
 GPU_THREADS = 128  # threads per block on a GPU: 4 warps
 SIMULATOR_THREADS = 32  # on the simulator (one Python thread per CUDA thread): one warp
 MAX_ROWS = 8  # packed query rows per block at most (their q and acc live in registers)
-UNROLL = 2  # keys per slot and step: their loads are in flight together
-LOAD_BYTES = 16  # bytes per thread and vector load (ld.global.v4.b32)
+UNROLL = 4  # U: keys per slot and tile (a tile is KP · U keys: 32 at d = 128, float16)
+STAGES = 3  # tiles in the shared-memory ring: STAGES - 1 in flight while one is computed
+LOAD_BYTES = 16  # bytes per thread and copy (one cp.async, or one vector load)
 COMBINE_THREADS = 128
+ELEMENT_TYPES = {2: types.float16, 4: float32}  # itemsize -> the element type of K, V and the ring
 
 
 def threads() -> int:
     return SIMULATOR_THREADS if simulator_enabled() else GPU_THREADS
 
 
-def lanes(d: int, itemsize: int) -> tuple[int, int, int]:
-    """(VEC, D, TD): elements per load, the head dim padded so that TD = D / VEC lanes per key
-    row is a power of two (the shuffles sum over groups of TD lanes), and TD."""
-    VEC = LOAD_BYTES // itemsize
+def lanes(d: int, itemsize: int, row_bytes: int = LOAD_BYTES) -> tuple[int, int, int]:
+    """(VEC, D, TD): elements per thread and key row (``row_bytes`` of them: one 16-byte copy, or
+    several), the head dim padded so that TD = D / VEC lanes per key row is a power of two (the
+    shuffles sum over groups of TD lanes), and TD. Fewer lanes per row (more bytes each) mean fewer
+    shuffles and less of the softmax repeated per lane, but more registers (q and acc: VEC per row)."""
+    VEC = row_bytes // itemsize
     TD = 1 << max(0, math.ceil(math.log2(-(-d // VEC))))  # lanes per key row, a power of two
     return VEC, VEC * TD, TD
 
 
+def split_smem_bytes(RB: int, D: int, VEC: int, NT: int, itemsize: int, unroll: int = UNROLL) -> int:
+    """Shared memory of the split kernel: the ring (STAGES tiles of K_j and V_j), reused after the
+    loop for the slots' states (m, l and acc of every slot and row) when they are merged."""
+    KP = NT // (D // VEC)
+    ring = STAGES * 2 * KP * unroll * D * itemsize
+    return max(ring, 4 * KP * RB * (D + 2))
+
+
+def shared_elements(element):
+    """The block's dynamic shared memory seen as ``element`` values (the ring of K/V tiles); it is
+    the same memory as :func:`~tinyflash.gpu.smem.shared_words` (the cp.async side)."""
+    if simulator_enabled():
+
+        @cuda.jit(device=True)
+        def elements():
+            return cuda.shared.array(0, element)
+
+        return elements
+
+    @cuda.jit(device=True, inline="always")
+    def elements():
+        return cuda.shared.array(0, element, alignment=16)
+
+    return elements
+
+
 @lru_cache(maxsize=None)
-def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL):
-    """The split kernel for RB packed rows per block, head dim padded to D, VEC elements per load,
-    NT threads (a multiple of 32), ``unroll`` keys per slot and step; ``full``: d == D (vector
-    loads; else one bounds-checked load per element); ``page_size``: 0 for a contiguous cache,
-    else the tokens per page of a paged one."""
+def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
+                      itemsize: int = 2, max_registers: int | None = None):
+    """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
+    ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
+    ``unroll`` keys per slot and tile, registers per thread capped at ``max_registers`` (None: no
+    cap; fewer registers, more resident blocks, perhaps spills; a compiler option, which the
+    simulator does not have); ``full``: d == D (K and V arrive as uint32 words and are copied by
+    cp.async; else element by element, zero past d); ``page_size``: 0 for a contiguous cache, else
+    the tokens per page of a paged one."""
     TD = D // VEC  # lanes per key row
-    KP = NT // TD  # key slots: keys in flight per step and unrolled key
-    RB_, D_, VEC_, TD_, KP_, NT_, UNROLL_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(unroll)
-    STEP = u(KP * unroll)  # keys a block takes per step
-    TWO_STEPS = STEP + STEP  # per loop trip (two register sets)
+    KP = NT // TD  # key slots
+    PIECES = u(VEC * itemsize // LOAD_BYTES)  # 16-byte copies per thread and key row
+    PIECE = u(LOAD_BYTES // itemsize)  # elements per copy
+    RB_, D_, VEC_, TD_, KP_, NT_, U_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(unroll)
+    BK = u(KP * unroll)  # keys per tile
+    TILE = BK * D_  # elements of one K_j (or V_j) tile in the ring
+    STAGE = TILE + TILE  # one stage: K_j, then V_j
+    STAGES_, AHEAD = u(STAGES), u(STAGES - 1)  # tiles in the ring; tiles requested ahead of the one computed
+    WORD = u(4 // itemsize)  # elements per 32-bit word
     PAGE = u(max(page_size, 1))
-    M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # shared memory: m, l, acc of every slot
+    M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # merge: m, l, acc of every slot (floats)
     load_vec = vector_load(VEC)
     lane_sum = group_sum(TD)
+    ring_elements = shared_elements(ELEMENT_TYPES[itemsize])
+    wait_oldest = ptx.cp_async_wait_group(STAGES - 1)  # all but the STAGES - 1 newest tiles have landed
 
     @cuda.jit(device=True, inline="always")
-    def row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d):
-        """Where key ``key`` of this K/V head starts in the flat K (and V) array."""
+    def row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen):
+        """Where key ``key`` of this K/V head starts in the flat K (and V) array, in elements. Paged:
+        the block table is read once per page (``seen`` = [last page, its pool page])."""
         if page_size == 0:  # contiguous (B, H_kv, Nk, d)
             return (bkv * n_k + key) * d
-        page = uint64(TABLE[b * max_pages + key // PAGE])  # through the block table
-        return ((page * h_kv + kv_head) * PAGE + key % PAGE) * d
+        page = key // PAGE
+        if page != seen[0]:
+            seen[0], seen[1] = page, uint64(TABLE[b * max_pages + page])  # through the block table
+        return ((seen[1] * h_kv + kv_head) * PAGE + key % PAGE) * d
 
     @cuda.jit(device=True, inline="always")
-    def load_row(src, off, col0, d, out, t):
-        """out[t, :] = src[off + col0 : off + col0 + VEC] as float32 (zero past d)."""
-        if full:
-            x = load_vec(src, off + col0)
+    def copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, tile0, seq_len, stage_loc, slot, col0, n_k, h_kv,
+                  max_pages, d, seen):
+        """Request this thread's pieces of tile ``tile0``'s K and V rows (keys tile0 + slot + t·KP,
+        columns col0 ..) into the ring at element ``stage_loc`` (+ t·KP·D); keys at or past the
+        sequence's end become zeros (their scores are masked). Full rows: one cp.async each, in
+        flight until waited for; else element by element, at once."""
+        for t in range(U_):
+            key = tile0 + slot + t * KP_
+            inside = key < seq_len
+            off = row_offset(TABLE, b, bkv, kv_head, min(key, seq_len - ONE), n_k, h_kv, max_pages, d, seen)
+            dst = stage_loc + t * KP_ * D_  # the key's row in the tile, this thread's columns
+            if full:  # VEC elements: PIECES copies of 16 bytes
+                nbytes = uint32(LOAD_BYTES) if inside else uint32(0)
+                for c in range(PIECES):
+                    src, at = (off + col0 + c * PIECE) // WORD, dst + c * PIECE
+                    ptx.cp_async_16(ptx.shared_address(ring_w, at // WORD), K, src, nbytes)
+                    ptx.cp_async_16(ptx.shared_address(ring_w, (at + TILE) // WORD), V, src, nbytes)
+            else:
+                for e in range(VEC_):
+                    ok = inside and col0 + e < d
+                    ring[dst + e] = float32(K[off + col0 + e]) if ok else float32(0.0)
+                    ring[dst + TILE + e] = float32(V[off + col0 + e]) if ok else float32(0.0)
+        ptx.cp_async_commit()  # one group per tile (an empty one on the element path)
+
+    @cuda.jit(device=True, inline="always")
+    def scores(s, kf, ring, loc, q):
+        """s[r, t] = scale · log2(e) · q_r · K_key for the slot's U keys of this tile (base 2)."""
+        for t in range(U_):
+            x = load_vec(ring, loc + t * KP_ * D_)  # the lane's VEC elements of the key's K row
             for e in range(VEC_):
-                out[t, e] = float32(x[e])
-        else:
-            for e in range(VEC_):
-                out[t, e] = float32(src[off + col0 + e]) if col0 + e < d else float32(0.0)
-
-    @cuda.jit(device=True, inline="always")
-    def load_keys(K, V, TABLE, b, bkv, kv_head, key, k_end, n_k, h_kv, max_pages, d, col0, kf, vf):
-        """K and V rows of keys key, key + KP, ... (UNROLL of them), this thread's columns, into kf, vf.
-        A key past the split reloads the split's last key (its score is masked): no bounds branch."""
-        for t in range(UNROLL_):
-            key_t = min(key + t * KP_, k_end - ONE)
-            off = row_offset(TABLE, b, bkv, kv_head, key_t, n_k, h_kv, max_pages, d)
-            load_row(K, off, col0, d, kf, t)
-            load_row(V, off, col0, d, vf, t)
-
-    @cuda.jit(device=True, inline="always")
-    def update(s, kf, vf, q, m_i, l_i, acc, key, k_end, row_stop):
-        """Scores of this step's UNROLL keys for every packed row, masked, folded into (m_i, l_i, acc)."""
-        for r in range(RB_):
-            m_new = m_i[r]
-            for t in range(UNROLL_):
+                kf[e] = float32(x[e])
+            for r in range(RB_):
                 part = float32(0.0)
                 for e in range(VEC_):
-                    part += q[r, e] * kf[t, e]
-                s[t] = lane_sum(part)  # S_ij = scale · q_r K_j (base 2), summed over the TD lanes
-                if key + t * KP_ >= k_end or key + t * KP_ >= row_stop[r]:
-                    s[t] = NEG_INF  # mask: past the split or the sequence, or after the diagonal
-                m_new = max(m_new, s[t])
+                    part += q[r, e] * kf[e]
+                s[r, t] = lane_sum(part)  # summed over the TD lanes of the slot
+
+    @cuda.jit(device=True, inline="always")
+    def mask(s, key0, k_end, row_stop):
+        """S_ij = -inf for keys past the split or the sequence, or after the diagonal (causal)."""
+        for t in range(U_):
+            key = key0 + t * KP_
+            for r in range(RB_):
+                if key >= k_end or key >= row_stop[r]:
+                    s[r, t] = NEG_INF
+
+    @cuda.jit(device=True, inline="always")
+    def update(s, ring, loc, m_i, l_i, acc):
+        """The online softmax over this tile's U keys, once per row: m_new, alpha, then P and P·V."""
+        for r in range(RB_):
+            m_new = m_i[r]
+            for t in range(U_):
+                m_new = max(m_new, s[r, t])
             m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet
             alpha = math.exp2(m_i[r] - m_safe)  # rescale: exp(m_old - m_new)
             l_i[r] *= alpha
             for e in range(VEC_):
                 acc[r, e] *= alpha
-            for t in range(UNROLL_):
-                p = math.exp2(s[t] - m_safe)  # P_ij
-                l_i[r] += p
-                for e in range(VEC_):
-                    acc[r, e] += p * vf[t, e]  # P·V
             m_i[r] = m_new
+            for t in range(U_):
+                s[r, t] = math.exp2(s[r, t] - m_safe)  # P_ij
+                l_i[r] += s[r, t]
+        for t in range(U_):
+            x = load_vec(ring, loc + TILE + t * KP_ * D_)  # the lane's VEC elements of the key's V row
+            for e in range(VEC_):
+                v = float32(x[e])
+                for r in range(RB_):
+                    acc[r, e] += s[r, t] * v  # P·V
 
     @cuda.jit(device=True, inline="always")
     def merge_slots(smem, m_i, l_i, acc, O_PART, LSE_PART, part_row0, row0, rows, slot, lane, tid, d):
@@ -157,10 +242,13 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                 if c == ZERO:  # lse_s = m + log(l), back from base 2; -inf for an empty split
                     LSE_PART[part_row0 + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
 
-    @cuda.jit
+    # The SMs' on-chip memory as shared memory first (228 KB; L1 gets the rest): room for 4 rings of
+    # 48 KB, whatever the driver would otherwise choose. The ring's copies bypass L1 (cp.async.cg).
+    @cuda.jit(shared_memory_carveout="MaxShared",
+              **({"max_registers": max_registers} if max_registers and not simulator_enabled() else {}))
     def split_kv_decode(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, d, n_k, h_kv, max_pages, scale_log2, causal,
                         kv_group):
-        smem = shared_floats()  # m, l, acc of every slot, for the merge at the end
+        ring_w, ring = shared_words(), ring_elements()  # the ring of K/V tiles: cp.async's side, the reads' side
         tid = uint64(cuda.threadIdx.x)
         split, n_splits, bkv = uint64(cuda.blockIdx.x), uint64(cuda.gridDim.x), uint64(cuda.blockIdx.y)
         n_q, d, n_k, h_kv, max_pages = uint64(n_q), uint64(d), uint64(n_k), uint64(h_kv), uint64(max_pages)
@@ -169,49 +257,64 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         row0 = uint64(cuda.blockIdx.z) * RB_  # this block's first packed row
         lane, slot = tid % TD_, tid // TD_
         col0 = lane * VEC_  # this thread's first column
+        loc = slot * D_ + col0  # its first element in a tile of the ring (key slot, column col0)
 
         seq_len = uint64(LENS[b])
-        chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole loop trips
-        chunk = (chunk + TWO_STEPS - ONE) // TWO_STEPS * TWO_STEPS
+        chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole tiles
+        chunk = (chunk + BK - ONE) // BK * BK
         k_begin = min(split * chunk, seq_len)
         k_end = min(k_begin + chunk, seq_len)
+        n_tiles = (k_end - k_begin + BK - ONE) // BK  # the same in every thread (the shuffles need it)
 
         q = cuda.local.array((RB, VEC), float32)  # scale · log2(e) · q_r[its columns], packed rows r
         acc = cuda.local.array((RB, VEC), float32)  # unnormalised O_s[r, its columns]
         m_i = cuda.local.array(RB, float32)  # running max (base 2) of row r over this slot's keys
         l_i = cuda.local.array(RB, float32)  # running denominator
         row_stop = cuda.local.array(RB, uint64)  # row r may attend keys < row_stop[r]
-        ka = cuda.local.array((unroll, VEC), float32)  # K rows of one step's keys, this thread's columns
-        va = cuda.local.array((unroll, VEC), float32)  # their V rows
-        kb = cuda.local.array((unroll, VEC), float32)  # the same for the next step
-        vb = cuda.local.array((unroll, VEC), float32)
-        s = cuda.local.array(unroll, float32)  # scores of this step's keys
+        s = cuda.local.array((RB, unroll), float32)  # scores, then P, of this tile's keys of the slot
+        kf = cuda.local.array(VEC, float32)  # one K row's VEC elements of this thread, as float32
+        seen = cuda.local.array(2, uint64)  # paged: the last page looked up in the block table, its pool page
+        seen[0] = NO_PAGE
+        unmasked = k_end  # keys below it are allowed for every row: tiles below it need no mask
         q_row0 = bkv * rows + row0  # packed rows of one K/V head are consecutive rows of q
         for r in range(RB_):
             real = row0 + r < rows
             i = (row0 + r) % n_q  # its query index: the last Nq tokens of the sequence
-            row_stop[r] = key_stop(i + ONE, n_q, seq_len, causal) if real else ZERO
+            row_stop[r] = key_stop(i + ONE, n_q, seq_len, causal) if real else seq_len  # (padding: not written)
             for e in range(VEC_):
                 ok = real and col0 + e < d
                 q[r, e] = float32(Q[(q_row0 + r) * d + col0 + e]) * scale_log2 if ok else float32(0.0)
                 acc[r, e] = float32(0.0)
             m_i[r] = NEG_INF
             l_i[r] = float32(0.0)
+            unmasked = min(unmasked, row_stop[r])
 
-        # Two sets of K/V registers (a, b): one step's loads are in flight while the other is computed.
-        # The loop has the same trip count in every thread of the block (the shuffles need it).
-        load_keys(K, V, TABLE, b, bkv, kv_head, k_begin + slot, k_end, n_k, h_kv, max_pages, d, col0, ka, va)
-        for base in range(k_begin, k_end, TWO_STEPS):
-            load_keys(K, V, TABLE, b, bkv, kv_head, base + STEP + slot, k_end, n_k, h_kv, max_pages, d, col0, kb, vb)
-            update(s, ka, va, q, m_i, l_i, acc, base + slot, k_end, row_stop)
-            load_keys(K, V, TABLE, b, bkv, kv_head, base + TWO_STEPS + slot, k_end, n_k, h_kv, max_pages, d, col0,
-                      ka, va)
-            update(s, kb, vb, q, m_i, l_i, acc, base + STEP + slot, k_end, row_stop)
+        for j in range(AHEAD):  # the ring's first STAGES - 1 tiles requested (an empty group past the split)
+            if j < n_tiles:
+                copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, k_begin + j * BK, seq_len, j * STAGE + loc,
+                          slot, col0, n_k, h_kv, max_pages, d, seen)
+            else:
+                ptx.cp_async_commit()
+        for j in range(n_tiles):
+            ahead = j + AHEAD  # its stage is the one tile j - 1 used: this thread has read it already
+            if ahead < n_tiles:
+                copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, k_begin + ahead * BK, seq_len,
+                          (ahead % STAGES_) * STAGE + loc, slot, col0, n_k, h_kv, max_pages, d, seen)
+            else:
+                ptx.cp_async_commit()  # an empty group: the wait below still counts STAGES - 1 groups
+            wait_oldest()  # tile j has landed (this thread's own copies: no barrier needed)
+            stage_loc = (j % STAGES_) * STAGE + loc
+            scores(s, kf, ring, stage_loc, q)
+            if k_begin + (j + ONE) * BK > unmasked:  # the same for the whole block: most tiles skip the mask
+                mask(s, k_begin + j * BK + slot, k_end, row_stop)
+            update(s, ring, stage_loc, m_i, l_i, acc)
 
-        merge_slots(smem, m_i, l_i, acc, O_PART, LSE_PART, (bkv * n_splits + split) * rows + row0, row0, rows,
-                    slot, lane, tid, d)
+        ptx.cp_async_wait_all()  # nothing may still land in the ring once it holds the merge's states
+        cuda.syncthreads()  # every thread has read its last tile before the merge overwrites the ring
+        merge_slots(shared_floats(), m_i, l_i, acc, O_PART, LSE_PART, (bkv * n_splits + split) * rows + row0, row0,
+                    rows, slot, lane, tid, d)
 
-    return split_kv_decode, 4 * KP * RB * (D + 2)  # the kernel, its shared memory in bytes
+    return split_kv_decode, split_smem_bytes(RB, D, VEC, NT, itemsize, unroll)  # the kernel, its shared memory
 
 
 @lru_cache(maxsize=None)

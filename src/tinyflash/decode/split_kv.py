@@ -32,8 +32,10 @@ from ..core.masks import allowed
 from ..core.online_softmax import online_softmax_finish, online_softmax_update
 
 H200_SMS = 132  # streaming multiprocessors of an H200: the default when no GPU is asked
-BLOCKS_PER_SM = 3  # split-kernel blocks resident per SM: 128 threads × 144 registers (ptxas, sm_90, d = 128)
-MIN_KEYS_PER_SPLIT = 128  # shorter splits: the per-block work (q, the merge, the partials) would dominate
+# Split-kernel blocks resident per SM (d = 128, float16; ptxas for sm_90): 128 threads × 127 registers
+# (4 blocks fit in 65,536 registers) and a 48 KB ring of K/V tiles (4 fit in the 228 KB of shared memory).
+BLOCKS_PER_SM = 4
+MIN_KEYS_PER_SPLIT = 128  # 4 tiles of 32 keys: shorter splits would spend most of their time filling the ring
 MAX_SPLITS = 256  # the combine's loop over splits stays short
 WAVE_EFFICIENCY = 0.85  # accept the fewest splits within 85% of the best wave efficiency
 
@@ -49,6 +51,15 @@ def wave_efficiency(blocks: int, slots: int) -> float:
 
 def choose_num_splits(blocks: int, n_k: int, sm_count: int = H200_SMS, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
     """The number of splits for ``blocks`` = B · H_kv · row tiles thread blocks before splitting.
+
+    Why one wave of resident blocks, not more: every block does the same work (equal runs of
+    keys), so when the blocks fill the GPU's block slots once, all of them start and finish
+    together: no tail wave with most SMs idle. More waves cost each block's fixed work again
+    (q, filling the ring, the merge, one more partial for the combine) for no extra bandwidth: one
+    resident block keeps 32 KB of loads in flight, so even 2 blocks per SM (64 KB) are more than
+    HBM needs (~36 KB per SM); 3 or 4 per SM also hide the scores' shuffle and exp latencies.
+    So at B = 1 (8 blocks before splitting) the rule takes about 57 splits (456 blocks on 528 slots)
+    and at B = 8 (64 blocks) 8 splits (512 blocks), where Nk allows (at least MIN_KEYS_PER_SPLIT keys each).
 
     FlashAttention's rule (``num_splits_heuristic`` in flash-attn), with the wave counted in
     resident blocks (SMs × blocks per SM) rather than SMs, since a decode block is small: among

@@ -129,7 +129,8 @@ def _intrinsics():
     return SimpleNamespace(make_mma=make_mma, make_pack=make_pack, shared_address=shared_address,
                            ldmatrix_x4=make_ldmatrix(""), ldmatrix_x4_trans=make_ldmatrix(".trans"),
                            cp_async_16=cp_async_16, cp_async_commit=make_void("cp.async.commit_group;"),
-                           cp_async_wait_all=make_void("cp.async.wait_group 0;"), shfl_xor=shfl_xor)
+                           cp_async_wait_all=make_void("cp.async.wait_group 0;"), shfl_xor=shfl_xor,
+                           make_cp_async_wait_group=lambda n: make_void(f"cp.async.wait_group {int(n)};"))
 
 
 def _implementation():
@@ -247,6 +248,20 @@ Other threads' copies are visible only after a barrier as well.
 PTX: ``cp.async.wait_group 0;`` PTX ISA: "Data Movement and Conversion Instructions: cp.async.wait_group".
 """
 
+
+
+def cp_async_wait_group(pending: int):
+    """A device function ``wait()``: wait until at most ``pending`` of this thread's most recent
+    committed groups are still in flight (every older group has landed in shared memory). In a
+    ring of S stages where tile j + S - 1 is requested just before tile j is used, ``pending = S - 1``
+    waits for tile j only and lets tiles j + 1 .. j + S - 1 keep flying.
+
+    PTX: ``cp.async.wait_group N;`` (N a constant). PTX ISA: "Data Movement and Conversion
+    Instructions: cp.async.wait_group". ``pending = 0`` is :data:`cp_async_wait_all`.
+    """
+    return _impl.make_cp_async_wait_group(pending)
+
+
 shfl_xor = _impl.shfl_xor
 """shfl_xor(value, lane_mask): the ``value`` of lane ``lane ^ lane_mask`` (all 32 lanes take part).
 
@@ -255,5 +270,5 @@ Movement and Conversion Instructions: shfl.sync". With lane masks 1 and 2 the fo
 group (one row of an mma accumulator) exchange their values.
 """
 
-__all__ = ["cp_async_16", "cp_async_commit", "cp_async_wait_all", "ldmatrix_x4", "ldmatrix_x4_trans",
+__all__ = ["cp_async_16", "cp_async_commit", "cp_async_wait_all", "cp_async_wait_group", "ldmatrix_x4", "ldmatrix_x4_trans",
            "mma_m16n8k16", "pack", "shared_address", "shfl_xor"]

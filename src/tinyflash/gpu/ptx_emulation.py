@@ -215,6 +215,15 @@ def cp_async_wait_all():
     """Emulated ``cp.async.wait_group 0``: nothing is left in flight."""
 
 
+def make_cp_async_wait_group(pending: int):
+    """Emulated ``cp.async.wait_group N``: the copies were done at once, nothing to wait for."""
+
+    def wait():
+        pass
+
+    return wait
+
+
 def shfl_xor(value, lane_mask):
     """Emulated ``shfl.sync.bfly`` (``cuda.shfl_xor_sync`` over the full warp)."""
     values, lane = _exchange(value)

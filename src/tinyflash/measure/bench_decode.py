@@ -19,9 +19,13 @@ harness's :func:`~tinyflash.measure.harness.time_call`:
   CUDA graph, without the CPU's cost per launch (numba's is tens of µs; see :func:`graph_of`).
 
 TB/s counts the K and V bytes read once (B·H_kv·Nk·d·2 bytes·2); for ``copy`` it counts what a
-copy moves, read plus write. At Nk = 131,072 (B = 1 and 8) a few fixed split counts are
-timed too (``split_kv`` with variant ``splits=N``), to show the split rule's choice among them,
-and the split kernel with 1 or 4 keys per slot and step instead of 2, and 256 threads a block.
+copy moves, read plus write. At Nk = 131,072 (B = 1 and 8) three other settings of the split
+kernel are timed too (VARIANTS): 128 splits (several waves of blocks instead of the rule's one);
+32 bytes per thread and key row (8 threads a row: 76 instead of 108 warp instructions per key,
+but 225 registers, so 2 blocks per SM instead of 4; ``benchmarks/decode_ptxas.py``); and the
+same with 2 keys per slot and at most 168 registers (3 blocks per SM, 24 bytes spilled, 88
+instructions per key).
+Run time on an H200: about a minute (mostly compiling and the float64 references).
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from .harness import environment, time_call
 H, H_KV, D, N_Q = 32, 8, 128, 1
 BATCHES, CONTEXTS = (1, 8), (4_096, 32_768, 131_072)
 PAGE = 16
-SPLIT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)  # fixed split counts timed at Nk = 131,072
-TUNINGS = ({"unroll": 1}, {"unroll": 4}, {"threads": 256})  # other block shapes of the split kernel, there too
+VARIANTS = ({"num_splits": 128}, {"row_bytes": 32}, {"row_bytes": 32, "unroll": 2, "max_registers": 168})
+SHORT = {"num_splits": "splits", "row_bytes": "bytes", "unroll": "unroll", "max_registers": "regs"}  # in the labels
 FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "impl", "variant", "batch", "n_k", "heads",
           "kv_heads", "d", "num_splits", "time_ms", "time_min_ms", "time_max_ms", "reps", "kv_bytes", "tb_per_s",
           "vs_torch_flash", "vs_copy", "status", "max_rel_err", "tolerance"]
@@ -101,12 +105,10 @@ def candidates(q, k, v, rng):
     if graphed is not None:
         found.append(("split_kv", "CUDA graph", found[-1][2], graphed, found[-1][4]))
     ours("no_split", "", 1, prepare_split_kv(q, k, v, num_splits=1))
-    if k.shape[2] == CONTEXTS[-1]:  # a few fixed split counts beside the rule's choice, and other block shapes
-        for splits in SPLIT_SWEEP[1:]:
-            ours("split_kv", f"splits={splits}", splits, prepare_split_kv(q, k, v, num_splits=splits))
-        for tuning in TUNINGS:
-            label = " ".join(f"{key}={val}" for key, val in tuning.items())
-            ours("split_kv", label, None, prepare_split_kv(q, k, v, **tuning))
+    if k.shape[2] == CONTEXTS[-1]:  # a fixed split count beside the rule's choice, and other block shapes
+        for variant in VARIANTS:
+            label = " ".join(f"{SHORT[key]}={val}" for key, val in variant.items())
+            ours("split_kv", label, variant.get("num_splits"), prepare_split_kv(q, k, v, **variant))
     perm = cupy.asarray(rng.permutation(q.shape[0] * (k.shape[2] // PAGE)), dtype=np.int32)  # pool page of each page
     ours("paged", f"page_size={PAGE}", None, prepare_paged(q, pages_from_contiguous(k, v, PAGE, perm)))
     found += torch_candidates(q, k, v)
