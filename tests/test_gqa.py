@@ -11,7 +11,7 @@ from conftest import make_qkv
 
 import tinyflash as tf
 from tinyflash.core.checks import check_attention_inputs
-from tinyflash.core.tolerance import F32_TOL, assert_close
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 
 F64_TOL = 1e-12  # float64 against float64: only the order of the sums differs
 
@@ -64,6 +64,20 @@ def test_kernels_equal_repeated_kv(rng, kernel, h, h_kv, causal):
 
 
 @pytest.mark.simulator
+@pytest.mark.parametrize("h, h_kv", [(4, 2)])  # MQA (H_kv = 1): cuda_attention tests above, GPU test below
+def test_tensor_core_kernel_equals_repeated_kv(rng, h, h_kv):
+    """Stage 3 (kernel v6) with GQA and MQA: float16, d = 64, causal, Nq != Nk, on the simulator."""
+    q, k, v, k_rep, v_rep = gqa_inputs(rng, 1, h, h_kv, 17, 20, 64, 64, np.float16)
+    o, lse = tf.tensor_core_attention(q, k, v, causal=True)
+    o_rep, lse_rep = tf.tensor_core_attention(q, k_rep, v_rep, causal=True)
+    assert np.array_equal(o, o_rep) and np.array_equal(lse, lse_rep)  # the same kernel on the same numbers
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True)
+    naive_o, _ = tf.naive_attention(q, k, v, causal=True)  # float16 storage: FlashAttention's rule
+    assert_fa_rule(o, naive_o, ref_o, np.float16, what="v6 GQA o")
+    assert_close(lse, ref_lse, F32_TOL, "v6 GQA lse", is_lse=True)
+
+
+@pytest.mark.simulator
 def test_kernel_gqa_heads_in_slices(rng, monkeypatch):
     """More heads than one grid column holds: slices of heads start at a multiple of kv_group,
     so each slice's K/V views start at the right K/V head (limit lowered to 5: slices of 4)."""
@@ -100,6 +114,18 @@ def test_k_and_v_head_counts_must_match():
     q, k, v = np.ones((4, 3, 4)), np.ones((2, 5, 4)), np.ones((1, 5, 4))
     with pytest.raises(ValueError, match="k and v must have identical leading"):
         tf.naive_attention(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensor_core_gqa_on_the_gpu(rng, dtype):
+    """Stage 3 with 32 query heads on 8 K/V heads, d = 128, causal, Nq != Nk (PyTorch tensors)."""
+    torch = pytest.importorskip("torch")
+    q, k, v, k_rep, v_rep = (torch.tensor(x, device="cuda").to(getattr(torch, dtype))
+                             for x in gqa_inputs(rng, 2, 32, 8, 777, 1_001, 128, 128, np.float32))
+    o, lse = tf.tensor_core_attention(q, k, v, causal=True)
+    o_rep, lse_rep = tf.tensor_core_attention(q, k_rep, v_rep, causal=True)
+    assert torch.equal(o, o_rep) and torch.equal(lse, lse_rep)  # the same kernel on the same numbers
 
 
 @pytest.mark.gpu

@@ -115,7 +115,8 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
         n_q, n_k, d = prob.n_q, prob.n_k, prob.d
         args = LaunchArgs(per_head=((_words(q), n_q * d), (_words(k), n_k * d), (_words(v), n_k * d),
                                     (_words(o, output=True), n_q * d), (kernel_view(lse), n_q)),
-                          scalars=(n_q, n_k, d, d, np.float32(prob.scale * LOG2E), prob.causal), n_heads=heads)
+                          scalars=(n_q, n_k, d, d, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group),
+                          n_heads=heads, kv_group=prob.kv_group)  # k and v: one matrix per K/V head (GQA)
         v6.launch(args, prob, element=element)
     o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
     if element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them

@@ -323,9 +323,9 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     words = [(a if a.dtype == np.uint32 else a.view(np.uint32), size // 2)  # 16-bit pairs: q, k, v, o
              for a, size in args.per_head[:4]]
     n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
-    kv_group = getattr(args, "kv_group", 1)  # grouped-query attention: query heads per K, V head
+    kv_group = args.kv_group  # grouped-query attention: query heads per K, V head
     grid_args = LaunchArgs(per_head=(*words, args.per_head[4]), scalars=(n_q, n_k, scale_log2, causal, kv_group),
-                           n_heads=args.n_heads)
+                           n_heads=args.n_heads, kv_group=kv_group)
     kernel, n_tiles = make_kernel(cfg.validate(), element), -(-n_q // cfg.BR)
     if simulator_enabled():  # every emulated warp instruction waits at a barrier: make those faster
         from ...gpu.ptx_emulation import fast_barriers
