@@ -64,7 +64,7 @@ def test_kernels_equal_repeated_kv(rng, kernel, h, h_kv, causal):
 
 
 @pytest.mark.simulator
-@pytest.mark.parametrize("h, h_kv", [(4, 2)])  # MQA (H_kv = 1): cuda_attention tests above, GPU test below
+@pytest.mark.parametrize("h, h_kv", [(4, 2)])  # one case: each costs about 7 s on the simulator
 def test_tensor_core_kernel_equals_repeated_kv(rng, h, h_kv):
     """Stage 3 (kernel v6) with GQA and MQA: float16, d = 64, causal, Nq != Nk, on the simulator."""
     q, k, v, k_rep, v_rep = gqa_inputs(rng, 1, h, h_kv, 17, 20, 64, 64, np.float16)
