@@ -17,7 +17,7 @@ from conftest import make_qkv
 
 import tinyflash as tf
 from tinyflash.core.masks import key_stop
-from tinyflash.core.tolerance import F32_TOL, assert_close
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 
 N_Q, N_K, D = 11, 13, 8  # no tile divides them; tiny, for the simulator
 
@@ -115,3 +115,55 @@ def test_non_finite_value_reaches_the_rows_that_attend_it(stage, bad, rng):
     assert np.isfinite(np.delete(o[hit], c, axis=1)).all() and np.isfinite(lse).all()
     assert_close(lse, tf.reference_attention(q, k, np.nan_to_num(v, posinf=0.0), causal=True)[1], F32_TOL, "lse",
                  is_lse=True)
+
+
+@pytest.mark.simulator
+def test_tensor_core_kernel_follows_the_same_rules(rng):
+    """Stage 3 (kernel v6: float16, d = 64) on the same four situations, in one test to keep the
+    simulator's cost down: a NaN key, a +inf / -inf score, a row of -inf scores, a NaN value."""
+    d = 64
+
+    def inputs():
+        return make_qkv(rng, (), N_Q, N_K, d, dtype=np.float16)
+
+    def attention(q, k, v, causal):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
+        return o.astype(np.float64), lse.astype(np.float64)
+
+    q, k, v = inputs()  # a NaN in key j: exactly the rows that attend it are NaN
+    j = N_K - 4
+    k[j, 2] = np.nan
+    o, lse = attention(q, k, v, True)
+    hit = np.array([attends(i, j, True) for i in range(N_Q)])  # (Nq,)
+    assert np.isnan(o[hit]).all() and np.isnan(lse[hit]).all()
+    assert np.isfinite(o[~hit]).all() and np.isfinite(lse[~hit]).all()
+
+    q, k, v = inputs()  # key j scores +inf for row 0 (a NaN row) and -inf for row 1 (weight 0)
+    j = 6
+    k[:, 0] = -np.abs(k[:, 0])
+    k[j, 0] = np.inf
+    q[0, 0], q[1, 0] = 0.5, -0.5
+    o, lse = attention(q, k, v, False)
+    plus = q[:, 0] > 0  # (Nq,)
+    assert np.isnan(o[plus]).all() and np.isnan(lse[plus]).all()
+    o_ref, lse_ref = tf.reference_attention(q[~plus], np.delete(k, j, axis=0), np.delete(v, j, axis=0))
+    o_naive, _ = tf.naive_attention(q[~plus], np.delete(k, j, axis=0), np.delete(v, j, axis=0))
+    assert_fa_rule(o[~plus], o_naive, o_ref, np.float16, what="o of the rows whose score on key j is -inf")
+    assert_close(lse[~plus], lse_ref, F32_TOL, "lse of those rows", is_lse=True)
+
+    q, k, v = inputs()  # row 3 scores -inf against every key: o = 0, lse = -inf
+    k[:, 0] = np.abs(k[:, 0]) + np.float16(0.5)
+    q[3, 0] = -np.inf
+    o, lse = attention(q, k, v, False)
+    assert (o[3] == 0).all() and lse[3] == -np.inf
+    assert np.isfinite(np.delete(o, 3, axis=0)).all()
+
+    q, k, v = inputs()  # a NaN in v_j: column c of the rows that attend key j, nothing else
+    j, c = N_K - 2, 3
+    v[j, c] = np.nan
+    o, lse = attention(q, k, v, True)
+    hit = np.array([attends(i, j, True) for i in range(N_Q)])  # (Nq,)
+    assert np.isnan(o[hit, c]).all()
+    assert np.isfinite(np.delete(o[hit], c, axis=1)).all() and np.isfinite(lse).all()
