@@ -54,6 +54,22 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def measured_rows(csv_path: Path | None, remeasure: bool, measure, int_fields) -> list[dict]:
+    """A CPU-measured figure's rows: ``measure()`` now (and written to ``csv_path`` if given), or,
+    without ``remeasure``, the committed rows read back from ``csv_path`` with ``int_fields`` as
+    ints (an empty field stays ""). So a plots run redraws from committed data and changes no file."""
+    if remeasure:
+        rows = measure()
+        if csv_path is not None:
+            write_csv(Path(csv_path), rows)
+        return rows
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r.update({key: int(r[key]) if r[key] != "" else "" for key in int_fields})
+    return rows
+
+
 def save(fig: Figure, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

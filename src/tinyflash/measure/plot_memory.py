@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import csv
 import platform
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..forward.blocked import blocked_attention
 from ..forward.naive import naive_attention
 from .memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, KiB, attention_memory, blocked_workspace_bytes,
                      format_bytes, max_sequence_length, measure_peak_bytes)
-from .plot_common import bytes_axis, check_ns, n_axis, progress_bar, save, write_csv
+from .plot_common import bytes_axis, check_ns, measured_rows, n_axis, progress_bar, save, write_csv
 
 MODEL_NS = [2**p for p in range(9, 18)]  # 512 ... 131,072
 CPU_NAIVE_NS = [2**p for p in range(8, 14)]  # 256 ... 8192 (S and P in float32: 512 MiB at the end)
@@ -119,17 +118,7 @@ def memory_cpu_data(naive_ns=CPU_NAIVE_NS, blocked_ns=CPU_BLOCKED_NS, *, d: int 
     return rows
 
 
-CPU_INT_FIELDS = ("n", "d", "measured_peak_bytes", "model_bytes", "outputs_bytes")
-
-
-def read_memory_cpu_csv(path: Path) -> list[dict]:
-    """The rows :func:`memory_cpu_data` wrote to ``path``, with their numbers as ints."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        r.update({key: int(r[key]) for key in CPU_INT_FIELDS})
-        r["block"] = int(r["block"]) if r["block"] else ""
-    return rows
+CPU_INT_FIELDS = ("n", "d", "block", "measured_peak_bytes", "model_bytes", "outputs_bytes")  # block: "" for naive
 
 
 def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_ns=CPU_NAIVE_NS,
@@ -141,12 +130,9 @@ def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_n
     else draw the measurement committed in ``csv_path`` (what ``python -m tinyflash.plots`` does
     unless given ``--remeasure-cpu``, so that a run leaves the checkout as it was).
     """
-    if remeasure:
-        rows = memory_cpu_data(naive_ns, blocked_ns, d=d, block=block, progress=progress)
-        if csv_path is not None:
-            write_csv(Path(csv_path), rows)
-    else:
-        rows = read_memory_cpu_csv(Path(csv_path))
+    rows = measured_rows(csv_path, remeasure, lambda: memory_cpu_data(naive_ns, blocked_ns, d=d, block=block,
+                                                                      progress=progress), CPU_INT_FIELDS)
+    if not remeasure:
         d, block = rows[0]["d"], next(r["block"] for r in rows if r["stage"] == "blocked")
     naive = [r for r in rows if r["stage"] == "naive"]
     blocked = [r for r in rows if r["stage"] == "blocked"]

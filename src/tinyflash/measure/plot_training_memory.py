@@ -16,7 +16,6 @@ returns. The backward's peaks are measured with tracemalloc
 
 from __future__ import annotations
 
-import csv
 import platform
 from pathlib import Path
 
@@ -28,11 +27,12 @@ from ..backward.naive import naive_attention_backward
 from ..forward.blocked import blocked_attention
 from ..forward.naive import naive_attention
 from .memory import measure_peak_bytes
-from .plot_common import bytes_axis, check_ns, n_axis, progress_bar, save, write_csv
+from .plot_common import bytes_axis, check_ns, measured_rows, n_axis, progress_bar, save
 
 NAIVE_NS = [2**p for p in range(8, 13)]  # 256 ... 4096 (S, P, dP, dS in float32: 256 MiB at the end)
 FLASH_NS = [2**p for p in range(8, 15)]  # 256 ... 16,384 (O(N·d) memory: it can go further)
 BLOCK = 256  # tiles of the CPU sweep: big tiles keep the Python loop short
+INT_FIELDS = ("n", "d", "block", "kept_bytes", "backward_peak_bytes")  # the CSV's numbers (block: "" for naive)
 
 
 def training_memory_data(naive_ns=NAIVE_NS, flash_ns=FLASH_NS, *, d: int = 64, block: int = BLOCK,
@@ -58,17 +58,6 @@ def training_memory_data(naive_ns=NAIVE_NS, flash_ns=FLASH_NS, *, d: int = 64, b
     return rows
 
 
-def read_training_memory_csv(path: Path) -> list[dict]:
-    """The rows :func:`training_memory_data` wrote, with their numbers as ints again."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        for key in ("n", "d", "kept_bytes", "backward_peak_bytes"):
-            r[key] = int(r[key])
-        r["block"] = int(r["block"]) if r["block"] else ""
-    return rows
-
-
 def plot_training_memory(png: Path, csv_path: Path | None = None, *, naive_ns=NAIVE_NS, flash_ns=FLASH_NS,
                          d: int = 64, block: int = BLOCK, progress: bool = True, remeasure: bool = True) -> Path:
     """The figure: kept bytes (lines) and backward peaks (markers), naive and FlashAttention, against N.
@@ -77,12 +66,9 @@ def plot_training_memory(png: Path, csv_path: Path | None = None, *, naive_ns=NA
     in ``csv_path`` (what ``python -m tinyflash.plots`` does unless given ``--remeasure-cpu``, so
     that a run leaves the checkout as it was).
     """
-    if remeasure:
-        rows = training_memory_data(naive_ns, flash_ns, d=d, block=block, progress=progress)
-        if csv_path is not None:
-            write_csv(Path(csv_path), rows)
-    else:
-        rows = read_training_memory_csv(Path(csv_path))
+    rows = measured_rows(csv_path, remeasure, lambda: training_memory_data(naive_ns, flash_ns, d=d, block=block,
+                                                                           progress=progress), INT_FIELDS)
+    if not remeasure:
         d = rows[0]["d"]
         block = next(r["block"] for r in rows if r["stage"] == "flash")
     fig = Figure(figsize=(9, 5.6), layout="constrained")
