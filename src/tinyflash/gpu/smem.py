@@ -35,6 +35,12 @@ def layout(sizes) -> tuple[Region, ...]:
         offset += floats
     return tuple(regions)
 
+
+def layout_bytes(regions) -> int:
+    """Bytes of shared memory that regions placed by :func:`layout` take: up to the end of the last."""
+    last = regions[-1]
+    return 4 * (last.offset + last.floats)
+
 if simulator_enabled():  # the simulator rejects the alignment argument; its arrays are NumPy arrays
 
     @cuda.jit(device=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ...gpu.launch import launch
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, Region, layout
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, Region, layout, layout_bytes
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,7 @@ class BackwardTileConfig:
 
     @property
     def smem_bytes(self) -> int:
-        last = self.smem_layout()[-1]
-        return 4 * (last.offset + last.floats)
+        return layout_bytes(self.smem_layout())
 
     def problems(self) -> list[str]:
         """What makes this tiling invalid (empty if nothing)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...gpu.launch import SharedMemoryRefused, launch
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT, Region, layout
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT, Region, layout, layout_bytes
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,7 @@ class TileConfig:
 
     @property
     def smem_bytes(self) -> int:
-        last = self.smem_layout()[-1]
-        return 4 * (last.offset + last.floats)
+        return layout_bytes(self.smem_layout())
 
     def problems(self) -> list[str]:
         """What makes this tiling invalid (empty if nothing)."""
