@@ -5,7 +5,8 @@
 The benchmark (``python -m tinyflash.bench tensor-cores``) times each call between two CUDA events,
 on an idle GPU: whatever the host does before the launch (checks, array conversions, numba's
 dispatch) counts. This prints the median of the whole call, of the bare launch of the compiled
-kernel on arrays made beforehand, and the host functions that took the most time (cProfile).
+kernel on arrays made beforehand with its arguments packed once (``DriverKernel.bind``), and the
+host functions that took the most time (cProfile).
 """
 
 import cProfile
@@ -22,7 +23,7 @@ def main(n: int) -> None:
     from tinyflash.core.online_softmax import LOG2E
     from tinyflash.forward.kernels import v6_tensor_cores as v6
     from tinyflash.forward.tensor_cores import tensor_core_attention
-    from tinyflash.gpu.arrays import to_device_flat
+    from tinyflash.gpu.driver_launch import driver_kernel
     from tinyflash.measure.harness import environment, time_call
 
     env, d, heads = environment(), 128, 32
@@ -30,12 +31,10 @@ def main(n: int) -> None:
     whole = time_call(lambda: tensor_core_attention(q, k, v))["time_ms"]
 
     cfg = v6.default_tiling(d, False)
-    words = [to_device_flat(x).view(np.uint32) for x in (q, k, v, torch.empty_like(q))]  # flat 16-bit pairs
-    lse = to_device_flat(torch.empty((heads * n,), device="cuda", dtype=torch.float32))
-    args = (*words, lse, n, n, np.float32(LOG2E / math.sqrt(d)), False, 1)
-    kernel = v6.specialized(v6.make_kernel(cfg, "float16"), cfg.smem_bytes, args)
-    launch = kernel[(-(-n // cfg.BR), heads), cfg.NT, 0, cfg.smem_bytes]
-    bare = time_call(lambda: launch(*args))["time_ms"]
+    o, lse = torch.empty_like(q), torch.empty((heads * n,), device="cuda", dtype=torch.float32)
+    args = (q, k, v, o, lse, n, n, np.float32(LOG2E / math.sqrt(d)), False, 1)  # flash_fwd's, v6.SIGNATURE
+    kernel = driver_kernel(v6.make_kernel(cfg, "float16"), v6.SIGNATURE, cfg.smem_bytes)
+    bare = time_call(kernel.bind((-(-n // cfg.BR), heads), cfg.NT, cfg.smem_bytes, *args))["time_ms"]  # packed once
     print(f"host overhead: {env['device']} {env['date']}; float16 B=1 H={heads} N={n} d={d}, tiling {cfg}")
     print(f"  tensor_core_attention: {whole:.3f} ms median;  the compiled kernel launched alone: {bare:.3f} ms;  "
           f"difference {1000 * (whole - bare):.0f} us")

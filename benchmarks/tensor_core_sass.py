@@ -22,13 +22,11 @@ from importlib import import_module
 from pathlib import Path
 
 from compare_checkouts import import_other  # this folder's tool: the other checkout as tinyflash_<label>
-from numba import cuda, types
+from numba import cuda
 
 from tinyflash.forward.kernels import v6_tensor_cores
 
 TILINGS = [(128, 8, 128), (128, 8, 64), (128, 4, 64), (128, 4, 32), (64, 4, 32), (64, 4, 64)]  # (d, warps, keys)
-WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
-SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64)
 
 
 def sass(ptx: str, workdir: Path, nvdisasm: str) -> tuple[str, list[str]]:
@@ -76,7 +74,7 @@ def main(argv=None) -> int:
         for d, warps, keys in TILINGS:
             for label, v6 in kernels.items():
                 kernel = v6.make_kernel(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys), "float16")
-                ptx = cuda.compile_ptx(kernel.py_func, SIGNATURE, cc=(9, 0), fastmath=v6.FAST_MATH)[0]
+                ptx = cuda.compile_ptx(kernel.py_func, v6_tensor_cores.SIGNATURE, cc=(9, 0), fastmath=v6.FAST_MATH)[0]
                 report, lines = sass(ptx, Path(tmp), args.nvdisasm)
                 ops = tile_cost(lines)
                 others = ", ".join(f"{op} {n}" for op, n in ops.most_common(8) if op != "HMMA")

@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 
 from tinyflash.forward.cuda import cuda_attention  # noqa: E402
 from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
+from tinyflash.gpu.driver_launch import driver_kernel  # noqa: E402
 from tinyflash.measure.harness import attention_flops, environment, measure  # noqa: E402
 
 # (warps, keys per tile, register cap or None): a cap lets more blocks share a multiprocessor
@@ -42,8 +43,8 @@ def main(ns) -> list[dict]:
                         return cuda_attention(q, k, v, causal=c, kernel="v6", config=cfg)[0]
 
                     res = measure(run, q, k, v, causal, rng)
-                    kernel = v6.specialized(v6.make_kernel(cfg, "float16"), 0, ())  # compiled by the run above
-                    regs, spilled = kernel.get_regs_per_thread(), kernel.get_local_mem_per_thread()
+                    kernel = driver_kernel(v6.make_kernel(cfg, "float16"), v6.SIGNATURE, cfg.smem_bytes)  # the run's
+                    regs, spilled = kernel.registers, kernel.local_bytes
                     tflops = (attention_flops(1, 32, n, n, d, causal) / (res["time_ms"] * 1e9)
                               if res["status"] == "ok" else float("nan"))
                     rows.append({"n": n, "d": d, "causal": causal, "warps": warps, "keys": keys, "cap": cap,

@@ -111,33 +111,3 @@ def test_tiling_rules():
     assert v6.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
     with pytest.raises(ValueError, match="D must be one of"):
         v6.TensorCoreTiling(D=96, WARPS=1, BC=16).validate()
-
-
-class _DeviceArrayStandIn:
-    """Something with a CUDA array interface, as CuPy and PyTorch arrays have (no GPU needed)."""
-
-    def __init__(self, shape, address, strides=None):
-        self.shape, self.dtype = shape, np.dtype(np.float16)
-        self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": "<f2",
-                                         "data": (address, False), "version": 3, "stream": 1}
-
-
-def test_words_view_in_one_step(monkeypatch):
-    """The host wrapper's lean path: a contiguous, aligned device array becomes a flat uint32 view of
-    the same memory in one step (same address, half as many elements, its stream kept for numba's
-    sync); a strided or misaligned one takes the general path (gpu/arrays.py)."""
-    from tinyflash.forward import tensor_cores
-
-    made, general = [], []
-    monkeypatch.setattr(tensor_cores, "simulator_enabled", lambda: False)
-    monkeypatch.setattr(tensor_cores.cuda, "from_cuda_array_interface",
-                        lambda desc, owner: made.append((desc, owner)) or "view", raising=False)
-    monkeypatch.setattr(tensor_cores, "_flat16", lambda x: general.append(x) or np.zeros(4, np.float16))
-    x = _DeviceArrayStandIn((2, 3, 64), address=1 << 20)
-    assert tensor_cores._words(x) == "view" and not general
-    desc, owner = made[0]
-    assert owner is x and desc["shape"] == (2 * 3 * 32,) and desc["typestr"] == "<u4"
-    assert desc["data"] == (1 << 20, False) and desc["strides"] is None and desc["stream"] == 1
-    for other in (_DeviceArrayStandIn((2, 3, 64), 1 << 20, strides=(768, 2, 256)), _DeviceArrayStandIn((4,), 8)):
-        assert tensor_cores._words(other).dtype == np.uint32 and general[-1] is other
-    assert len(made) == 1

@@ -14,10 +14,10 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
+from ..gpu.arrays import empty, flat_device, is_device_array, result, to_device_flat
 from ..gpu.launch import MAX_GRID_Y
 from ..gpu.runtime import require_gpu, simulator_enabled
-from ..gpu.smem import allow_large_shared_memory_compiled
+from ..gpu.driver_launch import driver_kernel
 from . import kernels
 from .split_kv import H200_SMS, choose_num_splits
 
@@ -53,7 +53,8 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     thread (default: none): the benchmark tries a few.
 
     Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
-    and does nothing else, so that a benchmark times the kernels, not the checks.
+    and does nothing else, so that a benchmark times the kernels, not the checks (on a GPU its
+    arguments are packed once, here).
     """
     d = prob.d
     if prob.d_v != d:
@@ -82,52 +83,36 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
     split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize,
                                             max_registers)
-    kv = (_numba(to_device_flat(x)) for x in (k, v))
-    split_args = (_numba(to_device_flat(q)), *((x.view(np.uint32) for x in kv) if full else kv),
-                  *(_numba(to_device_flat(x)) for x in (table, lens)), o_part, lse_part, int(prob.n_q), int(d),
-                  int(n_k), int(h_kv), int(max_pages), np.float32(prob.scale * LOG2E), bool(prob.causal),
-                  int(prob.kv_group))
+    combine = kernels.make_combine_kernel()
+    q, k, v, table, lens = (flat_device(x) if is_device_array(x) else to_device_flat(x) for x in (q, k, v, table, lens))
+    scalars = (int(prob.n_q), int(d), int(n_k), int(h_kv), int(max_pages), np.float32(prob.scale * LOG2E),
+               bool(prob.causal), int(prob.kv_group))
     nc = kernels.COMBINE_THREADS
     combine_grid = (-(-p["rows"] * d // nc), batch * h_kv)  # one thread per (packed row, column)
-    combine_args = (o_part, lse_part, _numba(kernel_view(o)), _numba(kernel_view(lse)), int(p["num_splits"]),
-                    int(p["rows"]), int(d))
-    split = _specialized(split, smem, split_args)
-    combine = _specialized(kernels.make_combine_kernel(), 0, combine_args)
+    combine_sizes = (int(p["num_splits"]), int(p["rows"]), int(d))
 
-    def run(stream=0):
-        split[p["grid"], nt, stream, smem](*split_args)
-        combine[combine_grid, nc, stream](*combine_args)
+    if simulator_enabled():  # numba's launches, on its (simulated) arrays
+        kv = (k.view(np.uint32), v.view(np.uint32)) if full else (k, v)
 
+        def run(stream=0):
+            split[p["grid"], nt, 0, smem](q, *kv, table, lens, o_part, lse_part, *scalars)
+            combine[combine_grid, nc](o_part, lse_part, o, lse, *combine_sizes)
+
+        return run, o, lse
+    # on a GPU, through the driver, the arguments packed once (gpu/driver_launch.py): a few µs per launch
+    split_launch = driver_kernel(split, kernels.split_signature(prob.dtype, full), smem).bind(
+        p["grid"], nt, smem, q, k, v, table, lens, o_part, lse_part, *scalars)
+    combine_launch = driver_kernel(combine, kernels.combine_signature(prob.dtype)).bind(
+        combine_grid, nc, 0, o_part, lse_part, o, lse, *combine_sizes)
+    keep = (q, k, v, table, lens, o_part, lse_part)  # the launches hold addresses: keep these arrays alive
+
+    def run(stream: int = 0):
+        """Launch the split kernel then the combine kernel on ``stream`` (a CUstream handle; 0: the default)."""
+        split_launch(stream)
+        combine_launch(stream)
+
+    run.arrays = keep
     return run, o, lse
-
-
-_SPECIALIZED: dict = {}  # (kernel, the arguments' types) -> its specialized dispatcher
-
-
-def _specialized(kernel, smem_bytes: int, args):
-    """``kernel`` compiled once for these arguments (numba's ``specialize``), its shared memory
-    raised once if above 48 KiB. A decode call takes tens of µs at small Nk, and a plain dispatcher
-    types every argument again at each launch; a specialized one skips that. The wrappers pass only
-    flat, contiguous device arrays and Python scalars, so the dtypes (and scalar types) are the key.
-    (On the simulator: the kernel itself.)"""
-    if simulator_enabled():
-        return kernel
-    key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
-    if key not in _SPECIALIZED:
-        spec = kernel.specialize(*args)
-        allow_large_shared_memory_compiled(next(iter(spec.overloads.values())), smem_bytes)
-        _SPECIALIZED[key] = spec
-    return _SPECIALIZED[key]
-
-
-def _numba(x):
-    """A numba view of a device array of another library (CuPy), made once: numba then need not
-    read its ``__cuda_array_interface__`` again at every launch. (The simulator's arrays as they are.)"""
-    if simulator_enabled() or hasattr(x, "is_c_contiguous"):
-        return x
-    from numba import cuda
-
-    return cuda.as_cuda_array(x)
 
 
 def _lead(prob):

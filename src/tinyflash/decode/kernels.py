@@ -339,3 +339,21 @@ def make_combine_kernel():
                 LSE[bkv * rows + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
 
     return combine_splits
+
+
+def _flat(dtype):
+    """numba's type of a flat, C-contiguous array of ``dtype``."""
+    return types.Array(getattr(types, np.dtype(dtype).name), 1, "C")  # types.float16, types.uint32, ...
+
+
+def split_signature(dtype, full: bool) -> tuple:
+    """split_kv_decode's argument types, for inputs of ``dtype``: Q; K, V (uint32 words if ``full``);
+    TABLE, LENS; O_PART, LSE_PART; n_q, d, n_k, h_kv, max_pages; scale·log2(e); causal; kv_group."""
+    kv = _flat(np.uint32) if full else _flat(dtype)
+    return ((_flat(dtype), kv, kv, _flat(np.int32), _flat(np.int32), _flat(np.float32), _flat(np.float32))
+            + (types.int64,) * 5 + (types.float32, types.boolean, types.int64))
+
+
+def combine_signature(dtype) -> tuple:
+    """combine_splits' argument types: O_PART, LSE_PART, O (``dtype``), LSE, then n_splits, rows, d."""
+    return (_flat(np.float32), _flat(np.float32), _flat(dtype), _flat(np.float32)) + (types.int64,) * 3

@@ -18,13 +18,12 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
-from numba import cuda
 
 from ..core.checks import as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, kernel_view, library, result, to_device_flat
+from ..gpu.arrays import empty, flat_device, is_device_array, library, result, to_device_flat
 from ..gpu.launch import LaunchArgs
-from ..gpu.runtime import require_gpu, simulator_enabled
+from ..gpu.runtime import require_gpu
 from .kernels import v6_tensor_cores as v6
 
 FLOAT16 = np.dtype(np.float16)
@@ -43,33 +42,18 @@ def _shape_only(x):
 
 
 def _flat16(x):
-    """A flat device array of ``x``'s 16-bit elements (bfloat16 ones seen as int16: numba knows no bfloat16)."""
+    """A flat device array of ``x``'s 16-bit elements, in ``x``'s library (NumPy: numba's); bfloat16
+    seen as int16 (numba knows no bfloat16; the kernel only moves the bits). On a GPU it is launched
+    through the driver, which reads its address (``gpu/driver_launch.py``): no numba view is made,
+    which took a visible part of a call's time at N = 4,096."""
     if element_type(x):
         if is_device_array(x) and library(x) == "torch":
             import torch
 
-            x = x.detach().contiguous().view(torch.int16)
+            x = x.detach().view(torch.int16)
         else:  # a NumPy (or CuPy) array of ml_dtypes.bfloat16
             x = x.view(np.int16)
-    return to_device_flat(x)
-
-
-def _words(x, *, output: bool = False):
-    """``x``'s 16-bit elements as the kernel reads them: one flat device array of uint32 words, two
-    elements each (bfloat16 is only bits here). A contiguous, 16-byte-aligned device array becomes
-    that view in one step, from its address: each numba array made costs host time in every call,
-    and at N = 4,096 the host's time is a visible part of a call. Anything else (host arrays,
-    strided or misaligned ones, the simulator's) takes the general path of ``gpu/arrays.py``."""
-    if is_device_array(x) and not simulator_enabled():
-        if library(x) == "torch":  # PyTorch describes no bfloat16 array: its bits as int16
-            import torch
-
-            x = x.detach().view(torch.int16) if element_type(x) else x.detach()
-        cai = x.__cuda_array_interface__
-        if cai.get("strides") is None and cai["data"][0] % 16 == 0 and np.dtype(cai["typestr"]).itemsize == 2:
-            flat = {**cai, "shape": (math.prod(cai["shape"]) // 2,), "typestr": "<u4"}  # (elements / 2,) words
-            return cuda.from_cuda_array_interface(flat, owner=x)
-    return (kernel_view(x) if output else _flat16(x)).view(np.uint32)
+    return flat_device(x) if is_device_array(x) else to_device_flat(x)
 
 
 def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
@@ -113,8 +97,8 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
     # 3. size the grid and launch (v6.launch)
     if prob.n_q > 0 and heads > 0:
         n_q, n_k, d = prob.n_q, prob.n_k, prob.d
-        args = LaunchArgs(per_head=((_words(q), n_q * d), (_words(k), n_k * d), (_words(v), n_k * d),
-                                    (_words(o, output=True), n_q * d), (kernel_view(lse), n_q)),
+        args = LaunchArgs(per_head=((_flat16(q), n_q * d), (_flat16(k), n_k * d), (_flat16(v), n_k * d),
+                                    (o, n_q * d), (lse, n_q)),
                           scalars=(n_q, n_k, d, d, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group),
                           n_heads=heads, kv_group=prob.kv_group)  # k and v: one matrix per K/V head (GQA)
         v6.launch(args, prob, element=element)

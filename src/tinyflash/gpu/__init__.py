@@ -7,6 +7,8 @@
     loads.py     copying a tile of a (heads, N, d) array from global into shared memory (vector loads)
     launch.py    sizing the grid and launching, more than 65,535 heads included; on the simulator a
                  warning before a long launch and a progress bar
+    driver_launch.py   a compiled kernel launched through the driver's cuLaunchKernel, without numba's
+                 per-call work (the host's time counts where kernels are short)
     ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
 

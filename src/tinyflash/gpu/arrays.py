@@ -31,23 +31,33 @@ def library(x) -> str:
 
 
 def to_device_flat(x):
-    """A C-contiguous 1-D view of ``x`` on the GPU, its data 16-byte aligned: a view of a device
-    array, a copy of a host one (or of a device array that is not contiguous or not aligned).
+    """A C-contiguous 1-D view of ``x`` on the GPU, its data 16-byte aligned, that numba's launches
+    take: a view of a device array, a copy of a host one (or of a device array that is not
+    contiguous or not aligned); CuPy arrays stay CuPy arrays, others become numba device arrays.
 
     The kernels index each head's (N × d) matrix inside this flat array themselves, and read
     float16 tiles 4 elements (8 bytes) at a time, which needs aligned addresses.
     """
     if not is_device_array(x):
         return cuda.to_device(np.ascontiguousarray(x).reshape(-1))
+    flat = flat_device(x)
+    return cuda.as_cuda_array(flat) if library(flat) == "torch" else flat
+
+
+def flat_device(x):
+    """A C-contiguous, 16-byte-aligned 1-D view of the device array ``x``, of the same library
+    (PyTorch in, PyTorch out): what a launch through the driver (``gpu/driver_launch.py``) reads.
+    A copy only if ``x`` is not contiguous or not aligned."""
     lib = library(x)
     if lib == "cupy":
         import cupy
 
         flat = cupy.ascontiguousarray(x).reshape(-1)  # copies only a non-contiguous array
         return flat if _aligned(flat) else flat.copy()
-    if lib == "torch":  # a torch tensor has methods for both; then numba reads it in place
-        x = cuda.as_cuda_array(x.detach().contiguous())
-    elif not hasattr(x, "is_c_contiguous"):  # another library's array
+    if lib == "torch":
+        flat = x.detach().reshape(-1)  # copies only a non-contiguous tensor
+        return flat if flat.data_ptr() % 16 == 0 else flat.clone()
+    if not hasattr(x, "is_c_contiguous"):  # another library's array
         x = cuda.as_cuda_array(x)
     if not x.is_c_contiguous():
         raise ValueError(f"non-contiguous numba device arrays are not supported (got shape {x.shape}, strides "

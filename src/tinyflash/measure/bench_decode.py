@@ -159,12 +159,11 @@ def torch_candidates(q, k, v) -> list:
 
 
 def graph_of(run):
-    """``run``'s launches captured into a CUDA graph (CuPy stream capture, numba launching on that
+    """``run``'s launches captured into a CUDA graph (CuPy stream capture, the driver launching on that
     stream); returns a function that replays it on the current stream, or None if capture fails.
-    A graph replays every launch from the GPU's side: numba's CPU cost per launch (tens of µs,
-    more than the kernels take at small Nk) disappears, as in servers that capture their decode steps."""
+    A graph replays every launch from the GPU's side: the CPU's cost per launch disappears, as in
+    servers that capture their decode steps."""
     import cupy
-    from numba import cuda
 
     try:
         run()  # compile and load the kernels first: loading cannot be captured
@@ -173,7 +172,7 @@ def graph_of(run):
         with stream:
             stream.begin_capture()
             try:
-                run(cuda.external_stream(stream.ptr))
+                run(stream.ptr)  # the kernels, launched on the capturing stream
             finally:
                 graph = stream.end_capture()
         return graph.launch

@@ -30,13 +30,16 @@ from functools import lru_cache
 
 import numpy as np
 from numba import cuda, float32, uint32, uint64
+from numba.cuda import types
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu import ptx
+from ...gpu.arrays import kernel_view
+from ...gpu.driver_launch import driver_kernel
 from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
 from ...gpu.runtime import device_function, simulator_enabled, u
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, allow_large_shared_memory_compiled, shared_words
+from ...gpu.smem import MAX_SMEM_PER_BLOCK, shared_words
 
 HEAD_DIMS = (64, 128)  # d = dv supported
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
@@ -49,6 +52,9 @@ PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix w
 # flags that assume no inf or NaN ('ninf', 'nnan'): the mask and the empty rows rely on -inf.
 FAST_MATH = {"afn", "arcp", "contract"}
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
+# flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group
+SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64)
 
 
 @dataclass(frozen=True)
@@ -320,36 +326,27 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal))
     if cfg.D != prob.d:
         raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
-    words = [(a if a.dtype == np.uint32 else a.view(np.uint32), size // 2)  # 16-bit pairs: q, k, v, o
-             for a, size in args.per_head[:4]]
     n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
-    kv_group = args.kv_group  # grouped-query attention: query heads per K, V head
-    grid_args = LaunchArgs(per_head=(*words, args.per_head[4]), scalars=(n_q, n_k, scale_log2, causal, kv_group),
-                           n_heads=args.n_heads, kv_group=kv_group)
+    scalars = (n_q, n_k, scale_log2, causal, args.kv_group)  # kv_group: query heads per K, V head (GQA)
     kernel, n_tiles = make_kernel(cfg.validate(), element), -(-n_q // cfg.BR)
+    if not simulator_enabled() and args.n_heads <= MAX_GRID_Y:  # one launch, through the driver: the lean path
+        arrays = (a for a, _ in args.per_head)  # of any library: the driver reads their addresses
+        driver_kernel(kernel, SIGNATURE, cfg.smem_bytes)((n_tiles, args.n_heads), cfg.NT, cfg.smem_bytes,
+                                                         *arrays, *scalars)
+        return
+    words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
+    grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),
+                           scalars=scalars, n_heads=args.n_heads, kv_group=args.kv_group)
     if simulator_enabled():  # every emulated warp instruction waits at a barrier: make those faster
         from ...gpu.ptx_emulation import fast_barriers
 
         with fast_barriers():
             launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
-    elif args.n_heads <= MAX_GRID_Y:  # one launch, no views of the arrays: the lean path
-        arrays = (*(a for a, _ in grid_args.per_head), *grid_args.scalars)
-        specialized(kernel, cfg.smem_bytes, arrays)[(n_tiles, args.n_heads), cfg.NT, 0, cfg.smem_bytes](*arrays)
-    else:
+    else:  # more heads than one grid holds: numba's launches, on views of the arrays (gpu/launch.py)
         launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
 
 
-_SPECIALIZED: dict = {}  # make_kernel(...) -> its specialized dispatcher
-
-
-def specialized(kernel, smem_bytes: int, args):
-    """``kernel`` compiled once for the types of ``args`` (numba's ``specialize``), with its shared
-    memory raised once. The host's time counts in every call, and a kernel takes well under a
-    millisecond at N = 4,096: a specialized dispatcher skips typing each argument again, and
-    raising the shared memory is done once, not per call. The argument types never change:
-    the host wrappers always pass flat uint32 and float32 device arrays and the same scalars."""
-    if kernel not in _SPECIALIZED:
-        spec = kernel.specialize(*args)
-        allow_large_shared_memory_compiled(next(iter(spec.overloads.values())), smem_bytes)
-        _SPECIALIZED[kernel] = spec
-    return _SPECIALIZED[kernel]
+def as_words(a):
+    """A flat array of 16-bit elements as numba launches it for this kernel: uint32 words, two elements each."""
+    a = kernel_view(a)
+    return a if a.dtype == np.uint32 else a.view(np.uint32)

@@ -1,0 +1,196 @@
+"""Launching a compiled kernel straight through the CUDA driver: the host's side of a fast call.
+
+A launch through numba, ``kernel[grid, block, stream, smem](*args)``, does in Python, at every call:
+find the compiled kernel for the arguments' types (typing each argument), make sure of the current
+context, turn each array into a numba device array (for a PyTorch tensor or a CuPy array, by
+reading its ``__cuda_array_interface__``) and flatten it into the fields of numba's array structure.
+On the H200 that is tens of microseconds per launch (``benchmarks/launch_overhead.py`` measures
+it), against kernels that take 20 µs (a decode step) to 1 ms (the tensor-core kernel at N = 4,096).
+
+:class:`DriverKernel` compiles the kernel once for a fixed signature, and a call only writes the
+arguments' bytes and calls the driver::
+
+    params                  one 8-byte slot per kernel parameter, in numba's order (below)
+    pointers[i]             the address of slot i: where the driver copies parameter i from
+    cuLaunchKernel(kernel, grid, block, shared bytes, stream, pointers)
+
+numba passes a 1-D array as 7 parameters, the fields of its array structure: meminfo and parent
+(unused inside a kernel: 0), nitems, itemsize, data (the address), shape[0] and strides[0]. A
+scalar is one parameter of its own type. (numba-cuda's ``_Kernel._prepare_args`` writes the same
+list; ``tests/test_driver_launch.py`` compares the two.)
+
+An array argument may be a PyTorch CUDA tensor, a CuPy array, a numba device array or any other
+C-contiguous ``__cuda_array_interface__`` array, of any dtype: the kernel sees its bytes as the
+signature's element type (nitems = bytes / itemsize). The caller keeps its arrays alive until the
+kernel has run, and gives addresses aligned as the kernel needs (16 bytes for ``cp.async``).
+Launches go to stream 0, as numba's do, unless a bound launch is given another. Only for a GPU: on numba's simulator launch the dispatcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+
+import numpy as np
+
+SLOT = 8  # bytes per parameter slot: every parameter here is at most 8 bytes
+ARRAY_FIELDS = 7  # meminfo, parent, nitems, itemsize, data, shape[0], strides[0]
+
+
+def slot_codes(ty) -> list[str]:
+    """The ``struct`` codes of the parameters that numba passes for one argument of numba type ``ty``."""
+    from numba.cuda import types
+
+    if isinstance(ty, types.Array):
+        if ty.ndim != 1 or ty.layout != "C":
+            raise TypeError(f"driver launches take C-contiguous 1-D arrays (the kernels' flat arrays); got {ty}")
+        return ["Q", "Q", "q", "q", "Q", "q", "q"]  # meminfo, parent, nitems, itemsize, data, shape, strides
+    if isinstance(ty, types.Boolean):
+        return ["?"]
+    if isinstance(ty, types.Integer):
+        code = {8: "b", 16: "h", 32: "i", 64: "q"}[ty.bitwidth]  # signed; upper case is unsigned
+        return [code if ty.signed else code.upper()]
+    if isinstance(ty, types.Float) and ty.bitwidth in (32, 64):
+        return ["f" if ty.bitwidth == 32 else "d"]
+    raise TypeError(f"driver launches take 1-D arrays, booleans, integers and float32/64; got {ty}")
+
+
+def slot_format(argument_types) -> str:
+    """One ``struct`` format for all parameters, each value at the start of its own 8-byte slot."""
+    codes = [c for ty in argument_types for c in slot_codes(ty)]
+    return "<" + "".join(c + "x" * (SLOT - struct.calcsize("<" + c)) for c in codes)
+
+
+def address_and_bytes(x) -> tuple[int, int]:
+    """(device address, size in bytes) of a C-contiguous device array of any library."""
+    top = type(x).__module__.split(".")[0]
+    if top == "torch":
+        if not (x.is_cuda and x.is_contiguous()):
+            raise ValueError(f"expected a contiguous CUDA tensor; got device {x.device}, strides {tuple(x.stride())}")
+        return x.data_ptr(), x.numel() * x.element_size()
+    if top == "cupy":
+        if not x.flags.c_contiguous:
+            raise ValueError(f"expected a C-contiguous CuPy array; got strides {x.strides}")
+        return x.data.ptr, x.nbytes
+    cai = x.__cuda_array_interface__  # numba device arrays and any other library's
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    shape = tuple(cai["shape"])
+    if cai.get("strides") is not None and math.prod(shape) > 1:
+        contiguous = [itemsize * math.prod(shape[i + 1:]) for i in range(len(shape))]
+        if any(s != c for s, c, n in zip(cai["strides"], contiguous, shape) if n > 1):
+            raise ValueError(f"expected a C-contiguous device array; got shape {shape}, strides {cai['strides']}")
+    return cai["data"][0] or 0, itemsize * math.prod(shape)
+
+
+def param_values(argument_types, args) -> list:
+    """The parameters' values for ``args``, flattened the way numba flattens them."""
+    from numba.cuda import types
+
+    values = []
+    for ty, a in zip(argument_types, args, strict=True):
+        if isinstance(ty, types.Array):
+            address, nbytes = address_and_bytes(a)
+            itemsize = ty.dtype.bitwidth // 8
+            nitems = nbytes // itemsize
+            values += [0, 0, nitems, itemsize, address, nitems, itemsize]
+        else:
+            values.append(a)
+    return values
+
+
+class PackedParams:
+    """All parameters of one launch in one buffer, and the array of their addresses the driver reads."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        n = struct.calcsize(fmt) // SLOT
+        self.buffer = ctypes.create_string_buffer(max(1, n) * SLOT)
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(1, n))(*(base + SLOT * i for i in range(n)))
+        self.address = ctypes.addressof(self.pointers)
+
+    def pack(self, values) -> int:
+        """Write ``values`` into the slots; returns the address of the pointer array (cuLaunchKernel's kernelParams)."""
+        struct.pack_into(self.fmt, self.buffer, 0, *values)
+        return self.address
+
+
+class DriverKernel:
+    """``dispatcher`` compiled once for ``signature`` (a tuple of numba types), with ``smem_bytes``
+    of dynamic shared memory allowed, launched through ``cuLaunchKernel``.
+
+    ``k(grid, block, smem_bytes, *args)`` launches now; ``k.bind(grid, block, smem_bytes, *args)``
+    packs the parameters once and returns a function that only launches (for a benchmark, or a
+    decode loop that calls the same kernel on the same buffers).
+    """
+
+    def __init__(self, dispatcher, signature: tuple, smem_bytes: int = 0):
+        from cuda.bindings import driver
+
+        from .smem import allow_large_shared_memory_compiled
+
+        self._driver = driver
+        self.compiled = dispatcher.compile(tuple(signature))  # numba's compiled kernel (types, code, registers)
+        allow_large_shared_memory_compiled(self.compiled, smem_bytes)
+        self.argument_types = tuple(self.compiled.argument_types)
+        self.handle = self.compiled.library.get_cufunc().handle  # the driver's CUkernel
+        self.format = slot_format(self.argument_types)
+        self._params = PackedParams(self.format)
+        self._lock = threading.Lock()  # the slots are shared: one launch writes them at a time
+        self._stream0 = driver.CUstream(0)
+
+    def _launch(self, grid, block, smem_bytes: int, params_address: int, stream: int = 0) -> None:
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
+        handle = self._driver.CUstream(int(stream)) if stream else self._stream0
+        args = (self.handle, gx, gy, gz, bx, by, bz, smem_bytes, handle, params_address, 0)
+        (err,) = self._driver.cuLaunchKernel(*args)  # the driver copies the parameters before it returns
+        if err == self._driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
+            from numba import cuda
+
+            cuda.current_context()
+            (err,) = self._driver.cuLaunchKernel(*args)
+        if err != self._driver.CUresult.CUDA_SUCCESS:
+            _, name = self._driver.cuGetErrorName(err)
+            raise RuntimeError(f"cuLaunchKernel failed: {name.decode() if name else err} (grid {grid}, block {block}, "
+                               f"{smem_bytes} bytes of shared memory)")
+
+    def __call__(self, grid, block, smem_bytes: int, *args) -> None:
+        values = param_values(self.argument_types, args)
+        with self._lock:
+            self._launch(grid, block, smem_bytes, self._params.pack(values))
+
+    def bind(self, grid, block, smem_bytes: int, *args):
+        """``launch(stream=0)``: this kernel on ``args`` (packed now, once), on ``stream`` (a CUstream
+        handle as an int, e.g. CuPy's ``stream.ptr``; 0 is the default stream)."""
+        params = PackedParams(self.format)
+        address = params.pack(param_values(self.argument_types, args))
+
+        def launch(stream: int = 0) -> None:
+            self._launch(grid, block, smem_bytes, address, stream)
+
+        launch.params = params  # keeps the packed parameters alive as long as the function
+        return launch
+
+    @property
+    def registers(self) -> int:
+        """Registers per thread of the compiled kernel."""
+        return self.compiled.regs_per_thread
+
+    @property
+    def local_bytes(self) -> int:
+        """Local memory per thread (registers spilled), in bytes."""
+        return self.compiled.local_mem_per_thread
+
+
+_CACHE: dict = {}
+
+
+def driver_kernel(dispatcher, signature: tuple, smem_bytes: int = 0) -> DriverKernel:
+    """The :class:`DriverKernel` of ``dispatcher`` for ``signature``, compiled on first use and kept."""
+    key = (dispatcher, tuple(signature), smem_bytes)
+    if key not in _CACHE:
+        _CACHE[key] = DriverKernel(dispatcher, signature, smem_bytes)
+    return _CACHE[key]

@@ -1,0 +1,142 @@
+"""Launching through the driver (gpu/driver_launch.py): the parameters numba's kernels expect.
+
+Without a GPU: the packed slots against numba's own flattening of the same argument types (its
+data model, in a process without the simulator), and the values written for an array. On a GPU:
+a kernel launched through the driver and through numba gives the same result, on PyTorch, CuPy
+and numba arrays, bound or not.
+"""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tinyflash.gpu import driver_launch as dl
+
+# (name, argument types): the signatures the wrappers launch, written as numba type names
+SIGNATURES = {
+    "v6": "v6",
+    "split f16": ("split", "float16", True),
+    "split f32": ("split", "float32", False),
+    "combine": ("combine", "float16"),
+    "scalars": ("int32", "uint32", "int16", "uint8", "float64", "bool"),
+}
+
+_NUMBA_ABI = r"""
+import json
+from numba.cuda import types
+from numba.cuda.descriptor import cuda_target
+from tinyflash.decode import kernels
+from tinyflash.forward.kernels import v6_tensor_cores as v6
+
+sigs = {"v6": v6.SIGNATURE, "split f16": kernels.split_signature("float16", True),
+        "split f32": kernels.split_signature("float32", False), "combine": kernels.combine_signature("float16"),
+        "scalars": (types.int32, types.uint32, types.int16, types.uint8, types.float64, types.boolean)}
+out = {}
+for name, sig in sigs.items():
+    params = cuda_target.target_context.get_arg_packer(sig).argument_types  # numba's flattened kernel parameters
+    sizes = {"float": 4, "double": 8}  # and i8 .. i64, and 8-byte pointers
+    out[name] = [(str(t), 8 if str(t).endswith("*") else sizes.get(str(t)) or t.width // 8) for t in params]
+print(json.dumps(out))
+"""
+
+
+def _signature(name):
+    from numba.cuda import types
+
+    from tinyflash.decode import kernels
+    from tinyflash.forward.kernels import v6_tensor_cores as v6
+
+    return {"v6": v6.SIGNATURE, "split f16": kernels.split_signature("float16", True),
+            "split f32": kernels.split_signature("float32", False), "combine": kernels.combine_signature("float16"),
+            "scalars": (types.int32, types.uint32, types.int16, types.uint8, types.float64, types.boolean)}[name]
+
+
+def test_slots_match_numbas_parameters():
+    """One slot per parameter of numba's compiled kernel, of the same size and kind (int, float, pointer)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # the real target's data model
+    out = subprocess.run([sys.executable, "-c", _NUMBA_ABI], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    numba_params = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in SIGNATURES:
+        codes = [c for ty in _signature(name) for c in dl.slot_codes(ty)]
+        expected = numba_params[name]
+        assert len(codes) == len(expected), (name, codes, expected)
+        for code, (llvm, size) in zip(codes, expected):
+            assert struct.calcsize("<" + code) == size, (name, code, llvm)
+            assert (code in "fd") == (llvm in ("float", "double")), (name, code, llvm)
+            assert not llvm.endswith("*") or code == "Q", (name, code, llvm)  # addresses: unsigned 64-bit
+        assert struct.calcsize(dl.slot_format(_signature(name))) == dl.SLOT * len(codes)
+
+
+class _DeviceArrayStandIn:
+    """Something with a CUDA array interface (no GPU needed): an address, a shape, 16-bit elements."""
+
+    def __init__(self, shape, address, strides=None):
+        self.shape = shape
+        self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": "<f2",
+                                         "data": (address, False), "version": 3}
+
+
+def test_array_values_from_its_bytes():
+    """An array becomes numba's 7 fields, its elements counted in the signature's type: 2·3·64 float16
+    elements are 192 uint32 words; a strided array is refused, naming what it got."""
+    from numba.cuda import types
+
+    words = types.Array(types.uint32, 1, "C")
+    x = _DeviceArrayStandIn((2, 3, 64), address=1 << 20)
+    values = dl.param_values((words, types.int64, types.float32, types.boolean), (x, 7, np.float32(0.5), True))
+    assert values == [0, 0, 192, 4, 1 << 20, 192, 4, 7, np.float32(0.5), True]
+    packed = struct.pack(dl.slot_format((words, types.int64, types.float32, types.boolean)), *values)
+    assert struct.unpack_from("<q", packed, 2 * dl.SLOT)[0] == 192 and struct.unpack_from("<f", packed, 8 * dl.SLOT)[0] == 0.5
+    with pytest.raises(ValueError, match="C-contiguous.*strides"):
+        dl.address_and_bytes(_DeviceArrayStandIn((2, 3, 64), 1 << 20, strides=(768, 2, 256)))
+    with pytest.raises(TypeError, match="1-D arrays"):
+        dl.slot_codes(types.Array(types.float32, 2, "C"))
+
+
+@pytest.mark.gpu
+def test_driver_launch_equals_numbas():
+    """The same kernel through numba and through the driver (now, and bound with its arguments
+    packed once), on numba, CuPy and PyTorch arrays: the same numbers."""
+    import cupy
+    from numba import cuda
+    from numba.cuda import types
+
+    @cuda.jit
+    def affine(x, out, n, a, shift, flag):  # out[i] = a·x[i] + shift (+ 1 if flag), i < n
+        i = cuda.grid(1)
+        if i < n:
+            out[i] = a * x[i] + shift + (1.0 if flag else 0.0)
+
+    floats = types.Array(types.float32, 1, "C")
+    kernel = dl.driver_kernel(affine, (floats, floats, types.int64, types.float32, types.int32, types.boolean))
+    n = 1000
+    x = np.random.default_rng().standard_normal(n).astype(np.float32)
+    expected = cuda.device_array(n, np.float32)
+    affine[(n + 127) // 128, 128](cuda.to_device(x), expected, n, np.float32(1.5), -3, True)
+    outs = []
+    for make in (cuda.to_device, cupy.asarray):
+        out = cupy.zeros(n, np.float32)
+        kernel(((n + 127) // 128,), 128, 0, make(x), out, n, np.float32(1.5), -3, True)
+        outs.append(out)
+    out = cupy.zeros(n, np.float32)
+    launch = kernel.bind(((n + 127) // 128,), 128, 0, cupy.asarray(x), out, n, np.float32(1.5), -3, True)
+    launch()
+    outs.append(out)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        out_t = torch.zeros(n, device="cuda")
+        kernel(((n + 127) // 128,), 128, 0, torch.from_numpy(x).cuda(), out_t, n, np.float32(1.5), -3, True)
+        torch.cuda.synchronize()
+        outs.append(cupy.asarray(out_t))
+    cuda.synchronize()
+    for got in outs:
+        np.testing.assert_array_equal(cupy.asnumpy(got), expected.copy_to_host())
