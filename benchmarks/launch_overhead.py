@@ -1,6 +1,6 @@
 """The host's time per kernel launch: numba's dispatcher against a launch through the driver.
 
-    python benchmarks/launch_overhead.py [CSV]      # on a GPU; default CSV benchmarks/results/launch_overhead.csv
+    python benchmarks/launch_overhead.py [CSV]      # on a GPU; default CSV benchmarks/results/launch_overhead_h200.csv
 
 A small kernel (10 arguments, like v6's: five arrays and five scalars, one block of 32 threads) is
 launched 2,000 times in a row and the host's wall time divided by 2,000: the GPU runs each launch in
@@ -66,4 +66,4 @@ def main(csv_path: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/launch_overhead.csv")
+    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/launch_overhead_h200.csv")

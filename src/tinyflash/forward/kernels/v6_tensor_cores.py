@@ -35,7 +35,7 @@ from numba.cuda import types
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu import ptx
-from ...gpu.arrays import kernel_view
+from ...gpu.arrays import is_device_array, kernel_view
 from ...gpu.driver_launch import driver_kernel
 from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
 from ...gpu.runtime import device_function, simulator_enabled, u
@@ -329,8 +329,9 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
     scalars = (n_q, n_k, scale_log2, causal, args.kv_group)  # kv_group: query heads per K, V head (GQA)
     kernel, n_tiles = make_kernel(cfg.validate(), element), -(-n_q // cfg.BR)
-    if not simulator_enabled() and args.n_heads <= MAX_GRID_Y:  # one launch, through the driver: the lean path
-        arrays = (a for a, _ in args.per_head)  # of any library: the driver reads their addresses
+    arrays = [a for a, _ in args.per_head]
+    if not simulator_enabled() and args.n_heads <= MAX_GRID_Y and all(map(is_device_array, arrays)):
+        # one launch, through the driver: the lean path (device arrays of any library: it reads their addresses)
         driver_kernel(kernel, SIGNATURE, cfg.smem_bytes)((n_tiles, args.n_heads), cfg.NT, cfg.smem_bytes,
                                                          *arrays, *scalars)
         return
@@ -342,7 +343,7 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
 
         with fast_barriers():
             launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
-    else:  # more heads than one grid holds: numba's launches, on views of the arrays (gpu/launch.py)
+    else:  # more heads than one grid holds, or host arrays: numba's launches (gpu/launch.py; it copies host arrays)
         launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
 
 
