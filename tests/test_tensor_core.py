@@ -43,6 +43,41 @@ def test_float16_ragged(rng, n_q, n_k, causal):
         assert np.all(o[0, :n_q - n_k] == 0) and np.all(np.isneginf(lse[0, :n_q - n_k]))
 
 
+def two_row_tiles(d, warps=1):
+    """ROW_TILES = 2 at the simulator's sizes: each warp owns 32 query rows (two 16-row tiles that share
+    every K_j, V_j fragment), 16 keys per tile; Br = 32 · warps."""
+    return v6.TensorCoreTiling(D=d, WARPS=warps, BC=16, ROW_TILES=2).validate()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q, n_k", [(37, 29), (29, 37)])
+def test_two_row_tiles_ragged(rng, n_q, n_k, causal):
+    """Two row tiles per warp (Br = 32), ragged on both sides: the last query tile's second row tile lies
+    wholly past Nq; with causal and Nq > Nk, rows that see no key, and row tiles that see different keys."""
+    q, k, v = make_qkv(rng, (2,), n_q, n_k, d=64, dtype=np.float16)
+    o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel="v6", config=two_row_tiles(64))
+    check(o, lse, q, k, v, causal, f"v6 two row tiles {n_q}x{n_k} causal={causal}")
+    if causal and n_q > n_k:
+        assert np.all(o[:, :n_q - n_k] == 0) and np.all(np.isneginf(lse[:, :n_q - n_k]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_row_tiles_two_warps(rng, causal):
+    """Two warps of two row tiles (Br = 64): the second warp's rows of Q_i, its first row's causal skip."""
+    q, k, v = make_qkv(rng, (1,), 45, 40, d=64, dtype=np.float16)
+    o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel="v6", config=two_row_tiles(64, warps=2))
+    check(o, lse, q, k, v, causal, f"v6 2 warps x two row tiles 45x40 causal={causal}")
+
+
+def test_two_row_tiles_head_dim_128(rng):
+    q, k, v = make_qkv(rng, (), 41, 23, d=128, dtype=np.float16)
+    o, lse = tf.cuda_attention(q, k, v, causal=True, scale=0.05, kernel="v6", config=two_row_tiles(128))
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True, scale=0.05)
+    assert_fa_rule(o, tf.naive_attention(q, k, v, causal=True, scale=0.05)[0], ref_o, np.float16,
+                   what="d=128 two row tiles o")
+    assert_close(lse, ref_lse, F32_TOL, "d=128 two row tiles lse", is_lse=True)
+
+
 def test_head_dim_128_and_a_scale(rng):
     q, k, v = make_qkv(rng, (), 17, 16, d=128, dtype=np.float16)
     o, lse = tf.tensor_core_attention(q, k, v, causal=True, scale=0.05)
@@ -51,23 +86,24 @@ def test_head_dim_128_and_a_scale(rng):
     assert_close(lse, ref_lse, F32_TOL, "d=128 lse", is_lse=True)
 
 
-def bf16_attention(q, k, v, causal):
-    """v6 on the bfloat16 patterns of q, k, v (float32 arrays): (o as float32, lse)."""
+def bf16_attention(q, k, v, causal, config=None):
+    """v6 on the bfloat16 patterns of q, k, v (float32 arrays): (o as float32, lse); config: its tiling."""
     prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
                                   causal=causal, scale=None, allowed=(np.dtype(np.float16),))
     bits = [to_bits(x, "bfloat16").reshape(-1) for x in (q, k, v)]  # (Nq·d,), (Nk·d,), (Nk·d,) uint16
     o, lse = np.zeros(prob.n_q * prob.d, np.uint16), np.zeros(prob.n_q, np.float32)  # (Nq·d,), (Nq,)
     args = LaunchArgs(per_head=((bits[0], q.size), (bits[1], k.size), (bits[2], v.size), (o, o.size), (lse, lse.size)),
                       scalars=(prob.n_q, prob.n_k, prob.d, prob.d, np.float32(prob.scale * LOG2E), causal), n_heads=1)
-    v6.launch(args, prob, element="bfloat16")
+    v6.launch(args, prob, element="bfloat16", config=config)
     return from_bits(o, "bfloat16").reshape(prob.n_q, prob.d), lse
 
 
+@pytest.mark.parametrize("row_tiles", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
-def test_bfloat16(rng, causal):
+def test_bfloat16(rng, causal, row_tiles):
     """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
     q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
-    o, lse = bf16_attention(q, k, v, causal)
+    o, lse = bf16_attention(q, k, v, causal, config=v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles))
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
     naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
 
@@ -111,3 +147,11 @@ def test_tiling_rules():
     assert v6.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
     with pytest.raises(ValueError, match="D must be one of"):
         v6.TensorCoreTiling(D=96, WARPS=1, BC=16).validate()
+    for rows in (0, 3):
+        with pytest.raises(ValueError, match="ROW_TILES"):
+            v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=rows).validate()
+    two = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2).validate()  # 32 query rows per warp
+    assert two.BR == 128 and two.NT == 128 and two.smem_layout()["stage 0"] == 128 * two.ROW_WORDS  # Q_i: Br rows
+    for d in v6.HEAD_DIMS:  # the defaults stay at one row tile until a GPU sweep says otherwise
+        assert v6.simulator_tiling(d).ROW_TILES == 1
+        assert all(v6.default_tiling(d, causal).ROW_TILES == 1 for causal in (False, True))

@@ -8,6 +8,9 @@ What changed since v5 (stage 2's last CUDA-core kernel):
 * A warp owns 16 query rows, a block WARPS warps: Br = 16 · WARPS. A lane holds its pieces of
   rows g and g + 8 of the warp's S_ij (g = lane // 4), so a row's max and sum are shared by 4
   lanes (two shuffles), never through shared memory.
+* Or 32 rows per warp, as FlashAttention-2 has (``ROW_TILES = 2``: two 16-row tiles, Br = 32 · WARPS):
+  each K_j, V_j fragment read from shared memory then feeds two mma's instead of one, halving the
+  shared-memory reads per mma, at the cost of twice the registers for Q_i, S_ij and acc.
 * P_ij stays in registers: the accumulator layout of S_ij, packed to 16-bit pairs, is the
   A-operand layout of P_ij V_j. v5 wrote P_ij to shared memory and read it back.
 * Fragments come from shared memory by ``ldmatrix`` (four 8 × 8 matrices per instruction;
@@ -59,16 +62,17 @@ SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, typ
 
 @dataclass(frozen=True)
 class TensorCoreTiling:
-    """Who computes what: WARPS warps of 16 query rows each, key tiles of BC keys, head dim D."""
+    """Who computes what: WARPS warps of 16 · ROW_TILES query rows each, key tiles of BC keys, head dim D."""
 
     D: int  # head dim (d = dv)
     WARPS: int  # warps per block
     BC: int  # keys per tile K_j, V_j (Bc)
     MAX_REGISTERS: int | None = None  # a cap on registers per thread (more blocks per multiprocessor), or None
+    ROW_TILES: int = 1  # 16-row tiles per warp (1 or 2): 2 feeds each K_j, V_j fragment to two mma's
 
     @property
-    def BR(self) -> int:  # query rows per block (Br): 16 per warp
-        return MMA_M * self.WARPS
+    def BR(self) -> int:  # query rows per block (Br): 16 per row tile
+        return MMA_M * self.ROW_TILES * self.WARPS
 
     @property
     def NT(self) -> int:  # threads per block
@@ -96,6 +100,8 @@ class TensorCoreTiling:
         problems = []
         if self.D not in HEAD_DIMS:
             problems.append(f"D must be one of {HEAD_DIMS}")
+        if self.ROW_TILES not in (1, 2):
+            problems.append("ROW_TILES (16-row tiles per warp) must be 1 or 2")
         if self.BC % MMA_K or (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
             problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
         if self.smem_bytes > MAX_SMEM_PER_BLOCK:
@@ -135,8 +141,10 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
     Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
     STAGE = layout["stage 1"] - layout["stage 0"]
     KEYS8_BYTES = 8 * cfg.ROW_WORDS * 4  # 8 rows of shared memory, in bytes
-    K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per warp
-    P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i
+    ROW_TILES, WARP_ROWS = cfg.ROW_TILES, u(MMA_M * cfg.ROW_TILES)  # 16-row tiles per warp; its query rows
+    WARP_Q_BYTES = cfg.ROW_TILES * 2 * KEYS8_BYTES  # a warp's rows of Q_i in shared memory, in bytes
+    K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per row tile
+    P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i per row tile
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
 
@@ -174,119 +182,133 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def scores(s, qf, k_lane_addr):
-        """S_ij = Q_i K_jᵀ for the warp's 16 rows, s[n] the lane's part of keys 8n .. 8n+7 (not yet
-        scaled: the scale is folded into the exponent, one fused multiply-add per score)."""
+        """S_ij = Q_i K_jᵀ for the warp's rows, s[r, n] the lane's part of row tile r and keys 8n .. 8n+7
+        (not yet scaled: the scale is folded into the exponent, one fused multiply-add per score)."""
         for n in range(S_TILES):
-            c0 = c1 = c2 = c3 = float32(0.0)
+            for r in range(ROW_TILES):
+                for e in range(4):
+                    s[r, n, e] = float32(0.0)
             for kk in range(0, K_STEPS, 2):  # one ldmatrix: 8 keys × 32 dims, the B operands of 2 steps
                 b = ptx.ldmatrix_x4(k_lane_addr + uint32(n * KEYS8_BYTES + kk * 2 * MMA_K))  # keys 8n.., dims 16kk..
-                c0, c1, c2, c3 = mma(qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3], b[0], b[1], c0, c1, c2, c3)
-                c0, c1, c2, c3 = mma(qf[kk + 1, 0], qf[kk + 1, 1], qf[kk + 1, 2], qf[kk + 1, 3], b[2], b[3],
-                                     c0, c1, c2, c3)
-            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = c0, c1, c2, c3
+                for r in range(ROW_TILES):  # the same b for every row tile: one read, ROW_TILES mma's
+                    for h in range(2):  # steps kk and kk + 1
+                        s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3] = mma(
+                            qf[r, kk + h, 0], qf[r, kk + h, 1], qf[r, kk + h, 2], qf[r, kk + h, 3], b[2 * h],
+                            b[2 * h + 1], s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3])
 
     @cuda.jit(device=True, inline="always")
     def mask(s, row, k_start, t, n_q, n_k, causal):
         """S_ij = -inf for keys at or past Nk (the ragged last tile) and, if causal, after the diagonal;
-        the lane's rows are row and row + 8, its keys k_start + 8n + 2t (+1)."""
-        for half in range(2):
-            stop = key_stop(row + uint64(half) * EIGHT + ONE, n_q, n_k, causal)  # keys < stop are allowed
-            for n in range(S_TILES):
-                for e in range(2):
-                    if k_start + uint64(n) * EIGHT + TWO * t + uint64(e) >= stop:
-                        s[n, 2 * half + e] = NEG_INF
+        the lane's rows are row + 16r and row + 16r + 8 (row tile r), its keys k_start + 8n + 2t (+1)."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                stop = key_stop(row + uint64(r * MMA_M + half * 8) + ONE, n_q, n_k, causal)  # keys < stop allowed
+                for n in range(S_TILES):
+                    for e in range(2):
+                        if k_start + uint64(n) * EIGHT + TWO * t + uint64(e) >= stop:
+                            s[r, n, 2 * half + e] = NEG_INF
 
     @cuda.jit(device=True, inline="always")
-    def row_max(s, half, scale_log2):
-        """rowmax(S_ij) of row g + 8·half, scaled (base 2): the lane's keys, then over the 4 lanes of its group."""
+    def row_max(s, r, half, scale_log2):
+        """rowmax(S_ij) of row g + 8·half of row tile r, scaled (base 2): the lane's keys, then over the 4
+        lanes of its group."""
         m = NEG_INF
         for n in range(S_TILES):
-            m = max(m, max(s[n, 2 * half], s[n, 2 * half + 1]))
+            m = max(m, max(s[r, n, 2 * half], s[r, n, 2 * half + 1]))
         m = max(m, ptx.shfl_xor(m, 1))
         return max(m, ptx.shfl_xor(m, 2)) * scale_log2  # scale > 0: the max of the scaled scores
 
     @cuda.jit(device=True, inline="always")
-    def rescale(s, m_i, l_i, acc, half, m_tile, scale_log2):
+    def rescale(s, m_i, l_i, acc, r, half, m_tile, scale_log2):
         """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(scale · S_ij -
-        m_new) replaces S_ij (row g + 8·half; base 2; l_i is the lane's share of the row sum)."""
-        m_new = max(m_i[half], m_tile)
+        m_new) replaces S_ij (row g + 8·half of row tile r; base 2; l_i is the lane's share of the row sum)."""
+        m_new = max(m_i[r, half], m_tile)
         m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
-        alpha = math.exp2(m_i[half] - m_safe)
-        m_i[half] = m_new
-        l_i[half] *= alpha
+        alpha = math.exp2(m_i[r, half] - m_safe)
+        m_i[r, half] = m_new
+        l_i[r, half] *= alpha
         for n in range(O_TILES):
-            acc[n, 2 * half] *= alpha
-            acc[n, 2 * half + 1] *= alpha
+            acc[r, n, 2 * half] *= alpha
+            acc[r, n, 2 * half + 1] *= alpha
         for n in range(S_TILES):
             for e in range(2):
-                s[n, 2 * half + e] = math.exp2(s[n, 2 * half + e] * scale_log2 - m_safe)  # P_ij, unnormalised
-                l_i[half] += s[n, 2 * half + e]
+                s[r, n, 2 * half + e] = math.exp2(s[r, n, 2 * half + e] * scale_log2 - m_safe)  # P_ij, unnormalised
+                l_i[r, half] += s[r, n, 2 * half + e]
 
     @cuda.jit(device=True, inline="always")
     def p_times_v(acc, s, v_lane_addr):
         """acc += P_ij V_j: P_ij packed from the S accumulators (their layout is the A operand's), V_j by
-        ldmatrix.trans, 16 keys × 16 dims per instruction."""
+        ldmatrix.trans, 16 keys × 16 dims per instruction, each feeding every row tile's mma's."""
+        a = cuda.local.array((ROW_TILES, 4), uint32)  # per row tile, the A operand of keys 16kk .. 16kk+15
         for kk in range(P_STEPS):
-            a0, a1 = pack(s[2 * kk, 0], s[2 * kk, 1]), pack(s[2 * kk, 2], s[2 * kk, 3])
-            a2, a3 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1]), pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            for r in range(ROW_TILES):
+                for h in range(2):  # keys 16kk + 8h ..: the S tile 2kk + h, rows g and g + 8
+                    a[r, 2 * h] = pack(s[r, 2 * kk + h, 0], s[r, 2 * kk + h, 1])
+                    a[r, 2 * h + 1] = pack(s[r, 2 * kk + h, 2], s[r, 2 * kk + h, 3])
             for n in range(0, O_TILES, 2):  # keys 16kk .., dims 8n ..: 16 bytes per 8 dims
                 b = ptx.ldmatrix_x4_trans(v_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
-                for h in range(2):
-                    acc[n + h, 0], acc[n + h, 1], acc[n + h, 2], acc[n + h, 3] = mma(
-                        a0, a1, a2, a3, b[2 * h], b[2 * h + 1],
-                        acc[n + h, 0], acc[n + h, 1], acc[n + h, 2], acc[n + h, 3])
+                for r in range(ROW_TILES):  # the same b for every row tile: one read, 2 · ROW_TILES mma's
+                    for h in range(2):
+                        acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3] = mma(
+                            a[r, 0], a[r, 1], a[r, 2], a[r, 3], b[2 * h], b[2 * h + 1],
+                            acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3])
 
     @cuda.jit(device=True, inline="always")
     def epilogue(acc, m_i, l_i, O, LSE, o_off, lse_off, row, t, n_q):
-        """O_i = acc / l_i, lse_i = m_i + log(l_i): each row's sum is 4 lanes' shares, added first."""
-        for half in range(2):
-            l_row = l_i[half] + ptx.shfl_xor(l_i[half], 1)
-            l_row += ptx.shfl_xor(l_row, 2)
-            r = row + uint64(half) * EIGHT
-            if r < n_q:
-                inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)  # fully masked row: O = 0
-                for n in range(O_TILES):  # the lane's 2 columns 8n + 2t, +1: one word
-                    O[o_off + r * DW + uint64(n) * FOUR + t] = pack(acc[n, 2 * half] * inv_l,
-                                                                     acc[n, 2 * half + 1] * inv_l)
-                if t == ZERO:
-                    LSE[lse_off + r] = (m_i[half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
+        """O_i = acc / l_i, lse_i = m_i + log(l_i) for rows row + 16r + 8·half: each row's sum is 4 lanes'
+        shares, added first."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                l_row = l_i[r, half] + ptx.shfl_xor(l_i[r, half], 1)
+                l_row += ptx.shfl_xor(l_row, 2)
+                q_row = row + uint64(r * MMA_M + half * 8)
+                if q_row < n_q:
+                    inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)  # fully masked row: O = 0
+                    for n in range(O_TILES):  # the lane's 2 columns 8n + 2t, +1: one word
+                        O[o_off + q_row * DW + uint64(n) * FOUR + t] = pack(acc[r, n, 2 * half] * inv_l,
+                                                                            acc[r, n, 2 * half + 1] * inv_l)
+                    if t == ZERO:
+                        LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
     @cuda.jit(fastmath=FAST_MATH, **({"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}))
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group):
         smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
         tid = uint64(cuda.threadIdx.x)
         warp, lane = tid // uint64(WARP), tid % uint64(WARP)
-        g, t = lane // FOUR, lane % FOUR  # the lane's group (its rows g, g + 8) and place in it
+        g, t = lane // FOUR, lane % FOUR  # the lane's group (its rows g, g + 8 of each row tile) and place in it
         head = uint64(cuda.blockIdx.y)  # which (batch, head)
         kv_head = head // uint64(kv_group)  # the K, V head it reads (grouped-query attention)
         q_start = (uint64(cuda.gridDim.x) - ONE - uint64(cuda.blockIdx.x)) * BR  # last query tile first
         n_q, n_k = uint64(n_q), uint64(n_k)
         q_off, kv_off = head * n_q * DW, kv_head * n_k * DW  # this head's Q, O and its K, V (words)
-        warp_row = q_start + warp * SIXTEEN  # the warp's first query row
+        warp_row = q_start + warp * WARP_ROWS  # the warp's first query row
         base = ptx.shared_address(smem, ZERO)
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
-        warp_stop = key_stop(warp_row + ONE, n_q, n_k, causal)  # keys that the warp's first row may see
+        warp_stop = key_stop(warp_row + ONE, n_q, n_k, causal)  # keys that the warp's first row may see (fewest)
         n_tiles = (k_stop + BC - ONE) // BC
 
-        qf = cuda.local.array((K_STEPS, 4), uint32)  # Q_i's A operands, one mma step each: loaded once
-        s = cuda.local.array((S_TILES, 4), float32)  # the lane's part of S_ij, then of P_ij
-        acc = cuda.local.array((O_TILES, 4), float32)  # its part of the unnormalised O_i
-        m_i = cuda.local.array(2, float32)  # running max (base 2) of rows g, g + 8
-        l_i = cuda.local.array(2, float32)  # the lane's share of their running denominators
-        for half in range(2):
-            m_i[half], l_i[half] = NEG_INF, float32(0.0)
-        for n in range(O_TILES):
-            for e in range(4):
-                acc[n, e] = float32(0.0)
+        qf = cuda.local.array((ROW_TILES, K_STEPS, 4), uint32)  # Q_i's A operands per row tile and mma step
+        s = cuda.local.array((ROW_TILES, S_TILES, 4), float32)  # the lane's part of S_ij, then of P_ij
+        acc = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of the unnormalised O_i
+        m_i = cuda.local.array((ROW_TILES, 2), float32)  # running max (base 2) of rows 16r + g, 16r + g + 8
+        l_i = cuda.local.array((ROW_TILES, 2), float32)  # the lane's share of their running denominators
+        for r in range(ROW_TILES):
+            for half in range(2):
+                m_i[r, half], l_i[r, half] = NEG_INF, float32(0.0)
+            for n in range(O_TILES):
+                for e in range(4):
+                    acc[r, n, e] = float32(0.0)
 
         copy_rows(Q, q_off, q_start, n_q, base + uint32(Q_OFF * FOUR), tid, Q_CHUNKS)  # Q_i, once
         load_kv(K, V, kv_off, ZERO, n_k, base + uint32(STAGE0 * FOUR), tid)  # K_0, V_0 into stage 0
         ptx.cp_async_wait_all()
         cuda.syncthreads()  # every thread's copies of Q_i, K_0, V_0 have landed before any warp reads them
         k_lane, block_lane = lane_rows(lane)
-        q_warp = base + uint32(Q_OFF * FOUR) + uint32(warp) * uint32(2 * KEYS8_BYTES) + block_lane  # its 16 rows
-        for kk in range(K_STEPS):  # dims 16kk ..: 32 bytes each
-            qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3] = ptx.ldmatrix_x4(q_warp + uint32(kk * 2 * MMA_K))
+        q_warp = base + uint32(Q_OFF * FOUR) + uint32(warp) * uint32(WARP_Q_BYTES) + block_lane  # its first row
+        for r in range(ROW_TILES):
+            for kk in range(K_STEPS):  # rows 16r .. (16 rows: 2 · KEYS8_BYTES), dims 16kk .. (32 bytes)
+                qf[r, kk, 0], qf[r, kk, 1], qf[r, kk, 2], qf[r, kk, 3] = ptx.ldmatrix_x4(
+                    q_warp + uint32(r * 2 * KEYS8_BYTES + kk * 2 * MMA_K))
 
         for j in range(n_tiles):
             k_start = j * BC
@@ -297,8 +319,9 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             scores(s, qf, stage + k_lane)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
-            for half in range(2):
-                rescale(s, m_i, l_i, acc, half, row_max(s, half, scale_log2), scale_log2)
+            for r in range(ROW_TILES):
+                for half in range(2):
+                    rescale(s, m_i, l_i, acc, r, half, row_max(s, r, half, scale_log2), scale_log2)
             p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR) + block_lane)  # P·V: acc += P_ij V_j
             ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
             cuda.syncthreads()  # everyone's have, and no warp still reads this stage before it is refilled
