@@ -2,7 +2,8 @@
 
     python benchmarks/tensor_core_tiles.py [N ...]      # default N = 16384
 
-Prints one line per (d, causal, warps, keys per tile): time, TFLOP/s, registers, shared memory.
+Prints one line per (d, causal, warps, row tiles per warp, keys per tile): time, TFLOP/s, registers,
+shared memory.
 The default tilings of v6 (``v6_tensor_cores.default_tiling``) are chosen from such runs.
 """
 
@@ -18,13 +19,17 @@ from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
 from tinyflash.gpu.driver_launch import driver_kernel  # noqa: E402
 from tinyflash.measure.harness import attention_flops, environment, measure  # noqa: E402
 
-# (warps, keys per tile, register cap or None): a cap lets more blocks share a multiprocessor
-TILINGS = {64: [(4, 32, None), (4, 32, 96), (4, 64, None), (4, 64, 128)],
-           128: [(4, 32, None), (4, 32, 128), (4, 64, None), (8, 64, None), (8, 128, None)]}
+# (warps, keys per tile, register cap or None, row tiles per warp): a cap lets more blocks share a
+# multiprocessor; 2 row tiles (32 query rows per warp) halve the shared-memory reads per mma but double the
+# registers for Q_i, S_ij and acc (ptxas for sm_90: at d = 128 only 16 keys per tile fit without spilling)
+TILINGS = {64: [(4, 32, None, 1), (4, 32, 96, 1), (4, 64, None, 1), (4, 64, 128, 1),
+                (4, 32, None, 2), (4, 64, None, 2), (8, 64, None, 2)],
+           128: [(4, 32, None, 1), (4, 32, 128, 1), (4, 64, None, 1), (8, 64, None, 1), (8, 128, None, 1),
+                 (4, 16, None, 2), (8, 16, None, 2), (4, 32, None, 2), (4, 64, None, 2), (8, 32, None, 2)]}
 
 
 def main(ns) -> list[dict]:
-    """Check and time every tiling; print a line each and return them (d, causal, warps, keys, tflops, ...)."""
+    """Check and time every tiling; print a line each and return them (d, causal, warps, row_tiles, keys, ...)."""
     import cupy
 
     env, rng, rows = environment(), np.random.default_rng(0), []
@@ -34,8 +39,8 @@ def main(ns) -> list[dict]:
             gen = cupy.random.default_rng(n + d)
             q, k, v = (gen.standard_normal((1, 32, n, d), dtype=np.float32).astype(np.float16) for _ in range(3))
             for causal in (False, True):
-                for warps, keys, cap in tilings:
-                    cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap)
+                for warps, keys, cap, row_tiles in tilings:
+                    cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap, ROW_TILES=row_tiles)
                     if cfg.problems():
                         continue
 
@@ -47,10 +52,11 @@ def main(ns) -> list[dict]:
                     regs, spilled = kernel.registers, kernel.local_bytes
                     tflops = (attention_flops(1, 32, n, n, d, causal) / (res["time_ms"] * 1e9)
                               if res["status"] == "ok" else float("nan"))
-                    rows.append({"n": n, "d": d, "causal": causal, "warps": warps, "keys": keys, "cap": cap,
-                                 "tflops": tflops,
+                    rows.append({"n": n, "d": d, "causal": causal, "warps": warps, "row_tiles": row_tiles,
+                                 "keys": keys, "cap": cap, "tflops": tflops,
                                  "regs": regs, "local_bytes": spilled, "status": res["status"]})
-                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} BC={keys:3d} cap={cap!s:4}: "
+                    print(f"N={n} d={d} causal={causal!s:5} warps={warps} row_tiles={row_tiles} BC={keys:3d} "
+                          f"cap={cap!s:4}: "
                           f"{res.get('time_ms', 0):8.3f} ms "
                           f"{tflops:6.1f} TFLOP/s  regs={regs} local={spilled} smem={cfg.smem_bytes}  {res['status']}",
                           flush=True)
