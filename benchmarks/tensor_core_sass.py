@@ -26,7 +26,8 @@ from numba import cuda
 
 from tinyflash.forward.kernels import v6_tensor_cores
 
-TILINGS = [(128, 8, 128), (128, 8, 64), (128, 4, 64), (128, 4, 32), (64, 4, 32), (64, 4, 64)]  # (d, warps, keys)
+TILINGS = [(128, 8, 128, 1), (128, 8, 64, 1), (128, 4, 64, 1), (128, 4, 32, 1), (64, 4, 32, 1), (64, 4, 64, 1),
+           (128, 4, 16, 2), (128, 4, 32, 2), (64, 4, 32, 2), (64, 4, 64, 2)]  # (d, warps, keys, row tiles per warp)
 
 
 def sass(ptx: str, workdir: Path, nvdisasm: str) -> tuple[str, list[str]]:
@@ -71,14 +72,18 @@ def main(argv=None) -> int:
         import_other(label, Path(path).resolve())
         kernels[label] = import_module(f"tinyflash_{label}.forward.kernels.v6_tensor_cores")
     with tempfile.TemporaryDirectory() as tmp:
-        for d, warps, keys in TILINGS:
+        for d, warps, keys, row_tiles in TILINGS:
             for label, v6 in kernels.items():
-                kernel = v6.make_kernel(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys), "float16")
+                rows = {"ROW_TILES": row_tiles} if row_tiles != 1 else {}  # older checkouts: one row tile only
+                if rows and not hasattr(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys), "ROW_TILES"):
+                    continue
+                kernel = v6.make_kernel(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, **rows), "float16")
                 ptx = cuda.compile_ptx(kernel.py_func, v6_tensor_cores.SIGNATURE, cc=(9, 0), fastmath=v6.FAST_MATH)[0]
                 report, lines = sass(ptx, Path(tmp), args.nvdisasm)
                 ops = tile_cost(lines)
                 others = ", ".join(f"{op} {n}" for op, n in ops.most_common(8) if op != "HMMA")
-                print(f"d={d} {warps} warps x {keys} keys, {label}: {report}; per K/V tile {sum(ops.values())} "
+                print(f"d={d} {warps} warps x {row_tiles} row tiles x {keys} keys, {label}: {report}; per K/V tile "
+                      f"{sum(ops.values())} "
                       f"instructions, {ops['HMMA']} HMMA ({sum(ops.values()) / ops['HMMA']:.1f} per HMMA); {others}",
                       flush=True)
     return 0
