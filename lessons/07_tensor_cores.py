@@ -13,7 +13,8 @@ What you will learn
 
 What changed since lesson 05 (stage 2): the same loop and the same names, kernel v6
 (src/tinyflash/forward/kernels/v6_tensor_cores.py). A warp, not a thread, is now the unit that
-owns rows: 16 query rows per warp. Inputs are float16 or bfloat16, accumulation float32.
+owns rows: 16 query rows per warp (or 32, two row tiles: ``ROW_TILES``). Inputs are float16 or
+bfloat16, accumulation float32.
 
 Run from the repository root:  python lessons/07_tensor_cores.py
 Without a GPU the kernel runs on numba's CUDA simulator, each warp instruction emulated in
@@ -117,7 +118,8 @@ print("\nchecked for all 32 lanes: S_ij's two accumulator tiles, packed in pairs
 
 # %% [5] The pipeline: two buffers of K_j, V_j in shared memory, filled by cp.async
 cfg = v6.default_tiling(128, causal=False)
-print(f"\nd = 128 on a GPU: {cfg.WARPS} warps × 16 rows = Br {cfg.BR}, Bc {cfg.BC}; shared memory (words):",
+print(f"\nd = 128 on a GPU: {cfg.WARPS} warps × {16 * cfg.ROW_TILES} rows = Br {cfg.BR}, Bc {cfg.BC}; "
+      "shared memory (words):",
       cfg.smem_layout(), f"= {cfg.smem_bytes / 1024:.0f} KiB")
 #   tile j:    compute on buffer j % 2     | cp.async K_j+1, V_j+1 -> buffer (j+1) % 2
 #   wait_group 0 (this thread's copies), then one barrier: everyone's copies have landed, and no
