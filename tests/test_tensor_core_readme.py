@@ -44,7 +44,7 @@ def stage3_numbers() -> dict:
 
 
 def same_run_sentence() -> str:
-    """The tiling sweep's best v6 (no local memory) against the prototype, and the host's share of a call."""
+    """The tiling sweep's best v6 (no local memory), the prototype's best (its own, earlier run), and the host's share of a call."""
     tiles = re.findall(r"N=16384 d=(\d+) causal=(\w+)\s+warps=(\d+)(?: row_tiles=(\d))? BC=\s*(\d+) cap=\S+\s*:\s+"
                        r"[\d.]+ ms\s+([\d.]+) TFLOP/s\s+regs=\d+ local=(\d+)", TILES_LOG)  # row_tiles: since ROW_TILES
     assert len(tiles) == TILES_LOG.count("N=16384 d="), "a line of the tiling sweep's log that this parser misses"
@@ -58,8 +58,8 @@ def same_run_sentence() -> str:
     whole, bare, host_us = re.search(r"tensor_core_attention: ([\d.]+) ms median;\s+the compiled kernel launched alone: "
                                      r"([\d.]+) ms;\s+difference (\d+) us", HOST_LOG).groups()
     v6 = {d: f"{best[d, 'False'][0]:.1f} / {best[d, 'True'][0]:.1f} TFLOP/s ({best[d, 'False'][1]})" for d in ("128", "64")}
-    return (f"In the same device run (float16, N = 16,384, not causal / causal) the sweep's best v6 tilings reached "
-            f"{v6['128']} at d = 128 and {v6['64']} at d = 64, where the prototype reached "
+    return (f"In the last tiling sweep (float16, N = 16,384, not causal / causal) the best v6 tilings reached "
+            f"{v6['128']} at d = 128 and {v6['64']} at d = 64; in the earlier run that compared the two, the prototype reached "
             f"{proto['tc2_d128_w8c64_qf', '0']:.1f} / {proto['tc2_d128_w8c64_qf', '1']:.1f} (8 warps × 64 keys) and "
             f"{proto['tc2_d64_w4c32_qf', '0']:.1f} / {proto['tc2_d64_w4c32_qf', '1']:.1f} (4 warps × 32 keys). At "
             f"N = 4,096 (d = 128, float16, not causal) one call of tensor_core_attention took {whole} ms and the "

@@ -49,6 +49,9 @@ class AttentionProblem:
         return (*self.lead, self.n_q)
 
 
+FLOAT_NAMES = ("float16", "float32", "float64")  # PyTorch's names that NumPy shares
+
+
 def _dtype_name(dt) -> str:
     return np.dtype(dt).name
 
@@ -77,8 +80,9 @@ def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
     try:
         dt = np.dtype(x.dtype)
     except TypeError:
+        torch_name = str(x.dtype).removeprefix("torch.")  # torch.float16 -> 'float16', without its interface
         try:
-            dt = np.dtype(x.__cuda_array_interface__["typestr"])
+            dt = np.dtype(torch_name if torch_name in FLOAT_NAMES else x.__cuda_array_interface__["typestr"])
         except Exception as exc:  # no interface, or one that cannot describe this array
             raise TypeError(f"{name} has dtype {x.dtype}, which NumPy does not know; expected one of "
                             f"{expected}") from exc

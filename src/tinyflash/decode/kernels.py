@@ -346,6 +346,7 @@ def _flat(dtype):
     return types.Array(getattr(types, np.dtype(dtype).name), 1, "C")  # types.float16, types.uint32, ...
 
 
+@lru_cache(maxsize=None)  # one tuple per (dtype, full): driver_kernel looks kernels up by its identity
 def split_signature(dtype, full: bool) -> tuple:
     """split_kv_decode's argument types, for inputs of ``dtype``: Q; K, V (uint32 words if ``full``);
     TABLE, LENS; O_PART, LSE_PART; n_q, d, n_k, h_kv, max_pages; scale·log2(e); causal; kv_group."""
@@ -354,6 +355,7 @@ def split_signature(dtype, full: bool) -> tuple:
             + (types.int64,) * 5 + (types.float32, types.boolean, types.int64))
 
 
+@lru_cache(maxsize=None)
 def combine_signature(dtype) -> tuple:
     """combine_splits' argument types: O_PART, LSE_PART, O (``dtype``), LSE, then n_splits, rows, d."""
     return (_flat(np.float32), _flat(np.float32), _flat(dtype), _flat(np.float32)) + (types.int64,) * 3

@@ -132,6 +132,7 @@ class DriverKernel:
         from .smem import allow_large_shared_memory_compiled
 
         self._driver = driver
+        self.signature = signature
         self.compiled = dispatcher.compile(tuple(signature))  # numba's compiled kernel (types, code, registers)
         allow_large_shared_memory_compiled(self.compiled, smem_bytes)
         self.argument_types = tuple(self.compiled.argument_types)
@@ -189,8 +190,11 @@ _CACHE: dict = {}
 
 
 def driver_kernel(dispatcher, signature: tuple, smem_bytes: int = 0) -> DriverKernel:
-    """The :class:`DriverKernel` of ``dispatcher`` for ``signature``, compiled on first use and kept."""
-    key = (dispatcher, tuple(signature), smem_bytes)
+    """The :class:`DriverKernel` of ``dispatcher`` for ``signature``, compiled on first use and kept.
+
+    Looked up by the signature's identity (a module constant, or a cached function's result), not
+    its value: hashing a tuple of numba types costs tens of µs, at every call."""
+    key = (dispatcher, id(signature), smem_bytes)
     if key not in _CACHE:
-        _CACHE[key] = DriverKernel(dispatcher, signature, smem_bytes)
+        _CACHE[key] = DriverKernel(dispatcher, signature, smem_bytes)  # it holds the signature: the id stays unique
     return _CACHE[key]

@@ -118,11 +118,11 @@ def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
     """The tiling used on a GPU, per head dim and causal: the fastest without local memory (no
     spilled registers) in the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``; log in
     benchmarks/results/tensor_core_tiles_h200.log, N = 16,384, float16): 8 warps × 128 keys at
-    d = 128 (244 registers, one block of 8 warps per multiprocessor), 4 warps × 32 keys at d = 64
-    (128 registers, 4 blocks). Capping the registers (``MAX_REGISTERS``) was slower at both."""
-    warps, keys, cap = {(128, False): (8, 128, None), (128, True): (8, 128, None),
-                        (64, False): (4, 32, None), (64, True): (4, 32, None)}[d, causal]
-    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap).validate()
+    d = 128 (244 registers, one block of 8 warps per multiprocessor); at d = 64, 4 warps of 2 row
+    tiles (32 query rows each) × 64 keys (255 registers). Two row tiles at d = 128 spill registers,
+    and were no faster; capping the registers (``MAX_REGISTERS``) was slower at both."""
+    warps, keys, row_tiles = {128: (8, 128, 1), 64: (4, 64, 2)}[d]  # the same with and without causal
+    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, ROW_TILES=row_tiles).validate()
 
 
 def simulator_tiling(d: int) -> TensorCoreTiling:
