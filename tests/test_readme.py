@@ -281,6 +281,20 @@ def test_the_decode_section():
     expected = (summary_table(read_csv(csv_path)) if csv_path.exists() else
                 "Not measured yet: the table appears here once `figures/data/decode_h200.csv` is committed.")
     assert block("decode-summary") == expected
+    if csv_path.exists():
+        from tinyflash.measure.bench_decode import bar_sentence
+
+        assert " ".join(bar_sentence(read_csv(csv_path)).split()) in FLAT
+
+
+def test_launch_overhead_numbers():
+    """The host time per launch the README quotes, from the committed H200 measurement."""
+    rows = read_csv(ROOT / "benchmarks" / "results" / "launch_overhead_h200.csv")
+    us = {(r["arrays"], r["launch"]): float(r["host_us_per_launch"]) for r in rows}
+    bound = max(v for (_, way), v in us.items() if way == "driver, bound")
+    numba = [v for (_, way), v in us.items() if way.startswith("numba")]
+    assert (f"about {bound:.0f} µs of host time per launch, against {min(numba):.0f}–{max(numba):.0f} µs through "
+            "numba's dispatcher") in FLAT
 
 
 def test_ci_runs_the_readme_test_command():
