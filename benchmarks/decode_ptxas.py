@@ -21,21 +21,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from numba import cuda, types
+import numpy as np
+from numba import cuda
 
 from tinyflash.decode import kernels
+from tinyflash.decode.paged import PAGE_SIZE
 
 REGISTERS_PER_SM, SMEM_PER_SM, SMEM_RESERVED = 65_536, 228 * 1024, 1024
 # (threads, keys per slot and tile, bytes per thread and key row, register cap): the default, then the
 # benchmark's variants at Nk = 131,072 (its 128-split variant is the default shape), then two others
 SHAPES = [(128, 4, 16, None), (128, 4, 32, None), (128, 2, 32, 168), (128, 2, 16, None), (256, 4, 16, None)]
-
-
-def signature():
-    arr = lambda t: types.Array(t, 1, "C")  # noqa: E731
-    f32, i64 = types.float32, types.int64
-    return (arr(types.float16), arr(types.uint32), arr(types.uint32), arr(types.int32), arr(types.int32), arr(f32),
-            arr(f32), i64, i64, i64, i64, i64, f32, types.boolean, i64)
 
 
 def loop_instructions(listing: str) -> int:
@@ -55,10 +50,12 @@ def main() -> None:
     parser.add_argument("--nvdisasm", help="path of nvdisasm: also count the main loop's instructions")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp())
-    for nt, unroll, row_bytes, cap in SHAPES:
+    paged = [(*SHAPES[0], PAGE_SIZE)]  # and the default shape reading through a block table
+    for nt, unroll, row_bytes, cap, page_size in [(*shape, 0) for shape in SHAPES] + paged:
         VEC, D, TD = kernels.lanes(128, 2, row_bytes)
-        kernel, smem = kernels.make_split_kernel(4, D, VEC, nt, True, 0, unroll)
-        (work / "k.ptx").write_text(cuda.compile_ptx(kernel.py_func, signature(), cc=(9, 0))[0])
+        kernel, smem = kernels.make_split_kernel(4, D, VEC, nt, True, page_size, unroll)
+        sig = kernels.split_signature(np.dtype(np.float16), True)
+        (work / "k.ptx").write_text(cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0])
         capped = [f"-maxrregcount={cap}"] if cap else []  # what numba's max_registers asks of the compiler
         out = subprocess.run(["ptxas", "-v", "-arch=sm_90", *capped, str(work / "k.ptx"), "-o", str(work / "k.cubin")],
                              capture_output=True, text=True, check=True).stderr
@@ -67,7 +64,7 @@ def main() -> None:
         blocks = min(REGISTERS_PER_SM // (regs * nt), SMEM_PER_SM // (smem + SMEM_RESERVED))
         keys = nt // TD * unroll  # keys per tile
         in_flight = blocks * (kernels.STAGES - 1) * keys * 2 * D * 2
-        line = (f"{nt} threads, {unroll} keys per slot ({keys} per tile), {row_bytes} bytes per row and thread"
+        line = (f"{'paged, ' if page_size else ''}{nt} threads, {unroll} keys per slot ({keys} per tile), {row_bytes} bytes per row and thread"
                 f"{f', at most {cap} registers' if cap else ''}: {regs} registers, "
                 f"{spills.group(1) if spills else 0} bytes spilled, {smem // 1024} KB shared -> {blocks} blocks per SM, "
                 f"{in_flight // 1024} KB in flight per SM")
