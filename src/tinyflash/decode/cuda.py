@@ -76,10 +76,8 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     lse = empty(like, batch * h_kv * p["rows"], np.float32)  # (B·H·Nq,)
     if batch * h_kv * p["rows"] == 0:
         return (lambda stream=0: None), o, lse
-    from numba import cuda
-
-    o_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
-    lse_part = cuda.device_array(batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
+    o_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
+    lse_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
     full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
     split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize,
                                             max_registers)

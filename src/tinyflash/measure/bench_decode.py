@@ -91,7 +91,7 @@ def candidates(q, k, v, rng):
     output() is the result to check (None: the copy, which is not attention)."""
     import cupy
 
-    from ..decode.cuda import prepare_paged, prepare_split_kv
+    from ..decode.cuda import cuda_split_kv_attention, prepare_paged, prepare_split_kv
     from ..decode.paged import pages_from_contiguous
 
     found = []
@@ -104,6 +104,12 @@ def candidates(q, k, v, rng):
     graphed = graph_of(found[-1][3])
     if graphed is not None:
         found.append(("split_kv", "CUDA graph", found[-1][2], graphed, found[-1][4]))
+    whole = {}  # cuda_split_kv_attention called as a user calls it: checks, allocations, packing, launches
+
+    def whole_call():
+        whole["o"] = cuda_split_kv_attention(q, k, v)[0]
+
+    found.append(("split_kv", "whole call", found[0][2], whole_call, lambda: whole["o"]))
     ours("no_split", "", 1, prepare_split_kv(q, k, v, num_splits=1))
     if k.shape[2] == CONTEXTS[-1]:  # a fixed split count beside the rule's choice, and other block shapes
         for variant in VARIANTS:
