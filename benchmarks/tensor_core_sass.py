@@ -26,8 +26,13 @@ from numba import cuda
 
 from tinyflash.forward.kernels import v6_tensor_cores
 
-TILINGS = [(128, 8, 128, 1), (128, 8, 64, 1), (128, 4, 64, 1), (128, 4, 32, 1), (64, 4, 32, 1), (64, 4, 64, 1),
-           (128, 4, 16, 2), (128, 4, 32, 2), (64, 4, 32, 2), (64, 4, 64, 2)]  # (d, warps, keys, row tiles per warp)
+# (d, warps, keys, row tiles per warp, Q_i's operands read from shared memory per key tile)
+TILINGS = [(128, 8, 128, 1, False), (128, 8, 64, 1, False), (128, 4, 64, 1, False), (128, 4, 32, 1, False),
+           (64, 4, 32, 1, False), (64, 4, 64, 1, False),
+           (128, 4, 16, 2, False), (128, 4, 32, 2, False), (64, 4, 32, 2, False), (64, 4, 64, 2, False),
+           (128, 4, 16, 2, True), (128, 4, 32, 2, True), (128, 8, 32, 2, True), (128, 4, 64, 2, True),
+           (128, 8, 64, 2, True), (128, 4, 128, 1, True), (128, 8, 128, 1, True), (128, 8, 64, 1, True),
+           (64, 4, 32, 1, True), (64, 4, 32, 2, True), (64, 4, 64, 2, True), (64, 8, 64, 2, True)]
 
 
 def sass(ptx: str, workdir: Path, nvdisasm: str) -> tuple[str, list[str]]:
@@ -72,17 +77,19 @@ def main(argv=None) -> int:
         import_other(label, Path(path).resolve())
         kernels[label] = import_module(f"tinyflash_{label}.forward.kernels.v6_tensor_cores")
     with tempfile.TemporaryDirectory() as tmp:
-        for d, warps, keys, row_tiles in TILINGS:
+        for d, warps, keys, row_tiles, q_smem in TILINGS:
             for label, v6 in kernels.items():
-                rows = {"ROW_TILES": row_tiles} if row_tiles != 1 else {}  # older checkouts: one row tile only
-                if rows and not hasattr(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys), "ROW_TILES"):
+                extra = {"ROW_TILES": row_tiles} if row_tiles != 1 else {}  # older checkouts: one row tile only
+                extra.update({"Q_IN_SMEM": True} if q_smem else {})  # and Q_i's operands in registers only
+                if any(not hasattr(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys), name) for name in extra):
                     continue
-                kernel = v6.make_kernel(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, **rows), "float16")
+                kernel = v6.make_kernel(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, **extra), "float16")
                 ptx = cuda.compile_ptx(kernel.py_func, v6_tensor_cores.SIGNATURE, cc=(9, 0), fastmath=v6.FAST_MATH)[0]
                 report, lines = sass(ptx, Path(tmp), args.nvdisasm)
                 ops = tile_cost(lines)
                 others = ", ".join(f"{op} {n}" for op, n in ops.most_common(8) if op != "HMMA")
-                print(f"d={d} {warps} warps x {row_tiles} row tiles x {keys} keys, {label}: {report}; per K/V tile "
+                where = ", Q in smem" if q_smem else ""
+                print(f"d={d} {warps} warps x {row_tiles} row tiles x {keys} keys{where}, {label}: {report}; per K/V tile "
                       f"{sum(ops.values())} "
                       f"instructions, {ops['HMMA']} HMMA ({sum(ops.values()) / ops['HMMA']:.1f} per HMMA); {others}",
                       flush=True)

@@ -78,6 +78,35 @@ def test_two_row_tiles_head_dim_128(rng):
     assert_close(lse, ref_lse, F32_TOL, "d=128 two row tiles lse", is_lse=True)
 
 
+def q_in_smem(d, row_tiles):
+    """Q_IN_SMEM at the simulator's sizes: Q_i's A operands read from shared memory for every key tile,
+    two mma steps at a time, instead of held in registers; one warp, 16 keys per tile."""
+    return v6.TensorCoreTiling(D=d, WARPS=1, BC=16, ROW_TILES=row_tiles, Q_IN_SMEM=True).validate()
+
+
+@pytest.mark.parametrize("row_tiles", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q, n_k", [(37, 29), (29, 37)])
+def test_q_in_smem_ragged(rng, n_q, n_k, causal, row_tiles):
+    """Q_i read from shared memory per key tile (it must survive every K_j, V_j copy), ragged on both sides;
+    with causal and Nq > Nk, rows that see no key."""
+    q, k, v = make_qkv(rng, (2,), n_q, n_k, d=64, dtype=np.float16)
+    o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel="v6", config=q_in_smem(64, row_tiles))
+    check(o, lse, q, k, v, causal, f"v6 Q in smem, {row_tiles} row tiles {n_q}x{n_k} causal={causal}")
+    if causal and n_q > n_k:
+        assert np.all(o[:, :n_q - n_k] == 0) and np.all(np.isneginf(lse[:, :n_q - n_k]))
+
+
+def test_q_in_smem_head_dim_128(rng):
+    """d = 128: four pairs of mma steps over d, each pair's Q operands read again for every key tile."""
+    q, k, v = make_qkv(rng, (), 41, 23, d=128, dtype=np.float16)
+    o, lse = tf.cuda_attention(q, k, v, causal=True, scale=0.05, kernel="v6", config=q_in_smem(128, 2))
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=True, scale=0.05)
+    assert_fa_rule(o, tf.naive_attention(q, k, v, causal=True, scale=0.05)[0], ref_o, np.float16,
+                   what="d=128 Q in smem o")
+    assert_close(lse, ref_lse, F32_TOL, "d=128 Q in smem lse", is_lse=True)
+
+
 def test_head_dim_128_and_a_scale(rng):
     q, k, v = make_qkv(rng, (), 17, 16, d=128, dtype=np.float16)
     o, lse = tf.tensor_core_attention(q, k, v, causal=True, scale=0.05)
@@ -152,6 +181,15 @@ def test_tiling_rules():
             v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=rows).validate()
     two = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2).validate()  # 32 query rows per warp
     assert two.BR == 128 and two.NT == 128 and two.smem_layout()["stage 0"] == 128 * two.ROW_WORDS  # Q_i: Br rows
+<<<<<<< HEAD
     for d in v6.HEAD_DIMS:  # the simulator's smallest tiling; the GPU's from the H200 sweep (two row tiles at d = 64)
         assert v6.simulator_tiling(d).ROW_TILES == 1
         assert all(v6.default_tiling(d, causal).ROW_TILES == (2 if d == 64 else 1) for causal in (False, True))
+=======
+    in_smem = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2, Q_IN_SMEM=True).validate()
+    assert in_smem.smem_layout() == two.smem_layout()  # Q_i's region is there either way; only its readers differ
+    for d in v6.HEAD_DIMS:  # the defaults stay at one row tile, Q in registers, until a GPU sweep says otherwise
+        assert v6.simulator_tiling(d).ROW_TILES == 1 and not v6.simulator_tiling(d).Q_IN_SMEM
+        assert all(v6.default_tiling(d, causal).ROW_TILES == 1 for causal in (False, True))
+        assert not any(v6.default_tiling(d, causal).Q_IN_SMEM for causal in (False, True))
+>>>>>>> qsmem

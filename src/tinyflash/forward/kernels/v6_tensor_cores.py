@@ -11,6 +11,10 @@ What changed since v5 (stage 2's last CUDA-core kernel):
 * Or 32 rows per warp, as FlashAttention-2 has (``ROW_TILES = 2``: two 16-row tiles, Br = 32 · WARPS):
   each K_j, V_j fragment read from shared memory then feeds two mma's instead of one, halving the
   shared-memory reads per mma, at the cost of twice the registers for Q_i, S_ij and acc.
+* Q_i's A operands live in registers for the whole kernel, loaded once; or (``Q_IN_SMEM = True``, as
+  FlashAttention-2 does at d = 128) they stay in shared memory and are read again by ldmatrix for every
+  key tile, two mma steps over d at a time: more shared-memory reads, 2 · 4 · ROW_TILES registers for
+  Q_i instead of K_STEPS · 4 · ROW_TILES (64 at d = 128 with two row tiles).
 * P_ij stays in registers: the accumulator layout of S_ij, packed to 16-bit pairs, is the
   A-operand layout of P_ij V_j. v5 wrote P_ij to shared memory and read it back.
 * Fragments come from shared memory by ``ldmatrix`` (four 8 × 8 matrices per instruction;
@@ -62,13 +66,16 @@ SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, typ
 
 @dataclass(frozen=True)
 class TensorCoreTiling:
-    """Who computes what: WARPS warps of 16 · ROW_TILES query rows each, key tiles of BC keys, head dim D."""
+    """Who computes what: WARPS warps of 16 · ROW_TILES query rows each, key tiles of BC keys, head dim D;
+    and where Q_i's A operands are held: in registers, loaded once (Q_IN_SMEM False), or read from Q_i in
+    shared memory for every key tile, two mma steps over d at a time (True: fewer registers, more ldmatrix)."""
 
     D: int  # head dim (d = dv)
     WARPS: int  # warps per block
     BC: int  # keys per tile K_j, V_j (Bc)
     MAX_REGISTERS: int | None = None  # a cap on registers per thread (more blocks per multiprocessor), or None
     ROW_TILES: int = 1  # 16-row tiles per warp (1 or 2): 2 feeds each K_j, V_j fragment to two mma's
+    Q_IN_SMEM: bool = False  # read Q_i's A operands from shared memory per key tile instead of holding them
 
     @property
     def BR(self) -> int:  # query rows per block (Br): 16 per row tile
@@ -144,6 +151,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
     ROW_TILES, WARP_ROWS = cfg.ROW_TILES, u(MMA_M * cfg.ROW_TILES)  # 16-row tiles per warp; its query rows
     WARP_Q_BYTES = cfg.ROW_TILES * 2 * KEYS8_BYTES  # a warp's rows of Q_i in shared memory, in bytes
     K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per row tile
+    Q_IN_SMEM = cfg.Q_IN_SMEM
     P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i per row tile
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
@@ -181,20 +189,60 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         return uint32(k_lane), uint32(block_lane)
 
     @cuda.jit(device=True, inline="always")
-    def scores(s, qf, k_lane_addr):
+    def load_q(qf, q_warp, kk):
+        """Q_i's A operands of mma steps kk and kk + 1 (dims 16kk .. 16kk+31) for each of the warp's row
+        tiles, from shared memory by ldmatrix (one per row tile and step)."""
+        for r in range(ROW_TILES):
+            for h in range(2):  # rows 16r .. (16 rows: 2 · KEYS8_BYTES), dims 16(kk + h) .. (32 bytes)
+                qf[r, kk + h, 0], qf[r, kk + h, 1], qf[r, kk + h, 2], qf[r, kk + h, 3] = ptx.ldmatrix_x4(
+                    q_warp + uint32(r * 2 * KEYS8_BYTES + (kk + h) * 2 * MMA_K))
+
+    @cuda.jit(device=True, inline="always")
+    def two_steps(s, qf, n, kk, k_lane_addr):
+        """s[r, n] += mma steps kk and kk + 1 (dims 16kk .. 16kk+31) for keys 8n .. 8n+7 and every row tile r:
+        the A operands from qf, the B operands from one ldmatrix of K_j (8 keys × 32 dims)."""
+        b = ptx.ldmatrix_x4(k_lane_addr + uint32(n * KEYS8_BYTES + kk * 2 * MMA_K))  # keys 8n.., dims 16kk..
+        for r in range(ROW_TILES):  # the same b for every row tile: one read, 2 · ROW_TILES mma's
+            for h in range(2):  # steps kk and kk + 1
+                s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3] = mma(
+                    qf[r, kk + h, 0], qf[r, kk + h, 1], qf[r, kk + h, 2], qf[r, kk + h, 3], b[2 * h],
+                    b[2 * h + 1], s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3])
+
+    def pairs_from(kk):
+        """A device function: S_ij += mma steps kk .. K_STEPS - 1, two at a time, each pair's Q operands read
+        from Q_i in shared memory (q_warp) and used by every S tile. Unrolled here, in Python: the compiler
+        leaves a loop over the pairs rolled, and then qf, indexed by the loop's step, goes to local memory."""
+        if kk == K_STEPS:
+            return cuda.jit(device=True, inline="always")(lambda s, qf, q_warp, k_lane_addr: None)
+        rest = pairs_from(kk + 2)
+
+        @cuda.jit(device=True, inline="always")
+        def pair(s, qf, q_warp, k_lane_addr):
+            load_q(qf, q_warp, kk)  # only this pair's Q operands are live: 2 · ROW_TILES · 4 registers
+            for n in range(S_TILES):
+                two_steps(s, qf, n, kk, k_lane_addr)
+            rest(s, qf, q_warp, k_lane_addr)
+
+        return pair
+
+    q_pairs = pairs_from(0)
+
+    @cuda.jit(device=True, inline="always")
+    def scores(s, qf, q_warp, k_lane_addr):
         """S_ij = Q_i K_jᵀ for the warp's rows, s[r, n] the lane's part of row tile r and keys 8n .. 8n+7
-        (not yet scaled: the scale is folded into the exponent, one fused multiply-add per score)."""
-        for n in range(S_TILES):
-            for r in range(ROW_TILES):
+        (not yet scaled: the scale is folded into the exponent, one fused multiply-add per score).
+        Q's operands in registers: S tile by S tile, each over all of d. Q_IN_SMEM: pair of mma steps by
+        pair (all S tiles' accumulators live, as they are anyway), Q's operands read pair by pair."""
+        for r in range(ROW_TILES):
+            for n in range(S_TILES):
                 for e in range(4):
                     s[r, n, e] = float32(0.0)
-            for kk in range(0, K_STEPS, 2):  # one ldmatrix: 8 keys × 32 dims, the B operands of 2 steps
-                b = ptx.ldmatrix_x4(k_lane_addr + uint32(n * KEYS8_BYTES + kk * 2 * MMA_K))  # keys 8n.., dims 16kk..
-                for r in range(ROW_TILES):  # the same b for every row tile: one read, ROW_TILES mma's
-                    for h in range(2):  # steps kk and kk + 1
-                        s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3] = mma(
-                            qf[r, kk + h, 0], qf[r, kk + h, 1], qf[r, kk + h, 2], qf[r, kk + h, 3], b[2 * h],
-                            b[2 * h + 1], s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3])
+        if Q_IN_SMEM:
+            q_pairs(s, qf, q_warp, k_lane_addr)
+        else:
+            for n in range(S_TILES):
+                for kk in range(0, K_STEPS, 2):
+                    two_steps(s, qf, n, kk, k_lane_addr)
 
     @cuda.jit(device=True, inline="always")
     def mask(s, row, k_start, t, n_q, n_k, causal):
@@ -288,6 +336,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         n_tiles = (k_stop + BC - ONE) // BC
 
         qf = cuda.local.array((ROW_TILES, K_STEPS, 4), uint32)  # Q_i's A operands per row tile and mma step
+        # (Q_IN_SMEM: each pair of steps is loaded just before its use and dead after it: 2 · ROW_TILES · 4 live)
         s = cuda.local.array((ROW_TILES, S_TILES, 4), float32)  # the lane's part of S_ij, then of P_ij
         acc = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of the unnormalised O_i
         m_i = cuda.local.array((ROW_TILES, 2), float32)  # running max (base 2) of rows 16r + g, 16r + g + 8
@@ -305,10 +354,10 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         cuda.syncthreads()  # every thread's copies of Q_i, K_0, V_0 have landed before any warp reads them
         k_lane, block_lane = lane_rows(lane)
         q_warp = base + uint32(Q_OFF * FOUR) + uint32(warp) * uint32(WARP_Q_BYTES) + block_lane  # its first row
-        for r in range(ROW_TILES):
-            for kk in range(K_STEPS):  # rows 16r .. (16 rows: 2 · KEYS8_BYTES), dims 16kk .. (32 bytes)
-                qf[r, kk, 0], qf[r, kk, 1], qf[r, kk, 2], qf[r, kk, 3] = ptx.ldmatrix_x4(
-                    q_warp + uint32(r * 2 * KEYS8_BYTES + kk * 2 * MMA_K))
+        # Q_i stays in shared memory for the whole kernel: the K_j, V_j copies write only the two stages after it
+        if not Q_IN_SMEM:  # Q_i's A operands into registers, once
+            for kk in range(0, K_STEPS, 2):
+                load_q(qf, q_warp, kk)
 
         for j in range(n_tiles):
             k_start = j * BC
@@ -316,7 +365,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             if j + ONE < n_tiles:  # K_j+1, V_j+1 into the other stage, in flight during this tile
                 load_kv(K, V, kv_off, k_start + BC, n_k, base + uint32((STAGE0 + ((j + ONE) % TWO) * STAGE)
                                                                        * FOUR), tid)
-            scores(s, qf, stage + k_lane)
+            scores(s, qf, q_warp, stage + k_lane)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
             for r in range(ROW_TILES):
