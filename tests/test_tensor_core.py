@@ -181,15 +181,10 @@ def test_tiling_rules():
             v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=rows).validate()
     two = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2).validate()  # 32 query rows per warp
     assert two.BR == 128 and two.NT == 128 and two.smem_layout()["stage 0"] == 128 * two.ROW_WORDS  # Q_i: Br rows
-<<<<<<< HEAD
-    for d in v6.HEAD_DIMS:  # the simulator's smallest tiling; the GPU's from the H200 sweep (two row tiles at d = 64)
-        assert v6.simulator_tiling(d).ROW_TILES == 1
-        assert all(v6.default_tiling(d, causal).ROW_TILES == (2 if d == 64 else 1) for causal in (False, True))
-=======
     in_smem = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2, Q_IN_SMEM=True).validate()
     assert in_smem.smem_layout() == two.smem_layout()  # Q_i's region is there either way; only its readers differ
-    for d in v6.HEAD_DIMS:  # the defaults stay at one row tile, Q in registers, until a GPU sweep says otherwise
+    for d in v6.HEAD_DIMS:  # the simulator's smallest tiling; the GPU's from the H200 sweep
         assert v6.simulator_tiling(d).ROW_TILES == 1 and not v6.simulator_tiling(d).Q_IN_SMEM
-        assert all(v6.default_tiling(d, causal).ROW_TILES == 1 for causal in (False, True))
-        assert not any(v6.default_tiling(d, causal).Q_IN_SMEM for causal in (False, True))
->>>>>>> qsmem
+        for causal in (False, True):  # 32 rows per warp at both head dims; Q_i read from shared memory at d = 128
+            assert v6.default_tiling(d, causal).ROW_TILES == 2
+            assert v6.default_tiling(d, causal).Q_IN_SMEM == (d == 128)

@@ -122,14 +122,16 @@ class TensorCoreTiling:
 
 
 def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
-    """The tiling used on a GPU, per head dim and causal: the fastest without local memory (no
-    spilled registers) in the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``; log in
-    benchmarks/results/tensor_core_tiles_h200.log, N = 16,384, float16): 8 warps × 128 keys at
-    d = 128 (244 registers, one block of 8 warps per multiprocessor); at d = 64, 4 warps of 2 row
-    tiles (32 query rows each) × 64 keys (255 registers). Two row tiles at d = 128 spill registers,
-    and were no faster; capping the registers (``MAX_REGISTERS``) was slower at both."""
-    warps, keys, row_tiles = {128: (8, 128, 1), 64: (4, 64, 2)}[d]  # the same with and without causal
-    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, ROW_TILES=row_tiles).validate()
+    """The tiling used on a GPU, per head dim: the fastest in the last sweep on an H200
+    (``benchmarks/tensor_core_tiles.py``; log in benchmarks/results/tensor_core_tiles_h200.log,
+    N = 16,384, float16), causal or not. Both give each warp 2 row tiles (32 query rows):
+    at d = 128, 8 warps × 64 keys with Q_i's operands read from shared memory for each key tile
+    (255 registers and 40 bytes of spilled registers, and still the fastest: 344.8 / 326.4 TFLOP/s
+    against 294.8 / 294.1 for 8 warps × 128 keys of one row tile, Q_i in registers, no spill);
+    at d = 64, 4 warps × 64 keys with Q_i in registers (255 registers, no spill). Capping the
+    registers (``MAX_REGISTERS``) was slower wherever it was tried."""
+    warps, keys, q_in_smem = {128: (8, 64, True), 64: (4, 64, False)}[d]  # the same with and without causal
+    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, ROW_TILES=2, Q_IN_SMEM=q_in_smem).validate()
 
 
 def simulator_tiling(d: int) -> TensorCoreTiling:
