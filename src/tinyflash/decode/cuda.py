@@ -14,7 +14,7 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, flat_device, is_device_array, result, to_device_flat
+from ..gpu.arrays import empty, flat_device, is_device_array, result, to_device_flat, to_device_like
 from ..gpu.launch import MAX_GRID_Y
 from ..gpu.runtime import require_gpu, simulator_enabled
 from ..gpu.driver_launch import driver_kernel
@@ -82,7 +82,8 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     split, smem = kernels.make_split_kernel(p["rb"], D, VEC, nt, full, page_size, unroll, prob.dtype.itemsize,
                                             max_registers)
     combine = kernels.make_combine_kernel()
-    q, k, v, table, lens = (flat_device(x) if is_device_array(x) else to_device_flat(x) for x in (q, k, v, table, lens))
+    q, k, v = (flat_device(x) if on_device else to_device_flat(x) for x in (q, k, v))
+    table, lens = (flat_device(x) if is_device_array(x) else to_device_like(like, x) for x in (table, lens))
     scalars = (int(prob.n_q), int(d), int(n_k), int(h_kv), int(max_pages), np.float32(prob.scale * LOG2E),
                bool(prob.causal), int(prob.kv_group))
     nc = kernels.COMBINE_THREADS

@@ -77,6 +77,24 @@ def flat_device(x):
     return flat
 
 
+def to_device_like(like, x):
+    """The host array ``x`` copied to the GPU by the library of ``like`` (a device array; None: numba's).
+
+    A small array that a kernel reads (a block table, the sequences' lengths) then lives in that
+    library's memory pool, freed in the order of its stream like the call's other arrays, not by
+    numba's deferred deallocation while a kernel may still read it."""
+    lib = None if like is None else library(like)
+    if lib == "cupy":
+        import cupy
+
+        return cupy.asarray(np.ascontiguousarray(x).reshape(-1))
+    if lib == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(x).reshape(-1)).to(like.device)
+    return to_device_flat(x)
+
+
 def _aligned(x) -> bool:
     """Whether a device array's data starts at a 16-byte boundary (always true on the simulator)."""
     return simulator_enabled() or x.__cuda_array_interface__["data"][0] % 16 == 0
