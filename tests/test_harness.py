@@ -104,3 +104,24 @@ def test_benchmark_variants_compute_attention(rng):
     for variant in variants:
         assert variant.impl == "tinyflash"
         assert within_tolerance(variant.fn(q, k, v, True), ref, np.float32).ok, variant.variant
+
+
+@pytest.mark.simulator
+def test_the_sweep_times_stage_3_on_float16_only(rng):
+    """`python -m tinyflash.bench` (the sweep) adds v6 (impl tinyflash_tc) where the registry says it
+    takes the inputs: float16 at d = 64 and 128, never float32 (no row at all, not an 'unsupported'
+    one); its function passes the harness's check, as every variant must before it is timed."""
+    from tinyflash.forward.kernels import LATEST
+    from tinyflash.measure import bench
+
+    def measured(d, dtype):
+        return [(x.impl, x.variant) for x in bench.sdpa_variants(d, dtype)][:3]  # PyTorch's, if any, follow
+
+    for d in (64, 128):
+        assert measured(d, np.float16) == [("tinyflash", LATEST), ("tinyflash_tc", "v6"), ("cupy_naive", "")]
+        assert measured(d, np.float32) == [("tinyflash", LATEST), ("cupy_naive", "")]
+    assert "tinyflash_tc" not in [x.impl for x in bench.sdpa_variants(96, np.float16)]
+    q, k, v = make_qkv(rng, (1, 1), 37, 37, d=64, dtype=np.float16)  # (B, H, N, d): a ragged tile
+    stage_3 = bench.sdpa_variants(64, np.float16)[1]
+    verdict = harness.check(stage_3.fn(q, k, v, True), q, k, v, causal=True, rng=rng, rows=37)
+    assert verdict["ok"], verdict
