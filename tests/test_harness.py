@@ -88,6 +88,37 @@ def test_versions_table_and_lines():
         report.versions_table(rows + [dict(rows[0], n="1024")])
 
 
+def test_summary_table_with_and_without_stage_3():
+    """The README's sweep table from synthetic rows: stage 3 (tinyflash_tc, v6) gets its TFLOP/s and its
+    speed relative to SDPA flash in float16 rows, 'OOM' where it ran out of memory, '–' in float32 rows
+    and everywhere in a CSV without v6 rows; the other columns do not change."""
+    ms = {"tinyflash": 10.0, "tinyflash_tc": 2.0, "torch_flash": 1.6, "torch_efficient": 3.0, "cupy_naive": 50.0}
+    rows = [dict(benchmark="sweep", impl=impl, variant={"tinyflash": "v5", "tinyflash_tc": "v6"}.get(impl, ""),
+                 dtype=dtype, d=d, causal="False", n="16384", time_ms=str(t), tflops=str(100 / t), status="ok",
+                 peak_bytes=str(2**20 * (1000 if impl == "cupy_naive" else 10)))
+            for dtype, d in (("float16", "64"), ("float32", "64")) for impl, t in ms.items()
+            if not (dtype == "float32" and impl in ("tinyflash_tc", "torch_flash"))]
+    rows.append(dict(rows[0], d="128"))  # float16, d = 128: stage 2 ran, stage 3 ran out of memory
+    rows.append(dict(rows[1], d="128", status="oom", time_ms="", tflops=""))
+    table = report.summary_table(rows).splitlines()
+    assert table[0] == ("| dtype | d | causal | stage 2 (v5) TFLOP/s | stage 3 (v6) TFLOP/s | SDPA efficient | "
+                        "SDPA flash | naive CuPy | stage 2 / efficient | stage 3 / flash | speed-up over naive | "
+                        "extra memory, stage 2 / naive |") and len(table) == 2 + 3
+    mem = "10 MiB / 1000 MiB"
+    assert table[2] == f"| float16 | 64 | False | 10.0 | 50.0 | 33.3 | 62.5 | 2.0 | 0.30× | 0.80× | 5.0× | {mem} |"
+    assert table[3] == "| float16 | 128 | False | 10.0 | OOM | – | – | – | – | – | – | – |"
+    assert table[4] == f"| float32 | 64 | False | 10.0 | – | 33.3 | – | 2.0 | 0.30× | – | 5.0× | {mem} |"
+    without = report.summary_table([r for r in rows if r["impl"] != "tinyflash_tc"]).splitlines()
+
+    def drop_stage_3(line):
+        cells = line.split("|")
+        return cells[:5] + cells[6:10] + cells[11:]
+
+    assert [line.split("|")[5].strip() for line in without[2:]] == ["–"] * 3
+    assert [line.split("|")[10].strip() for line in without[2:]] == ["–"] * 3
+    assert [drop_stage_3(x) for x in without] == [drop_stage_3(x) for x in table]
+
+
 @pytest.mark.simulator
 def test_benchmark_variants_compute_attention(rng):
     """What `python -m tinyflash.bench versions | vector | tiles` measure, run once each at a tiny
@@ -104,3 +135,24 @@ def test_benchmark_variants_compute_attention(rng):
     for variant in variants:
         assert variant.impl == "tinyflash"
         assert within_tolerance(variant.fn(q, k, v, True), ref, np.float32).ok, variant.variant
+
+
+@pytest.mark.simulator
+def test_the_sweep_times_stage_3_on_float16_only(rng):
+    """`python -m tinyflash.bench` (the sweep) adds v6 (impl tinyflash_tc) where the registry says it
+    takes the inputs: float16 at d = 64 and 128, never float32 (no row at all, not an 'unsupported'
+    one); its function passes the harness's check, as every variant must before it is timed."""
+    from tinyflash.forward.kernels import LATEST
+    from tinyflash.measure import bench
+
+    def measured(d, dtype):
+        return [(x.impl, x.variant) for x in bench.sdpa_variants(d, dtype)][:3]  # PyTorch's, if any, follow
+
+    for d in (64, 128):
+        assert measured(d, np.float16) == [("tinyflash", LATEST), ("tinyflash_tc", "v6"), ("cupy_naive", "")]
+        assert measured(d, np.float32) == [("tinyflash", LATEST), ("cupy_naive", "")]
+    assert "tinyflash_tc" not in [x.impl for x in bench.sdpa_variants(96, np.float16)]
+    q, k, v = make_qkv(rng, (1, 1), 37, 37, d=64, dtype=np.float16)  # (B, H, N, d): a ragged tile
+    stage_3 = bench.sdpa_variants(64, np.float16)[1]
+    verdict = harness.check(stage_3.fn(q, k, v, True), q, k, v, causal=True, rng=rng, rows=37)
+    assert verdict["ok"], verdict

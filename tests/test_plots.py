@@ -141,11 +141,61 @@ def test_gpu_figures_from_a_synthetic_csv(tmp_path):
     wrong = [r for r in rows if r["status"] == "wrong"]
     assert len(wrong) == 1 and wrong[0]["time_ms"] is None and wrong[0]["status_detail"].startswith("wrong (error")
     assert plot_gpu._impl_label(rows, "torch_flash") == "PyTorch SDPA, flash backend"  # failed rows give no error bound
-    assert plot_gpu._impl_label(rows, "tinyflash") == "tinyflash (numba kernel) (max rel. error 3.0e-04)"
+    assert plot_gpu._impl_label(rows, "tinyflash") == "tinyflash stage 2 (CUDA cores) (max rel. error 3.0e-04)"
     assert plot_gpu.gpu_panels(rows) == [("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)]
     for fn, name in ((plot_gpu.plot_memory_gpu_measured, "mem.png"), (plot_gpu.plot_time_gpu, "time.png")):
         fn(tmp_path / name, path)
         assert_png(tmp_path / name, min_size=(1000, 500))
+
+
+def stage_3_rows():
+    """tinyflash_tc (v6) as the sweep writes it: float16 only, faster than naive CuPy at every N."""
+    ms = {256: 0.04, 512: 0.05, 1024: 0.08, 2048: 0.2, 4096: 0.5, 8192: 1.8}
+    return [dict(impl="tinyflash_tc", variant="v6", dtype="float16", n=n, time_ms=t, tflops=4 * 2 * n * n * 64 / t / 1e9,
+                 peak_bytes=attention_memory(n, 64, heads=2, dtype="float16").flash_extra, max_rel_err=5e-4)
+            for n, t in ms.items()]
+
+
+def test_gpu_figures_draw_stage_3_only_where_it_has_rows(tmp_path):
+    """With tinyflash_tc rows: a line of its own in the float16 panels of both figures, none in the
+    float32 ones; without them (the CSV before stage 3 joined the sweep): no line and no legend entry.
+    The crossover and out-of-memory marks still compare stage 2 with naive CuPy."""
+    from matplotlib.figure import Figure
+
+    from tinyflash.measure import bench
+
+    assert set(bench.IMPLS) == set(plot_gpu.IMPLS)  # every impl the sweep writes has a colour and a label
+    label = "tinyflash stage 3 (tensor cores, v6)"
+    assert plot_gpu.IMPLS["tinyflash_tc"][0] == label
+    assert len({(c, m) for _, c, m in plot_gpu.IMPLS.values()}) == len(plot_gpu.IMPLS)  # told apart at a glance
+    without = plot_gpu.read_bench_csv(write_bench_csv(tmp_path / "without.csv", synthetic_rows()))
+    path = write_bench_csv(tmp_path / "with.csv", synthetic_rows() + stage_3_rows())
+    rows = plot_gpu.read_bench_csv(path)
+    assert plot_gpu._impl_label(rows, "tinyflash_tc") == f"{label} (max rel. error 5.0e-04)"
+    assert plot_gpu.gpu_panels(rows) == plot_gpu.gpu_panels(without)  # the same panels, one more line
+
+    def drawn(rows, config):
+        """{label: number of points} of the lines in the time panel, and the memory panel's labels."""
+        ax_t, ax_f, ax_m = Figure().subplots(3)
+        plot_gpu._draw_gpu_time(ax_t, ax_f, rows, config)
+        plot_gpu._draw_gpu_memory(ax_m, rows, config)
+        labels = [line.get_label() for line in ax_m.get_lines()]
+        return {line.get_label(): len(line.get_xdata()) for line in ax_t.get_lines()}, labels
+
+    fp16, fp32 = ("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)
+    times, memory = drawn(rows, fp16)
+    assert times[f"{label} (max rel. error 5.0e-04)"] == len(stage_3_rows())
+    assert f"{label} (max rel. error 5.0e-04)" in memory
+    for rows_, config in ((rows, fp32), (without, fp16), (without, fp32)):
+        times, memory = drawn(rows_, config)
+        assert not any(label in x for x in [*times, *memory]), config
+    assert plot_gpu.crossover_n(rows, fp16) == plot_gpu.crossover_n(without, fp16) == 2048  # stage 2's
+    assert plot_gpu.first_oom_n(rows, fp16) == 8192 and plot_gpu.first_oom_n(rows, fp16, impl="tinyflash_tc") is None
+    for fn, name in ((plot_gpu.plot_memory_gpu_measured, "mem"), (plot_gpu.plot_time_gpu, "time")):
+        fn(tmp_path / f"{name}_with.png", path)
+        fn(tmp_path / f"{name}_without.png", tmp_path / "without.csv")
+        assert_png(tmp_path / f"{name}_with.png", min_size=(1000, 500))
+        assert (tmp_path / f"{name}_with.png").read_bytes() != (tmp_path / f"{name}_without.png").read_bytes()
 
 
 def test_crossover_and_oom_come_from_the_data():

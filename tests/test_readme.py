@@ -180,6 +180,27 @@ def test_traffic_numbers():
     assert f"{traffic_ratio(131_072, 64, HOPPER_SRAM_ELEMENTS):.1f}×" == "14.2×" and "and 14.2× with" in README
 
 
+def test_what_the_sweep_times():
+    """'The sweep ... times stage 2's latest kernel (v5, CUDA cores), stage 3's (v6 ...) on float16 inputs
+    ...': the sweep's defaults and variants; and while the committed CSV has no v6 rows, the README
+    says so and the table's stage 3 columns are empty (once it has them, this sentence must go)."""
+    from tinyflash.forward.kernels import LATEST
+    from tinyflash.measure import bench
+
+    _, ns, ds, dtypes, causals = bench.SWEEPS["sweep"]
+    assert (sorted(dtypes), ds, sorted(causals)) == (["float16", "float32"], [64, 128], [False, True])
+    assert f"times stage 2's latest kernel ({LATEST}, CUDA cores)" in FLAT
+    assert f"in float32 and float16, d = 64 and 128, causal or not, N = {ns[0]:,} to {ns[-1]:,}" in FLAT
+    for d in ds:  # "stage 3's (v6, ...) on float16 inputs"
+        assert [x.impl for x in bench.sdpa_variants(d, "float16")][:2] == ["tinyflash", "tinyflash_tc"]
+        assert "tinyflash_tc" not in [x.impl for x in bench.sdpa_variants(d, "float32")]
+    measured = any(r["impl"] == "tinyflash_tc" for r in BENCH)
+    before = 'The committed CSV was measured before v6 joined the sweep, so its column below is "–"'
+    assert (before in FLAT) != measured
+    stage_3 = [line.split("|")[5].strip() for line in block("bench-summary").splitlines()[2:]]
+    assert (set(stage_3) == {"–"}) != measured
+
+
 def test_the_claims_about_naive_attention():
     # "faster [than naive CuPy] from N = 4,096 up in every configuration measured"
     for r in _ok("tinyflash"):

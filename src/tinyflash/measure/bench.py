@@ -1,6 +1,6 @@
 """Benchmarks on a GPU, every one through the one harness (check, then time, then a CSV row):
 
-    python -m tinyflash.bench --csv figures/data/bench_h200.csv              # tinyflash, naive CuPy, PyTorch SDPA
+    python -m tinyflash.bench --csv figures/data/bench_h200.csv              # stages 2 and 3, naive CuPy, SDPA
     python -m tinyflash.bench versions --csv figures/data/kernel_versions_h200.csv   # every kernel version
     python -m tinyflash.bench tiles --csv figures/data/tile_sweep_h200.csv   # tilings of the latest kernel
     python -m tinyflash.bench vector --csv figures/data/vector_loads_h200.csv  # 1 or 4 elements per load
@@ -35,7 +35,7 @@ from . import report  # noqa: E402
 from .harness import (CsvWriter, attention_flops, check, environment, measure, naive_same_precision,  # noqa: E402
                       read_csv, time_call)
 
-IMPLS = ("tinyflash", "cupy_naive", "torch_flash", "torch_efficient")
+IMPLS = ("tinyflash", "tinyflash_tc", "cupy_naive", "torch_flash", "torch_efficient")
 DEFAULT_NS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
@@ -43,8 +43,8 @@ DEFAULT_NS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 class Variant:
     """One thing to measure: an implementation, and which version or setting of it."""
 
-    impl: str  # tinyflash, cupy_naive, torch_flash or torch_efficient
-    variant: str  # e.g. 'v5', 'v5 vector=1', 'v5 BR=64 BC=64 TM=8 NT=128'; '' for the other libraries
+    impl: str  # one of IMPLS: tinyflash (stage 2), tinyflash_tc (stage 3), cupy_naive, torch_flash, torch_efficient
+    variant: str  # e.g. 'v5', 'v6', 'v5 vector=1', 'v5 BR=64 BC=64 TM=8 NT=128'; '' for the other libraries
     fn: Callable  # fn(q, k, v, causal) -> o
     meter: str = "cupy"  # how its memory is metered: 'cupy' or 'torch'
     details: Callable = field(default=lambda: {})  # extra columns after a run (regs, smem_bytes)
@@ -57,12 +57,24 @@ def tinyflash_variant(label: str, kernel: str | None = None, **options) -> Varia
                                                                                **options)[0])
 
 
-def sdpa_variants() -> list[Variant]:
-    """tinyflash's latest kernel, naive CuPy and, if PyTorch is installed, two SDPA backends."""
-    from ..forward.kernels import LATEST
+def tensor_core_variant() -> Variant:
+    """Stage 3: kernel v6 on the tensor cores, called as a user calls it (``tinyflash.tensor_core_attention``)."""
+    from ..forward.tensor_cores import tensor_core_attention
 
-    variants = [tinyflash_variant(LATEST),
-                Variant("cupy_naive", "", lambda q, k, v, causal: naive_same_precision(q, k, v, causal=causal))]
+    return Variant("tinyflash_tc", "v6", lambda q, k, v, causal: tensor_core_attention(q, k, v, causal=causal)[0])
+
+
+def sdpa_variants(d: int, dtype) -> list[Variant]:
+    """What the main sweep measures at head dim ``d`` and ``dtype``: tinyflash's latest CUDA-core kernel;
+    stage 3 (v6) where the registry says it takes these inputs (float16 here, d = 64 or 128: float32
+    rows get no v6 row rather than an 'unsupported' one); naive CuPy; and, if PyTorch is installed,
+    two SDPA backends."""
+    from ..forward.kernels import LATEST, VERSIONS
+
+    variants = [tinyflash_variant(LATEST)]
+    if VERSIONS["v6"].accepts(dtype, d, d):
+        variants.append(tensor_core_variant())
+    variants.append(Variant("cupy_naive", "", lambda q, k, v, causal: naive_same_precision(q, k, v, causal=causal)))
     try:
         import torch
         import torch.nn.functional as F
@@ -196,7 +208,7 @@ def example_32k(csv_path: str | None, seed: int | None = None) -> dict:
 
 
 SWEEPS = {  # name -> (what it measures for (d, dtype), default N, default d, default dtypes, default causal)
-    "sweep": (lambda d, dtype: sdpa_variants(), DEFAULT_NS, [64, 128], ["float16", "float32"], [False, True]),
+    "sweep": (sdpa_variants, DEFAULT_NS, [64, 128], ["float16", "float32"], [False, True]),
     "versions": (version_variants, [16384], [64, 128], ["float32", "float16"], [False]),
     "vector": (lambda d, dtype: vector_variants(), [16384], [64, 128], ["float16", "float32"], [False, True]),
     "tiles": (tile_variants, [16384], sorted(TILE_SWEEP), ["float32", "float16"], [False, True]),
@@ -210,7 +222,7 @@ def main(argv=None) -> int:
     ap.add_argument("what", nargs="?", default="sweep", choices=[*SWEEPS, "example-32k", "tensor-cores", "backward",
                                                                  "backward-tiles", "decode"],
                     help="which benchmark (default: sweep):\n"
-                    "  sweep        tinyflash, naive CuPy and PyTorch SDPA against N\n"
+                    "  sweep        tinyflash (v5; v6 too on float16), naive CuPy and PyTorch SDPA against N\n"
                     "  versions     every registered kernel version, side by side\n"
                     "  vector       the latest kernel with 1 or 4 elements per thread and load\n"
                     "  tiles        the latest kernel with each tiling of its sweep\n"

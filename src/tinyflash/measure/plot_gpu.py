@@ -2,7 +2,9 @@
 
 Both read ``figures/data/bench_h200.csv`` (written by ``python -m tinyflash.bench``, in the
 harness's schema), measured on an H200 and committed, so they regenerate on a machine without a
-GPU; while that file is missing they draw a placeholder that says so.
+GPU; while that file is missing they draw a placeholder that says so. Each implementation of
+:data:`IMPLS` that has rows in a panel gets a line there (stage 3, ``tinyflash_tc``, has float16
+rows only); the crossover and out-of-memory marks compare stage 2 (``tinyflash``) with naive CuPy.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from .harness import FIELDS, STATUSES
 from .memory import H200_MEMORY_BYTES, attention_memory
 from .plot_common import bytes_axis, n_axis, save
 
-IMPLS = {  # benchmark name -> (legend label, colour, marker)
-    "tinyflash": ("tinyflash (numba kernel)", "tab:green", "o"),
+IMPLS = {  # benchmark name -> (legend label, colour, marker); a name without rows draws nothing
+    "tinyflash": ("tinyflash stage 2 (CUDA cores)", "tab:green", "o"),
+    "tinyflash_tc": ("tinyflash stage 3 (tensor cores, v6)", "tab:orange", "D"),
     "cupy_naive": ("naive CuPy (S and P in HBM)", "tab:red", "s"),
     "torch_flash": ("PyTorch SDPA, flash backend", "tab:blue", "^"),
     "torch_efficient": ("PyTorch SDPA, mem-efficient backend", "tab:purple", "v"),
@@ -262,18 +265,18 @@ def _draw_gpu_time(ax_t, ax_f, rows, config):
 
 
 def _mark_crossover(ax, rows, config, ns) -> None:
-    """Shade where naive CuPy is faster; a dashed line where tinyflash starts to win; say where naive OOMs."""
+    """Shade where naive CuPy is faster; a dashed line where stage 2 starts to win; say where naive OOMs."""
     n_win = crossover_n(rows, config)
     n_oom = first_oom_n(rows, config)
     notes = []
     if n_win is None:
-        notes.append("tinyflash is not faster than naive CuPy\nat the largest N where both ran")
+        notes.append("tinyflash stage 2 is not faster than naive CuPy\nat the largest N where both ran")
     elif n_win == ns[0]:
-        notes.append("tinyflash faster than naive CuPy\nat every N where both ran")
+        notes.append("tinyflash stage 2 faster than naive CuPy\nat every N where both ran")
     else:
         ax.axvspan(ns[0] / 1.3, n_win / 1.41, color="tab:red", alpha=0.07, lw=0)
         ax.axvline(n_win, color="black", ls="--", lw=1)
-        ax.text(n_win * 1.06, 0.72, f"tinyflash faster\nfrom N = {n_win:,}", transform=ax.get_xaxis_transform(),
+        ax.text(n_win * 1.06, 0.72, f"stage 2 faster\nfrom N = {n_win:,}", transform=ax.get_xaxis_transform(),
                 fontsize=8.5)
         ax.text(ns[0], 0.5, "naive CuPy\nfaster here", transform=ax.get_xaxis_transform(), fontsize=8.5,
                 color="tab:red")

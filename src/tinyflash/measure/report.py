@@ -31,30 +31,40 @@ def line(row: dict) -> str:
 
 def summary_table(rows: list[dict], n: int = 16384) -> str:
     """The README's results table: one line per (dtype, d, causal) at sequence length ``n`` of the
-    sweep CSV, with TFLOP/s of each implementation, tinyflash's speed relative to PyTorch's
-    memory-efficient backend and to naive CuPy, and extra memory against naive CuPy."""
+    sweep CSV, with TFLOP/s of each implementation; stage 2's speed relative to PyTorch's
+    memory-efficient backend and to naive CuPy, and its extra memory against naive CuPy; stage 3's
+    (``tinyflash_tc``, v6: float16 rows only) speed relative to the flash backend. "–" where a CSV
+    has no such row (one measured before stage 3 joined the sweep has no v6 rows at all)."""
     ok = {(r["impl"], r["dtype"], r["d"], r["causal"]): r for r in rows if r["status"] == "ok" and int(r["n"]) == n}
-    seen = {r["impl"]: r["status"] for r in rows if int(r["n"]) == n}
+    status = {(r["impl"], r["dtype"], r["d"], r["causal"]): r["status"] for r in rows if int(r["n"]) == n}
     if not ok:
         raise ValueError(f"no successful measurement at N={n} in the CSV")
+    version = {r["variant"] for r in rows if r["impl"] == "tinyflash" and r.get("variant")}  # what stage 2 ran
+    version = f" ({version.pop()})" if len(version) == 1 else ""
 
     def cell(impl, key, field, fmt):
         r = ok.get((impl, *key))
-        return fmt.format(float(r[field])) if r else ("OOM" if seen.get(impl) == "oom" else "–")
+        return fmt.format(float(r[field])) if r else ("OOM" if status.get((impl, *key)) == "oom" else "–")
 
-    lines = ["| dtype | d | causal | tinyflash TFLOP/s | SDPA efficient | SDPA flash | naive CuPy | "
-             "tinyflash / efficient | speed-up over naive | extra memory, tinyflash / naive |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    def speed(fast, slow, key, fmt):  # time of slow / time of fast: how many times faster ``fast`` is
+        a, b = ok.get((fast, *key)), ok.get((slow, *key))
+        return fmt.format(float(b["time_ms"]) / float(a["time_ms"])) if a and b else "–"
+
+    lines = [f"| dtype | d | causal | stage 2{version} TFLOP/s | stage 3 (v6) TFLOP/s | SDPA efficient | SDPA flash | "
+             "naive CuPy | stage 2 / efficient | stage 3 / flash | speed-up over naive | "
+             "extra memory, stage 2 / naive |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({k[1:] for k in ok}, key=lambda k: (k[0], int(k[1]), k[2]))
     for key in keys:
-        tf_row, eff, naive = ok.get(("tinyflash", *key)), ok.get(("torch_efficient", *key)), ok.get(("cupy_naive", *key))
-        ratio = f"{float(eff['time_ms']) / float(tf_row['time_ms']):.2f}×" if tf_row and eff else "–"
-        speed = f"{float(naive['time_ms']) / float(tf_row['time_ms']):.1f}×" if tf_row and naive else "–"
+        tf_row, naive = ok.get(("tinyflash", *key)), ok.get(("cupy_naive", *key))
         mem = (f"{int(float(tf_row['peak_bytes'])) / 2**20:.0f} MiB / {int(float(naive['peak_bytes'])) / 2**20:.0f} MiB"
                if tf_row and naive else "–")
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {cell('tinyflash', key, 'tflops', '{:.1f}')} | "
-                     f"{cell('torch_efficient', key, 'tflops', '{:.1f}')} | {cell('torch_flash', key, 'tflops', '{:.1f}')} | "
-                     f"{cell('cupy_naive', key, 'tflops', '{:.1f}')} | {ratio} | {speed} | {mem} |")
+        tflops = [cell(impl, key, "tflops", "{:.1f}")
+                  for impl in ("tinyflash", "tinyflash_tc", "torch_efficient", "torch_flash", "cupy_naive")]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {' | '.join(tflops)} | "
+                     f"{speed('tinyflash', 'torch_efficient', key, '{:.2f}×')} | "
+                     f"{speed('tinyflash_tc', 'torch_flash', key, '{:.2f}×')} | "
+                     f"{speed('tinyflash', 'cupy_naive', key, '{:.1f}×')} | {mem} |")
     return "\n".join(lines)
 
 
