@@ -58,6 +58,7 @@ from ..gpu.warp import group_sum
 
 NEG_INF = float32(-np.inf)
 ZERO, ONE = u(0), u(1)
+NO_PAGE = u(2**64 - 1)  # "no block-table entry read yet"
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 merge_weights = device_function(merge_weights)  # the online softmax's merge, from tinyflash.core
 
@@ -139,34 +140,27 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
     wait_oldest = ptx.cp_async_wait_group(STAGES - 1)  # all but the STAGES - 1 newest tiles have landed
 
     @cuda.jit(device=True, inline="always")
-    def pool_page(TABLE, b, key, seq_len, max_pages):
-        """Paged: the pool page that holds key ``key`` of sequence b (clamped into the sequence), read
-        from the block table."""
-        return uint64(TABLE[b * max_pages + min(key, seq_len - ONE) // PAGE])
-
-    @cuda.jit(device=True, inline="always")
-    def row_offset(bkv, kv_head, key, n_k, h_kv, d, page):
-        """Where key ``key`` of this K/V head starts in the flat K (and V) array, in elements; paged:
-        in pool page ``page``."""
+    def row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen):
+        """Where key ``key`` of this K/V head starts in the flat K (and V) array, in elements. Paged:
+        the block table is read once per page (``seen`` = [last page, its pool page])."""
         if page_size == 0:  # contiguous (B, H_kv, Nk, d)
             return (bkv * n_k + key) * d
-        return ((page * h_kv + kv_head) * PAGE + key % PAGE) * d  # pool (num_pages, H_kv, PAGE, d)
+        page = key // PAGE
+        if page != seen[0]:
+            seen[0], seen[1] = page, uint64(TABLE[b * max_pages + page])  # through the block table
+        return ((seen[1] * h_kv + kv_head) * PAGE + key % PAGE) * d
 
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, tile0, seq_len, stage_loc, slot, col0, n_k, h_kv,
-                  max_pages, d, pages):
+                  max_pages, d, seen):
         """Request this thread's pieces of tile ``tile0``'s K and V rows (keys tile0 + slot + t·KP,
         columns col0 ..) into the ring at element ``stage_loc`` (+ t·KP·D); keys at or past the
         sequence's end become zeros (their scores are masked). Full rows: one cp.async each, in
-        flight until waited for; else element by element, at once.
-
-        Paged: ``pages[t]`` holds the pool page of key t, read from the block table one tile
-        earlier; the same key of the next tile's is read now, and used when that tile is requested.
-        A read of the table takes hundreds of cycles, which a copy waiting for its address would wait."""
+        flight until waited for; else element by element, at once."""
         for t in range(U_):
             key = tile0 + slot + t * KP_
             inside = key < seq_len
-            off = row_offset(bkv, kv_head, min(key, seq_len - ONE), n_k, h_kv, d, pages[t])
+            off = row_offset(TABLE, b, bkv, kv_head, min(key, seq_len - ONE), n_k, h_kv, max_pages, d, seen)
             dst = stage_loc + t * KP_ * D_  # the key's row in the tile, this thread's columns
             if full:  # VEC elements: PIECES copies of 16 bytes
                 nbytes = uint32(LOAD_BYTES) if inside else uint32(0)
@@ -179,8 +173,6 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                     ok = inside and col0 + e < d
                     ring[dst + e] = float32(K[off + col0 + e]) if ok else float32(0.0)
                     ring[dst + TILE + e] = float32(V[off + col0 + e]) if ok else float32(0.0)
-            if page_size != 0:
-                pages[t] = pool_page(TABLE, b, key + BK, seq_len, max_pages)  # the next tile's, in flight meanwhile
         ptx.cp_async_commit()  # one group per tile (an empty one on the element path)
 
     @cuda.jit(device=True, inline="always")
@@ -281,11 +273,8 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         row_stop = cuda.local.array(RB, uint64)  # row r may attend keys < row_stop[r]
         s = cuda.local.array((RB, unroll), float32)  # scores, then P, of this tile's keys of the slot
         kf = cuda.local.array(VEC, float32)  # one K row's VEC elements of this thread, as float32
-        pages = cuda.local.array(unroll, uint64)  # paged: the pool pages of this thread's keys in the next tile
-        for t in range(U_):
-            pages[t] = ZERO
-            if page_size != 0 and n_tiles > 0:
-                pages[t] = pool_page(TABLE, b, k_begin + slot + t * KP_, seq_len, max_pages)
+        seen = cuda.local.array(2, uint64)  # paged: the last page looked up in the block table, its pool page
+        seen[0] = NO_PAGE
         unmasked = k_end  # keys below it are allowed for every row: tiles below it need no mask
         q_row0 = bkv * rows + row0  # packed rows of one K/V head are consecutive rows of q
         for r in range(RB_):
@@ -303,14 +292,14 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         for j in range(AHEAD):  # the ring's first STAGES - 1 tiles requested (an empty group past the split)
             if j < n_tiles:
                 copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, k_begin + j * BK, seq_len, j * STAGE + loc,
-                          slot, col0, n_k, h_kv, max_pages, d, pages)
+                          slot, col0, n_k, h_kv, max_pages, d, seen)
             else:
                 ptx.cp_async_commit()
         for j in range(n_tiles):
             ahead = j + AHEAD  # its stage is the one tile j - 1 used: this thread has read it already
             if ahead < n_tiles:
                 copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, k_begin + ahead * BK, seq_len,
-                          (ahead % STAGES_) * STAGE + loc, slot, col0, n_k, h_kv, max_pages, d, pages)
+                          (ahead % STAGES_) * STAGE + loc, slot, col0, n_k, h_kv, max_pages, d, seen)
             else:
                 ptx.cp_async_commit()  # an empty group: the wait below still counts STAGES - 1 groups
             wait_oldest()  # tile j has landed (this thread's own copies: no barrier needed)
