@@ -301,3 +301,14 @@ def test_kv_cache_figure(tmp_path):
     rows = {(r["variant"], r["dtype"], int(r["context"])): int(r["bytes"]) for r in read_rows(tmp_path / "kv_cache.csv")}
     assert rows["MHA", "float16", 4096] == 4 * rows["GQA", "float16", 4096] == 32 * rows["MQA", "float16", 4096]
     assert rows["GQA", "float16", 1024] == 2 * rows["GQA", "int8", 1024]
+
+
+def test_provenance_names_every_run():
+    """A CSV measured in two runs (float16 rows later than float32 ones) says both dates in the title."""
+    from tinyflash.measure.plot_gpu import _provenance
+
+    base = {"device": "GPU", "numpy": "2", "numba_cuda": "0.30", "cupy": "14", "torch": ""}
+    one = [{**base, "date": "d1", "dtype": "float32"}]
+    assert "GPU, d1;" in _provenance(one)
+    two = one + [{**base, "date": "d2", "dtype": "float16"}]
+    assert "d1 (float32), d2 (float16)" in _provenance(two)

@@ -182,8 +182,8 @@ def test_traffic_numbers():
 
 def test_what_the_sweep_times():
     """'The sweep ... times stage 2's latest kernel (v5, CUDA cores), stage 3's (v6 ...) on float16 inputs
-    ...': the sweep's defaults and variants; and while the committed CSV has no v6 rows, the README
-    says so and the table's stage 3 columns are empty (once it has them, this sentence must go)."""
+    ...': the sweep's defaults and variants; the committed CSV has v6 in its float16 rows, each dtype
+    from one run, and the README says when the two dtypes' runs differ."""
     from tinyflash.forward.kernels import LATEST
     from tinyflash.measure import bench
 
@@ -194,11 +194,14 @@ def test_what_the_sweep_times():
     for d in ds:  # "stage 3's (v6, ...) on float16 inputs"
         assert [x.impl for x in bench.sdpa_variants(d, "float16")][:2] == ["tinyflash", "tinyflash_tc"]
         assert "tinyflash_tc" not in [x.impl for x in bench.sdpa_variants(d, "float32")]
-    measured = any(r["impl"] == "tinyflash_tc" for r in BENCH)
-    before = 'The committed CSV was measured before v6 joined the sweep, so its column below is "–"'
-    assert (before in FLAT) != measured
-    stage_3 = [line.split("|")[5].strip() for line in block("bench-summary").splitlines()[2:]]
-    assert (set(stage_3) == {"–"}) != measured
+    measured = {r["dtype"] for r in BENCH if r["impl"] == "tinyflash_tc"}
+    assert measured == {"float16"}  # v6 is in the committed CSV, in its float16 rows only
+    dates = {dtype: {r["date"] for r in BENCH if r["dtype"] == dtype} for dtype in ("float16", "float32")}
+    assert all(len(d) == 1 for d in dates.values())  # each dtype from one run: its rows compare in the same run
+    if dates["float16"] != dates["float32"]:
+        assert "CSV's float16 rows (v6 among them) come from a later run than its float32 rows" in FLAT
+    stage_3 = {line.split("|")[1].strip(): line.split("|")[5].strip() for line in block("bench-summary").splitlines()[2:]}
+    assert all((cell == "–") == (dtype == "float32") for dtype, cell in stage_3.items())
 
 
 def test_the_claims_about_naive_attention():

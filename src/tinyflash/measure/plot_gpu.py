@@ -120,8 +120,14 @@ def _placeholder(png: Path, title: str, csv_path: Path) -> Path:
 
 
 def _provenance(rows: list[dict]) -> str:
+    """Device, date(s) and versions; a CSV measured in several runs names each run's date and dtypes."""
     r = rows[0]
-    return (f"measured on {r['device']}, {r['date']}; numpy {r['numpy']}, numba-cuda {r['numba_cuda']}, "
+    runs = {}
+    for row in rows:
+        runs.setdefault(row["date"], set()).add(row["dtype"])
+    when = r["date"] if len(runs) == 1 else ", ".join(f"{date} ({', '.join(sorted(dtypes))})"
+                                                      for date, dtypes in sorted(runs.items()))
+    return (f"measured on {r['device']}, {when}; numpy {r['numpy']}, numba-cuda {r['numba_cuda']}, "
             f"cupy {r['cupy']}, torch {r['torch'] or 'not installed'}")
 
 
