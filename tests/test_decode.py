@@ -179,7 +179,7 @@ def test_decode_summary_table():
             {**row("torch_cudnn", "enable_gqa=True", 0), "status": "unsupported"},
             row("copy", "device-to-device, K and V", 1.8), row("split_kv", "splits=2", 2.0)]
     table = summary_table(rows)
-    assert table.splitlines()[2] == ("| 8 | 131,072 | 6 | 1,000.0 | – | 3,000.0 | 1,050.0 | 950.0 | unsupported | 1,800.0 "
+    assert table.splitlines()[2] == ("| 8 | 131,072 | 6 | 1,000.0 | 3,000.0 | 1,050.0 | 950.0 | unsupported | 1,800.0 "
                                      "| 4.00 | 0.95× | – | 90% | 1.05 |")  # no CUDA-graph rows: –
     graphs = [row("split_kv", "CUDA graph", 0.5), row("torch_flash", "CUDA graph", 0.45)]
     assert table.splitlines()[2].replace("| – | 90%", "| 0.90× | 90%") == summary_table(rows + graphs).splitlines()[2]

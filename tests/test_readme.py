@@ -305,6 +305,9 @@ def test_the_decode_section():
     expected = (summary_table(read_csv(csv_path)) if csv_path.exists() else
                 "Not measured yet: the table appears here once `figures/data/decode_h200.csv` is committed.")
     assert block("decode-summary") == expected
+    whole = [float(x) for x in re.findall(r"^split_kv\s+whole call\s+1\s+\d+\s+\d+\s+([\d.]+)",
+                                          (RESULTS / "decode_whole_call_h200.log").read_text(), re.MULTILINE)]
+    assert len(whole) == 3 and f"took {min(whole):.0f}–{max(whole):.0f} µs at B = 1 in an earlier run" in FLAT
     if csv_path.exists():
         from tinyflash.measure.bench_decode import bar_sentence
 

@@ -272,7 +272,7 @@ def print_row(r: dict) -> None:
           f"{cp}  {r['status']}")
 
 
-SUMMARY_IMPLS = (("split_kv", ""), ("split_kv", "whole call"), ("no_split", ""), ("paged", f"page_size={PAGE}"), ("torch_flash", "enable_gqa=True"),
+SUMMARY_IMPLS = (("split_kv", ""), ("no_split", ""), ("paged", f"page_size={PAGE}"), ("torch_flash", "enable_gqa=True"),
                  ("torch_cudnn", "enable_gqa=True"), ("copy", "device-to-device, K and V"))
 
 
@@ -291,7 +291,7 @@ def summary_table(rows: list[dict]) -> str:
         ok = a is not None and b is not None and a["status"] == b["status"] == "ok"
         return fmt.format(float(a["time_ms"]) / float(b["time_ms"])) if ok else "–"
 
-    names = " | ".join(f"{impl}, {variant}" if variant == "whole call" else impl for impl, variant in SUMMARY_IMPLS)
+    names = " | ".join(impl for impl, _ in SUMMARY_IMPLS)
     lines = [f"| B | Nk | splits | {names} | split_kv TB/s | split_kv / SDPA flash | the same, CUDA graphs | "
              "split_kv / copy | paged / split_kv |",
              "|---" * (len(SUMMARY_IMPLS) + 8) + "|"]
