@@ -145,8 +145,8 @@ def test_the_sweep_times_stage_3_on_float16_only(rng):
     from tinyflash.forward.kernels import LATEST
     from tinyflash.measure import bench
 
-    def measured(d, dtype):
-        return [(x.impl, x.variant) for x in bench.sdpa_variants(d, dtype)][:3]  # PyTorch's, if any, follow
+    def measured(d, dtype):  # tinyflash's and naive CuPy's; PyTorch's, where it is installed, follow
+        return [(x.impl, x.variant) for x in bench.sdpa_variants(d, dtype) if not x.impl.startswith("torch")]
 
     for d in (64, 128):
         assert measured(d, np.float16) == [("tinyflash", LATEST), ("tinyflash_tc", "v6"), ("cupy_naive", "")]
