@@ -121,6 +121,8 @@ cfg = v6.default_tiling(128, causal=False)
 print(f"\nd = 128 on a GPU: {cfg.WARPS} warps × {16 * cfg.ROW_TILES} rows = Br {cfg.BR}, Bc {cfg.BC}; "
       "shared memory (words):",
       cfg.smem_layout(), f"= {cfg.smem_bytes / 1024:.0f} KiB")
+print(f"Q_i's operands {'read from shared memory at every key tile' if cfg.Q_IN_SMEM else 'held in registers'} "
+      "(Q_IN_SMEM): 32 rows per warp need the registers for S_ij and the accumulator")
 #   tile j:    compute on buffer j % 2     | cp.async K_j+1, V_j+1 -> buffer (j+1) % 2
 #   wait_group 0 (this thread's copies), then one barrier: everyone's copies have landed, and no
 #   warp still reads buffer j % 2, which tile j+2's copies will overwrite.
