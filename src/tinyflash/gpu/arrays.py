@@ -23,10 +23,10 @@ def is_device_array(x) -> bool:
     """CuPy, numba (also the simulator's), PyTorch CUDA tensors, or any other array on the GPU.
     (PyTorch and CuPy are asked directly: a PyTorch tensor builds its whole ``__cuda_array_interface__``
     each time it is read, a few µs that add up in a call made of several checks.)"""
-    top = type(x).__module__.split(".")[0]
-    if top == "torch":
+    lib = library(x)
+    if lib == "torch":
         return x.is_cuda
-    if top == "cupy":
+    if lib == "cupy":
         return True
     return hasattr(x, "__cuda_array_interface__") or bool(getattr(x, "__cuda_ndarray__", False))
 
@@ -80,9 +80,9 @@ def flat_device(x):
 def to_device_like(like, x):
     """The host array ``x`` copied to the GPU by the library of ``like`` (a device array; None: numba's).
 
-    A small array that a kernel reads (a block table, the sequences' lengths) then lives in that
-    library's memory pool, freed in the order of its stream like the call's other arrays, not by
-    numba's deferred deallocation while a kernel may still read it."""
+    A small array that a kernel reads (a block table, the sequences' lengths) then lives where the
+    call's outputs live (:func:`empty`): in that library's memory pool, without a numba allocation
+    in every call."""
     lib = None if like is None else library(like)
     if lib == "cupy":
         import cupy

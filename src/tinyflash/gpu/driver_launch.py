@@ -23,7 +23,8 @@ An array argument may be a PyTorch CUDA tensor, a CuPy array, a numba device arr
 C-contiguous ``__cuda_array_interface__`` array, of any dtype: the kernel sees its bytes as the
 signature's element type (nitems = bytes / itemsize). The caller keeps its arrays alive until the
 kernel has run, and gives addresses aligned as the kernel needs (16 bytes for ``cp.async``).
-Launches go to stream 0, as numba's do, unless a bound launch is given another. Only for a GPU: on numba's simulator launch the dispatcher.
+Launches go to stream 0, as numba's do, unless a bound launch is given another. Only for a GPU:
+on numba's simulator, launch the dispatcher.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import threading
 
 import numpy as np
 
+from .arrays import library
+
 SLOT = 8  # bytes per parameter slot: every parameter here is at most 8 bytes
-ARRAY_FIELDS = 7  # meminfo, parent, nitems, itemsize, data, shape[0], strides[0]
 
 
 def slot_codes(ty) -> list[str]:
@@ -65,12 +67,12 @@ def slot_format(argument_types) -> str:
 
 def address_and_bytes(x) -> tuple[int, int]:
     """(device address, size in bytes) of a C-contiguous device array of any library."""
-    top = type(x).__module__.split(".")[0]
-    if top == "torch":
+    lib = library(x)
+    if lib == "torch":
         if not (x.is_cuda and x.is_contiguous()):
             raise ValueError(f"expected a contiguous CUDA tensor; got device {x.device}, strides {tuple(x.stride())}")
         return x.data_ptr(), x.numel() * x.element_size()
-    if top == "cupy":
+    if lib == "cupy":
         if not x.flags.c_contiguous:
             raise ValueError(f"expected a C-contiguous CuPy array; got strides {x.strides}")
         return x.data.ptr, x.nbytes
