@@ -276,14 +276,21 @@ SUMMARY_IMPLS = (("split_kv", ""), ("no_split", ""), ("paged", f"page_size={PAGE
                  ("torch_cudnn", "enable_gqa=True"), ("copy", "device-to-device, K and V"))
 
 
+def _row(rows: list[dict], impl: str, variant: str, b, n) -> dict | None:
+    """The CSV row of ``impl`` (``variant``) at batch ``b`` and Nk ``n``, or None."""
+    return next((r for r in rows if (r["impl"], r["variant"], r["batch"], r["n_k"]) == (impl, variant, b, n)), None)
+
+
+def _shapes(rows: list[dict]) -> list[tuple]:
+    """The (B, Nk) of a decode CSV, smallest first."""
+    return sorted({(r["batch"], r["n_k"]) for r in rows}, key=lambda x: (int(x[0]), int(x[1])))
+
+
 def summary_table(rows: list[dict]) -> str:
     """The README's table of a decode CSV: µs per call of each implementation per (B, Nk), the
     split count the rule chose, split-KV's K/V read rate, its ratios to SDPA flash (one call each;
     and both replayed from CUDA graphs, where no host time counts: the kernels alone) and to the
     copy, and the paged kernel's time over the contiguous one's."""
-    def find(impl, variant, b, n):
-        return next((r for r in rows if (r["impl"], r["variant"], r["batch"], r["n_k"]) == (impl, variant, b, n)), None)
-
     def us(r):
         return f"{float(r['time_ms']) * 1e3:,.1f}" if r and r["status"] == "ok" else (r["status"] if r else "–")
 
@@ -295,15 +302,16 @@ def summary_table(rows: list[dict]) -> str:
     lines = [f"| B | Nk | splits | {names} | split_kv TB/s | split_kv / SDPA flash | the same, CUDA graphs | "
              "split_kv / copy | paged / split_kv |",
              "|---" * (len(SUMMARY_IMPLS) + 8) + "|"]
-    for b, n in sorted({(r["batch"], r["n_k"]) for r in rows}, key=lambda x: (int(x[0]), int(x[1]))):
-        ours = find("split_kv", "", b, n)
-        cells = " | ".join(us(find(impl, var, b, n)) for impl, var in SUMMARY_IMPLS)
+    for b, n in _shapes(rows):
+        ours = _row(rows, "split_kv", "", b, n)
+        cells = " | ".join(us(_row(rows, impl, var, b, n)) for impl, var in SUMMARY_IMPLS)
         ok = ours is not None and ours["status"] == "ok"
         ratio = f"{float(ours['vs_torch_flash']):.2f}×" if ok and ours.get("vs_torch_flash") else "–"
-        graphs = over(find("torch_flash", "CUDA graph", b, n), find("split_kv", "CUDA graph", b, n), "{:.2f}×")
+        graphs = over(_row(rows, "torch_flash", "CUDA graph", b, n), _row(rows, "split_kv", "CUDA graph", b, n),
+                      "{:.2f}×")
         share = f"{float(ours['vs_copy']):.0%}" if ok and ours.get("vs_copy") else "–"
         tbs = f"{float(ours['tb_per_s']):.2f}" if ok else "–"
-        paged = over(find("paged", f"page_size={PAGE}", b, n), ours, "{:.2f}")
+        paged = over(_row(rows, "paged", f"page_size={PAGE}", b, n), ours, "{:.2f}")
         lines.append(f"| {b} | {int(n):,} | {ours['num_splits'] if ours else '–'} | {cells} | {tbs} | {ratio} | "
                      f"{graphs} | {share} | {paged} |")
     return "\n".join(lines)
@@ -312,16 +320,15 @@ def summary_table(rows: list[dict]) -> str:
 def bar_sentence(rows: list[dict]) -> str:
     """Where the committed decode CSV stands against issue 13's bar, in the README's words."""
     def time(impl, variant, b, n):
-        r = next(r for r in rows if (r["impl"], r["variant"], r["batch"], r["n_k"]) == (impl, variant, b, n))
+        r = _row(rows, impl, variant, b, n)
         return float(r["time_ms"]) if r["status"] == "ok" else float("nan")
 
-    shapes = sorted({(r["batch"], r["n_k"]) for r in rows}, key=lambda x: (int(x[0]), int(x[1])))
+    shapes = _shapes(rows)
     per_call = [time("torch_flash", "enable_gqa=True", b, n) / time("split_kv", "", b, n) for b, n in shapes]
     graphs = [time("torch_flash", "CUDA graph", b, n) / time("split_kv", "CUDA graph", b, n) for b, n in shapes]
     paged = {(b, n): time("paged", f"page_size={PAGE}", b, n) / time("split_kv", "", b, n) for b, n in shapes}
-    largest = max(shapes, key=lambda x: (int(x[0]), int(x[1])))
-    copy = float(next(r["vs_copy"] for r in rows if (r["impl"], r["variant"], r["batch"], r["n_k"]) ==
-                      ("split_kv", "", *largest)))  # its K/V read rate over the copy's
+    largest = shapes[-1]
+    copy = float(_row(rows, "split_kv", "", *largest)["vs_copy"])  # its K/V read rate over the copy's
     others = [p for s, p in paged.items() if s != largest]
     return (f"per call, as timed above, split-KV is at {min(per_call):.2f}× or more of SDPA flash at every shape, "
             f"and reads K and V at {copy:.0%} of the copy's rate at B = {largest[0]}, Nk = {int(largest[1]):,}. "
