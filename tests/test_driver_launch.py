@@ -17,35 +17,8 @@ import pytest
 
 from tinyflash.gpu import driver_launch as dl
 
-# (name, argument types): the signatures the wrappers launch, written as numba type names
-SIGNATURES = {
-    "v6": "v6",
-    "split f16": ("split", "float16", True),
-    "split f32": ("split", "float32", False),
-    "combine": ("combine", "float16"),
-    "scalars": ("int32", "uint32", "int16", "uint8", "float64", "bool"),
-}
-
-_NUMBA_ABI = r"""
-import json
-from numba.cuda import types
-from numba.cuda.descriptor import cuda_target
-from tinyflash.decode import kernels
-from tinyflash.forward.kernels import v6_tensor_cores as v6
-
-sigs = {"v6": v6.SIGNATURE, "split f16": kernels.split_signature("float16", True),
-        "split f32": kernels.split_signature("float32", False), "combine": kernels.combine_signature("float16"),
-        "scalars": (types.int32, types.uint32, types.int16, types.uint8, types.float64, types.boolean)}
-out = {}
-for name, sig in sigs.items():
-    params = cuda_target.target_context.get_arg_packer(sig).argument_types  # numba's flattened kernel parameters
-    sizes = {"float": 4, "double": 8}  # and i8 .. i64, and 8-byte pointers
-    out[name] = [(str(t), 8 if str(t).endswith("*") else sizes.get(str(t)) or t.width // 8) for t in params]
-print(json.dumps(out))
-"""
-
-
-def _signature(name):
+def signatures() -> dict:
+    """name -> argument types: the signatures the wrappers launch, and scalars of every other width."""
     from numba.cuda import types
 
     from tinyflash.decode import kernels
@@ -53,24 +26,41 @@ def _signature(name):
 
     return {"v6": v6.SIGNATURE, "split f16": kernels.split_signature("float16", True),
             "split f32": kernels.split_signature("float32", False), "combine": kernels.combine_signature("float16"),
-            "scalars": (types.int32, types.uint32, types.int16, types.uint8, types.float64, types.boolean)}[name]
+            "scalars": (types.int32, types.uint32, types.int16, types.uint8, types.float64, types.boolean)}
+
+
+# numba's flattened kernel parameters for the same signatures, in a process without the simulator
+_NUMBA_ABI = r"""
+import json, sys
+from numba.cuda.descriptor import cuda_target
+sys.path.insert(0, sys.argv[1])
+from test_driver_launch import signatures
+
+out = {}
+for name, sig in signatures().items():
+    params = cuda_target.target_context.get_arg_packer(sig).argument_types
+    sizes = {"float": 4, "double": 8}  # and i8 .. i64, and 8-byte pointers
+    out[name] = [(str(t), 8 if str(t).endswith("*") else sizes.get(str(t)) or t.width // 8) for t in params]
+print(json.dumps(out))
+"""
 
 
 def test_slots_match_numbas_parameters():
     """One slot per parameter of numba's compiled kernel, of the same size and kind (int, float, pointer)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # the real target's data model
-    out = subprocess.run([sys.executable, "-c", _NUMBA_ABI], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _NUMBA_ABI, os.path.dirname(__file__)], env=env, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     numba_params = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in SIGNATURES:
-        codes = [c for ty in _signature(name) for c in dl.slot_codes(ty)]
+    for name, signature in signatures().items():
+        codes = [c for ty in signature for c in dl.slot_codes(ty)]
         expected = numba_params[name]
         assert len(codes) == len(expected), (name, codes, expected)
         for code, (llvm, size) in zip(codes, expected):
             assert struct.calcsize("<" + code) == size, (name, code, llvm)
             assert (code in "fd") == (llvm in ("float", "double")), (name, code, llvm)
             assert not llvm.endswith("*") or code == "Q", (name, code, llvm)  # addresses: unsigned 64-bit
-        assert struct.calcsize(dl.slot_format(_signature(name))) == dl.SLOT * len(codes)
+        assert struct.calcsize(dl.slot_format(signature)) == dl.SLOT * len(codes)
 
 
 class _DeviceArrayStandIn:
