@@ -36,12 +36,12 @@ SHAPES = [(128, 4, 16, None), (128, 4, 32, None), (128, 2, 32, 168), (128, 2, 16
 def loop_instructions(listing: str) -> int:
     """Machine instructions of the loop that holds the ring's wait (DEPBAR.LE), from its label to its branch back."""
     lines = listing.splitlines()
-    wait = next(i for i, x in enumerate(lines) if "DEPBAR.LE" in x)
     labels = {x[:-1]: i for i, x in enumerate(lines) if re.match(r"\.L_x_\d+:$", x)}
-    for i in range(wait, len(lines)):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", lines[i])
-        if m and labels.get(m.group(1), wait) < wait:
-            return sum(bool(re.search(r"/\*[0-9a-f]{4}\*/", x)) for x in lines[labels[m.group(1)]:i + 1])
+    for wait in (i for i, x in enumerate(lines) if "DEPBAR.LE" in x):  # the first wait may come before the loop
+        for i in range(wait, len(lines)):
+            m = re.search(r"BRA `\((\.L_x_\d+)\)", lines[i])
+            if m and labels.get(m.group(1), wait) < wait:
+                return sum(bool(re.search(r"/\*[0-9a-f]{4}\*/", x)) for x in lines[labels[m.group(1)]:i + 1])
     raise ValueError("no loop around the ring's wait")
 
 

@@ -21,7 +21,7 @@ for what in "$@"; do
     tests)
       pids=()
       for group in "tests/test_cuda_gpu.py" "tests/test_tensor_core_gpu.py tests/test_tensor_core_ptx.py" \
-                   "tests/test_backward_gpu.py" "tests/test_decode_kernels.py tests/test_gqa.py" \
+                   "tests/test_backward_gpu.py" "tests/test_decode_kernels.py tests/test_decode_tensor_cores.py tests/test_gqa.py" \
                    "tests/test_nonfinite.py tests/test_gpu_runtime.py tests/test_commands.py"; do
         name=$(echo "$group" | awk '{print $1}' | sed 's#tests/##; s#\.py##')
         # shellcheck disable=SC2086

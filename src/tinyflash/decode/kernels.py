@@ -113,6 +113,39 @@ def shared_elements(element):
 
 
 @lru_cache(maxsize=None)
+def key_row_offset(page_size: int):
+    """The device function ``row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen)``:
+    where key ``key`` of K/V head ``kv_head`` of sequence ``b`` (``bkv`` = b·H_kv + kv_head) starts in
+    the flat K (and V) array, in elements. ``page_size`` 0: a contiguous cache (B, H_kv, Nk, d); else
+    pages of ``page_size`` tokens (num_pages, H_kv, page_size, d) found through the block table, read
+    once per page: ``seen`` = [the last page looked up, its page in the pool] (start it at NO_PAGE)."""
+    PAGE = u(max(page_size, 1))
+
+    @cuda.jit(device=True, inline="always")
+    def row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen):
+        if page_size == 0:  # contiguous
+            return (bkv * n_k + key) * d
+        page = key // PAGE
+        if page != seen[0]:
+            seen[0], seen[1] = page, uint64(TABLE[b * max_pages + page])  # through the block table
+        return ((seen[1] * h_kv + kv_head) * PAGE + key % PAGE) * d
+
+    return row_offset
+
+
+@cuda.jit(device=True, inline="always")
+def split_keys(seq_len, split, n_splits, tile):
+    """(k_begin, k_end, n_tiles): split ``split``'s keys of a sequence of ``seq_len`` keys cut into
+    ``n_splits`` equal runs, each a whole number of tiles of ``tile`` keys (the last runs may be
+    short, or empty); uint64 arguments."""
+    chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole tiles
+    chunk = (chunk + tile - ONE) // tile * tile
+    k_begin = min(split * chunk, seq_len)
+    k_end = min(k_begin + chunk, seq_len)
+    return k_begin, k_end, (k_end - k_begin + tile - ONE) // tile
+
+
+@lru_cache(maxsize=None)
 def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
                       itemsize: int = 2, max_registers: int | None = None):
     """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
@@ -132,23 +165,12 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
     STAGE = TILE + TILE  # one stage: K_j, then V_j
     STAGES_, AHEAD = u(STAGES), u(STAGES - 1)  # tiles in the ring; tiles requested ahead of the one computed
     WORD = u(4 // itemsize)  # elements per 32-bit word
-    PAGE = u(max(page_size, 1))
+    row_offset = key_row_offset(page_size)
     M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # merge: m, l, acc of every slot (floats)
     load_vec = vector_load(VEC)
     lane_sum = group_sum(TD)
     ring_elements = shared_elements(ELEMENT_TYPES[itemsize])
     wait_oldest = ptx.cp_async_wait_group(STAGES - 1)  # all but the STAGES - 1 newest tiles have landed
-
-    @cuda.jit(device=True, inline="always")
-    def row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen):
-        """Where key ``key`` of this K/V head starts in the flat K (and V) array, in elements. Paged:
-        the block table is read once per page (``seen`` = [last page, its pool page])."""
-        if page_size == 0:  # contiguous (B, H_kv, Nk, d)
-            return (bkv * n_k + key) * d
-        page = key // PAGE
-        if page != seen[0]:
-            seen[0], seen[1] = page, uint64(TABLE[b * max_pages + page])  # through the block table
-        return ((seen[1] * h_kv + kv_head) * PAGE + key % PAGE) * d
 
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, tile0, seq_len, stage_loc, slot, col0, n_k, h_kv,
@@ -260,11 +282,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         loc = slot * D_ + col0  # its first element in a tile of the ring (key slot, column col0)
 
         seq_len = uint64(LENS[b])
-        chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole tiles
-        chunk = (chunk + BK - ONE) // BK * BK
-        k_begin = min(split * chunk, seq_len)
-        k_end = min(k_begin + chunk, seq_len)
-        n_tiles = (k_end - k_begin + BK - ONE) // BK  # the same in every thread (the shuffles need it)
+        k_begin, k_end, n_tiles = split_keys(seq_len, split, n_splits, BK)  # n_tiles: the same in every thread
 
         q = cuda.local.array((RB, VEC), float32)  # scale · log2(e) · q_r[its columns], packed rows r
         acc = cuda.local.array((RB, VEC), float32)  # unnormalised O_s[r, its columns]

@@ -8,23 +8,26 @@ against the float64 reference (first and last sequence, all heads; float16 by Fl
 rule against standard attention in float16 on K/V repeated to 32 heads), then timed by the
 harness's :func:`~tinyflash.measure.harness.time_call`:
 
-* ``split_kv``: tinyflash's split kernel + combine kernel, ``num_splits`` by the rule;
-* ``no_split``: the same kernels with one split, so one block per (sequence, K/V head): the
-  idle GPU, measured;
+* ``split_kv``: tinyflash's split kernel + combine kernel, ``num_splits`` by the rule: the
+  tensor-core split kernel (``decode/tensor_cores.py``), its default tiling;
+* ``split_kv`` variant ``CUDA cores``: the CUDA-core split kernel (``decode/kernels.py``), the one
+  before the tensor cores;
+* ``no_split``: the tensor-core kernels with one split, so one block per (sequence, K/V head):
+  the idle GPU, measured;
 * ``paged``: the same kernels reading the same keys through a block table (pages of 16 tokens,
   shuffled in the pool);
 * ``torch_flash``, ``torch_cudnn``: PyTorch's scaled_dot_product_attention, ``enable_gqa=True``;
 * ``copy``: a device-to-device copy of the K and V bytes (CuPy), the bandwidth reference;
 * variant ``CUDA graph`` of ``split_kv`` and ``torch_flash``: the same launches replayed from a
-  CUDA graph, without the CPU's cost per launch (numba's is tens of µs; see :func:`graph_of`).
+  CUDA graph, without the CPU's cost per launch (see :func:`graph_of`); variant ``whole call`` of
+  ``split_kv``: ``cuda_split_kv_attention`` called as a user calls it (checks, plan, allocations).
 
 TB/s counts the K and V bytes read once (B·H_kv·Nk·d·2 bytes·2); for ``copy`` it counts what a
-copy moves, read plus write. At Nk = 131,072 (B = 1 and 8) three other settings of the split
-kernel are timed too (VARIANTS): 128 splits (several waves of blocks instead of the rule's one);
-32 bytes per thread and key row (8 threads a row: 76 instead of 108 warp instructions per key,
-but 225 registers, so 2 blocks per SM instead of 4; ``benchmarks/decode_ptxas.py``); and the
-same with 2 keys per slot and at most 168 registers (3 blocks per SM, 24 bytes spilled, 88
-instructions per key).
+copy moves, read plus write. At Nk = 131,072 (B = 1 and 8) other settings of the tensor-core
+split kernel are timed too (VARIANTS): other tilings (keys per tile, stages of the ring: more
+blocks per SM against more bytes in flight per block; ``benchmarks/decode_ptxas.py`` prints
+each one's registers, blocks per SM and instructions per key) and 128 splits (several waves of
+blocks instead of the rule's one).
 Run time on an H200: about a minute (mostly compiling and the float64 references).
 """
 
@@ -39,8 +42,10 @@ from .harness import environment, time_call
 H, H_KV, D, N_Q = 32, 8, 128, 1
 BATCHES, CONTEXTS = (1, 8), (4_096, 32_768, 131_072)
 PAGE = 16
-VARIANTS = ({"num_splits": 128}, {"row_bytes": 32}, {"row_bytes": 32, "unroll": 2, "max_registers": 168})
-SHORT = {"num_splits": "splits", "row_bytes": "bytes", "unroll": "unroll", "max_registers": "regs"}  # in the labels
+# other settings of the tensor-core split kernel, timed at Nk = 131,072: keys per tile and ring stages, split count
+VARIANTS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys": 32, "stages": 3}, {"keys": 64, "stages": 2},
+            {"num_splits": 128})
+SHORT = {"num_splits": "splits", "keys": "keys", "stages": "stages"}  # in the labels
 FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "impl", "variant", "batch", "n_k", "heads",
           "kv_heads", "d", "num_splits", "time_ms", "time_min_ms", "time_max_ms", "reps", "kv_bytes", "tb_per_s",
           "vs_torch_flash", "vs_copy", "status", "max_rel_err", "tolerance"]
@@ -96,11 +101,11 @@ def candidates(q, k, v, rng):
 
     found = []
 
-    def ours(impl, variant, splits, prepared):
+    def ours(impl, variant, prepared):
         run, o, _, _ = prepared  # run() launches the split and the combine kernel into o
-        found.append((impl, variant, _splits(q, k, splits), run, lambda: o.reshape(q.shape)))
+        found.append((impl, variant, run.plan["num_splits"], run, lambda: o.reshape(q.shape)))
 
-    ours("split_kv", "", None, prepare_split_kv(q, k, v))
+    ours("split_kv", "", prepare_split_kv(q, k, v))
     graphed = graph_of(found[-1][3])
     if graphed is not None:
         found.append(("split_kv", "CUDA graph", found[-1][2], graphed, found[-1][4]))
@@ -110,13 +115,14 @@ def candidates(q, k, v, rng):
         whole["o"] = cuda_split_kv_attention(q, k, v)[0]
 
     found.append(("split_kv", "whole call", found[0][2], whole_call, lambda: whole["o"]))
-    ours("no_split", "", 1, prepare_split_kv(q, k, v, num_splits=1))
-    if k.shape[2] == CONTEXTS[-1]:  # a fixed split count beside the rule's choice, and other block shapes
+    ours("no_split", "", prepare_split_kv(q, k, v, num_splits=1))
+    ours("split_kv", "CUDA cores", prepare_split_kv(q, k, v, tensor_cores=False))  # the kernel before the tensor cores
+    if k.shape[2] == CONTEXTS[-1]:  # a fixed split count beside the rule's choice, and other tilings
         for variant in VARIANTS:
             label = " ".join(f"{SHORT[key]}={val}" for key, val in variant.items())
-            ours("split_kv", label, variant.get("num_splits"), prepare_split_kv(q, k, v, **variant))
+            ours("split_kv", label, prepare_split_kv(q, k, v, **tuning(variant)))
     perm = cupy.asarray(rng.permutation(q.shape[0] * (k.shape[2] // PAGE)), dtype=np.int32)  # pool page of each page
-    ours("paged", f"page_size={PAGE}", None, prepare_paged(q, pages_from_contiguous(k, v, PAGE, perm)))
+    ours("paged", f"page_size={PAGE}", prepare_paged(q, pages_from_contiguous(k, v, PAGE, perm)))
     found += torch_candidates(q, k, v)
     dst = cupy.empty_like(k), cupy.empty_like(v)
 
@@ -128,10 +134,14 @@ def candidates(q, k, v, rng):
     return found
 
 
-def _splits(q, k, num_splits) -> int:
-    from ..decode.cuda import plan
+def tuning(variant: dict) -> dict:
+    """A VARIANTS entry as prepare_split_kv's arguments: keys and stages make a DecodeTiling."""
+    from ..decode.tensor_cores import DecodeTiling
 
-    return plan(q.shape[0], H_KV, H // H_KV, N_Q, k.shape[2], num_splits)["num_splits"]
+    args = {key: val for key, val in variant.items() if key not in ("keys", "stages")}
+    if "keys" in variant:
+        args["tiling"] = DecodeTiling(D=D, BC=variant["keys"], STAGES=variant["stages"])
+    return args
 
 
 def torch_candidates(q, k, v) -> list:

@@ -1,0 +1,145 @@
+"""The tensor-core split kernel of decoding (decode/tensor_cores.py): tiny on numba's simulator
+(its mma, ldmatrix and cp.async emulated with the real fragment layouts), real sizes on a GPU.
+
+Float16 results are checked by FlashAttention's rule (error at most 2× that of standard attention
+in float16, both against the float64 reference), the lse within F32_TOL.
+"""
+
+import numpy as np
+import pytest
+
+import tinyflash as tf
+from tinyflash.core.checks import check_attention_inputs
+from tinyflash.core.tolerance import F32_TOL, assert_close
+from tinyflash.decode import tensor_cores as tc
+from tinyflash.decode.cuda import SUPPORTED as F16_F32, prepare_paged, prepare_split_kv, use_tensor_cores
+from tinyflash.decode.paged import to_paged
+from tinyflash.gpu import arrays
+
+from test_decode_kernels import check, decode_inputs
+
+
+def run_prepared(prepared):
+    run, o, lse, prob = prepared
+    run()
+    return arrays.result(o, prob.out_shape, True), arrays.result(lse, prob.lse_shape, True), run.plan
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("n_q, n_k, d, num_splits, causal, tiling", [
+    (3, 100, 64, 1, True, (16, 3)),  # speculative decoding, causal; 7 tiles through a ring of 3; ragged last tile
+    (1, 20, 64, 5, False, (16, 2)),  # 5 splits of one tile (16 keys) for 20 keys: empty splits
+    (2, 45, 128, 2, True, (32, 2)),  # d = 128, tiles of 32 keys
+])
+def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits, causal, tiling):
+    q, k, v = decode_inputs(rng, 1, 4, 2, n_q, n_k, d, np.float16)  # GQA: 2 query heads per K/V head
+    cfg = tc.DecodeTiling(D=d, BC=tiling[0], STAGES=tiling[1])
+    o, lse, plan = run_prepared(prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, tiling=cfg))
+    assert plan["rb"] == 2 * n_q and plan["num_splits"] == num_splits  # packed rows: 2 heads × Nq
+    check(o, lse, q, k, v, causal, f"tensor-core split kernel, {cfg}")
+
+
+@pytest.mark.simulator
+def test_tensor_core_kernel_row_chunks(rng):
+    """MQA with 18 query heads: 18 packed rows, two chunks of the mma's 16 rows (the second with 2)."""
+    q, k, v = decode_inputs(rng, 1, 18, 1, 1, 21, 64, np.float16)
+    o, lse, plan = run_prepared(prepare_split_kv(q, k, v, num_splits=2, tiling=tc.DecodeTiling(64, 16, 2)))
+    assert plan["grid"] == (2, 1, 2)
+    check(o, lse, q, k, v, False, "18 packed rows")
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("page_size", [4, 5])
+def test_tensor_core_paged_kernel_on_the_simulator(rng, page_size):
+    """Ragged lengths through a random block table, causal with 2 queries: pages of 4 tokens (a tile
+    holds whole pages: its pages are read once per tile) and of 5 (each row's page looked up)."""
+    q, k, v = decode_inputs(rng, 3, 4, 2, 2, 40, 64, np.float16)
+    lens = [40, 6, 17]
+    cache = to_paged(k, v, lens, page_size=page_size, rng=rng)
+    o, lse, _ = run_prepared(prepare_paged(q, cache, num_splits=2, causal=True, tiling=tc.DecodeTiling(64, 16, 2)))
+    for b, n in enumerate(lens):
+        check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], True, f"paged ({page_size} tokens), sequence {b}")
+
+
+def test_which_split_kernel(rng):
+    """float16 at d = 64 or 128 runs on the tensor cores (16 packed rows per block, one warp), other
+    inputs on the CUDA cores; forcing the tensor cores where they do not apply is a clear error."""
+    q, k, v = decode_inputs(rng, 1, 4, 2, 1, 8, 64, np.float16)
+    prob = check_attention_inputs(q, k, v, causal=False, scale=None, allowed=F16_F32)
+    assert use_tensor_cores(prob) and not use_tensor_cores(prob, False)
+    for dtype, d in ((np.float32, 64), (np.float16, 32)):
+        other = check_attention_inputs(*decode_inputs(rng, 1, 4, 2, 1, 8, d, dtype), causal=False, scale=None,
+                                       allowed=F16_F32)
+        assert not use_tensor_cores(other)
+        with pytest.raises(ValueError, match="tensor-core decode kernel takes float16 with d = dv in"):
+            use_tensor_cores(other, True)
+
+
+def test_tensor_core_decode_bad_settings(rng):
+    q, k, v = decode_inputs(rng, 1, 4, 2, 1, 8, 64, np.float16)
+    with pytest.raises(ValueError, match="BC .keys per tile. must be a positive multiple of 16"):
+        tc.DecodeTiling(64, 24, 2).validate()
+    with pytest.raises(ValueError, match="STAGES must be at least 2"):
+        tc.DecodeTiling(64, 16, 1).validate()
+    with pytest.raises(ValueError, match="D must be one of"):
+        tc.DecodeTiling(96, 16, 2).validate()
+    with pytest.raises(ValueError, match="tiling .* is for d = 128; got d = 64"):
+        prepare_split_kv(q, k, v, tiling=tc.DecodeTiling(128, 16, 2))
+    with pytest.raises(ValueError, match="tune the CUDA-core kernel"):
+        prepare_split_kv(q, k, v, unroll=2)
+    with pytest.raises(ValueError, match="tiling= tunes the tensor-core kernel"):
+        prepare_split_kv(q, k, v, tensor_cores=False, tiling=tc.DecodeTiling(64, 16, 2))
+
+
+def test_blocks_per_sm():
+    """Shared memory sets the blocks per SM: 228 KB per SM, 1 KB reserved per block."""
+    cfg = tc.DecodeTiling(128, 32, 4)  # 4 stages × (K, V) × 32 rows × 272 bytes
+    assert cfg.smem_bytes == 4 * 2 * 32 * 272 == 69_632
+    assert cfg.blocks_per_sm() == 228 * 1024 // (69_632 + 1024) == 3
+
+
+# ---- on a real GPU, at decode sizes ----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiling", [(16, 4), (16, 3), (32, 3), (32, 4), (64, 2)])
+@pytest.mark.parametrize("d", [64, 128])
+def test_tensor_core_tilings_on_the_gpu(rng, tiling, d):
+    """Every tiling the benchmark times (and d = 64), Nq = 1 and 3 (causal), a ragged Nk."""
+    cfg = tc.DecodeTiling(D=d, BC=tiling[0], STAGES=tiling[1])
+    for n_q, causal in ((1, False), (3, True)):
+        q, k, v = decode_inputs(rng, 2, 32, 8, n_q, 9_001, d, np.float16)
+        o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal, tiling=cfg))
+        check(o, lse, q, k, v, causal, f"{cfg}, Nq={n_q}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, n_k", [(1, 4_096), (8, 4_096), (8, 32_768)])
+def test_tensor_core_paged_kernel_with_device_pages(rng, batch, n_k):
+    """The paged kernel on a cache built on the GPU as the benchmark builds it (pages of 16 tokens,
+    shuffled in the pool by pages_from_contiguous), at the benchmark's sizes: against the
+    contiguous kernel on the same keys, and the first and last sequence against the reference."""
+    import cupy
+
+    from tinyflash.decode.paged import pages_from_contiguous
+
+    q, k, v = decode_inputs(rng, batch, 32, 8, 1, n_k, 128, np.float16)
+    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
+    perm = cupy.asarray(rng.permutation(batch * (n_k // 16)), dtype=np.int32)
+    o, lse = tf.cuda_paged_attention(dq, pages_from_contiguous(dk, dv, 16, perm))
+    o_c, lse_c = tf.cuda_split_kv_attention(dq, dk, dv)
+    assert_close(cupy.asnumpy(o), cupy.asnumpy(o_c), F32_TOL, "paged vs contiguous o")
+    for b in sorted({0, batch - 1}):
+        check(cupy.asnumpy(o[b]), cupy.asnumpy(lse[b]), q[b], k[b], v[b], False, f"device pages, sequence {b}")
+    assert_close(cupy.asnumpy(lse), cupy.asnumpy(lse_c), F32_TOL, "paged vs contiguous lse", is_lse=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, n_k", [(1, 32_768), (4, 4_099)])
+def test_cuda_core_kernel_still_on_the_gpu(rng, batch, n_k):
+    """The CUDA-core split kernel (tensor_cores=False) at the shapes the tensor cores now take."""
+    for n_q, causal in ((1, False), (4, True)):
+        q, k, v = decode_inputs(rng, batch, 32, 8, n_q, n_k, 128, np.float16)
+        o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal, tensor_cores=False))
+        check(o, lse, q, k, v, causal, f"CUDA cores, B={batch} Nk={n_k} Nq={n_q}")
+
