@@ -137,3 +137,22 @@ def test_paged_kernel_on_the_gpu(rng):
     o, lse = tf.cuda_paged_attention(q, cache)
     for b, n in enumerate(lens):
         check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], False, f"paged, sequence {b} of {n}")
+
+
+@pytest.mark.gpu
+def test_a_prepared_run_keeps_its_outputs_alive(rng):
+    """prepare_split_kv's launches hold the addresses of o and lse: a caller that keeps only ``run``
+    and ``o`` (as the benchmark does) must not let lse's memory go to another array that the
+    combine kernel then overwrites (this once turned a later kernel's sequence lengths into
+    float bits: an illegal address)."""
+    import cupy
+
+    q, k, v = (cupy.asarray(x) for x in decode_inputs(rng, 1, 32, 8, 1, 4_096, 128, np.float16))
+    run, o, _, _ = prepare_split_kv(q, k, v)  # lse dropped at once
+    others = [cupy.full(1, 7, dtype=np.int32) for _ in range(64)]  # small arrays, as a block table or lengths are
+    run()
+    cupy.cuda.Device().synchronize()
+    assert all(int(x[0]) == 7 for x in others), "the combine kernel wrote into memory it does not own"
+    q, k, v = q.get(), k.get(), v.get()
+    assert_fa_rule(cupy.asnumpy(o).reshape(q.shape), tf.naive_attention(q, k, v)[0], tf.reference_attention(q, k, v)[0],
+                   np.float16, what="the kept output")

@@ -157,7 +157,9 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
                                                               lse_part, *scalars)
     combine_launch = driver_kernel(combine, kernels.combine_signature(prob.dtype)).bind(
         combine_grid, nc, 0, o_part, lse_part, o, lse, *combine_sizes)
-    keep = (q, k, v, table, lens, o_part, lse_part)  # the launches hold addresses: keep these arrays alive
+    # the launches hold these addresses: keep every array alive as long as run, the outputs too (a caller that
+    # keeps only o must not let lse's memory go to another array that the combine kernel would then overwrite)
+    keep = (q, k, v, table, lens, o_part, lse_part, o, lse)
 
     def run(stream: int = 0):
         """Launch the split kernel then the combine kernel on ``stream`` (a CUstream handle; 0: the default)."""
