@@ -16,7 +16,9 @@ What you will learn
 
 What changed since lesson 05: the same online softmax, but the loop over K/V tiles is cut into
 splits that run in parallel, and there is one query row instead of thousands. The kernels are
-new (src/tinyflash/decode/kernels.py): one block per (split, sequence, K/V head).
+new: one block per (split, sequence, K/V head) on the CUDA cores (src/tinyflash/decode/kernels.py),
+or one warp per block on the tensor cores (src/tinyflash/decode/tensor_cores.py, with lesson 07's
+fragments).
 
 Run from the repository root:  python lessons/09_decode_and_kv_cache.py
 Without a GPU the kernels run on numba's CUDA simulator at a tiny size (a few seconds).
@@ -38,7 +40,7 @@ import numpy as np  # noqa: E402
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.checks import check_attention_inputs  # noqa: E402
 from tinyflash.core.heads import group_query_heads, kv_heads_view  # noqa: E402
-from tinyflash.core.tolerance import F32_TOL, assert_close  # noqa: E402
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.decode import split_kv  # noqa: E402
 from tinyflash.decode.cache_memory import (  # noqa: E402
     H200_FP16_DENSE_FLOPS,
@@ -139,6 +141,20 @@ o_ref, lse_ref = tf.reference_attention(q32, k32, v32, causal=True)
 err = assert_close(o_gpu, o_ref, F32_TOL, "split kernel o")
 assert_close(lse_gpu, lse_ref, F32_TOL, "split kernel lse", is_lse=True)
 print(f"\nsplit kernel, B = 2, H = 4, H_kv = 2, Nq = 2 (causal), Nk = {n_k:,}, 3 splits: relative error {err:.1e}")
+
+# The same split on the tensor cores (src/tinyflash/decode/tensor_cores.py), which
+# cuda_split_kv_attention picks for float16 at d = 64 or 128. One warp per block: the packed rows
+# (here 2 query heads × Nq = 2 = 4) become the 16 rows of stage 3's mma.sync, the other 12 are
+# zeros, multiplied for nothing, as decoding has tensor-core time to spare. S = Q·K_jᵀ and P·V_j are
+# mma's on tiles that a cp.async ring brings in: about 18 instructions per key at d = 128 instead
+# of 108 (benchmarks/decode_ptxas.py), which lets a few blocks read the cache near HBM's speed.
+d16 = 128 if HAS_GPU else 64
+q16, k16, v16 = (rng.standard_normal(x.shape[:-1] + (d16,)).astype(np.float16) for x in (q32, k32, v32))
+o16, _ = tf.cuda_split_kv_attention(q16, k16, v16, num_splits=3, causal=True)
+rule = assert_fa_rule(o16, tf.naive_attention(q16, k16, v16, causal=True)[0],
+                      tf.reference_attention(q16, k16, v16, causal=True)[0], np.float16, what="tensor-core split kernel")
+print(f"the same on the tensor cores, float16, d = {d16}: largest error {rule.fast_error:.1e}, standard attention's "
+      f"in float16 {rule.naive_error:.1e} (FlashAttention's rule: at most 2× that)")
 
 # %% [6] The paged cache: pages in one pool, a block table per sequence
 lens = [n_k, n_k // 3]  # two sequences of different lengths

@@ -29,6 +29,8 @@ machine code, ``benchmarks/decode_ptxas.py``): products and shuffles for 4 packe
 f32 conversions, the softmax repeated in each of the TD lanes. At B = 8, Nk = 131,072 that is
 ~0.8 ms at one instruction per cycle on every scheduler, against ~1.0 ms to read the cache: the
 two must overlap well. 32 bytes per thread and row (TD = 8) need 76 per key, but 225 registers.
+The tensor-core split kernel (``decode/tensor_cores.py``) needs about 18, and replaces this one
+for float16 at d = 64 and 128; this one serves float32 and the other head dims.
 
 After the loop the KP slots' states are merged through shared memory (the ring's space) with the
 online softmax's rule (:func:`tinyflash.core.online_softmax.merge_weights`) and the block writes

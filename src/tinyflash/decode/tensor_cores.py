@@ -3,9 +3,11 @@
 Why: the CUDA-core split kernel issues about 108 instructions per key (products and shuffles for
 4 packed rows, conversions, the softmax repeated in 16 lanes). On an H200 that is nearly as long
 as reading the key from HBM, so the two must overlap perfectly to reach the memory's speed. On
-the tensor cores one warp multiplies 16 rows by 8 keys over 16 dims per ``mma.sync``: a key costs
-about 2 mma's and 1 ``ldmatrix`` per 16 dims... in all, a few instructions per key, and decoding is
-bound by memory alone, as it should be.
+the tensor cores one warp multiplies 16 rows by 8 keys over 16 dims per ``mma.sync``, and the main
+loop issues about 18 warp instructions per key at d = 128 (``benchmarks/decode_ptxas.py``): at
+B = 1, where few blocks must each read fast, that brings K and V in closer to a copy's rate on
+an H200 (the ``CUDA cores`` rows of ``figures/data/decode_h200.csv``); at B = 8 both kernels are
+bound by memory alone.
 
 The price: an mma has 16 rows, and a decode block has few. With grouped-query attention the
 kv_group query heads that share a K/V head (× Nq rows each) are packed into the rows, as in the
@@ -16,7 +18,7 @@ does the same).
 The layout, in the notation of v6 (``forward/kernels/v6_tensor_cores.py``, whose fragments this is):
 
     one thread block = one warp, per (split, K/V head of one sequence, chunk of 16 packed rows)
-    Q (16 packed rows × d) -> shared memory once (zeros past the real rows) -> A operands in registers
+    Q (16 packed rows × d) -> A operands in registers, loaded once straight from HBM (zeros past the real rows)
     the split's keys in tiles of BC keys; a ring of STAGES tiles of (K_j, V_j) in shared memory,
     filled by cp.async, STAGES - 1 tiles in flight while one is computed:
         S_ij = Q K_jᵀ            mma.sync, B operands by ldmatrix         (16 × BC, in registers)
