@@ -118,10 +118,16 @@ def test_non_finite_value_reaches_the_rows_that_attend_it(stage, bad, rng):
 
 
 @pytest.mark.simulator
-def test_tensor_core_kernel_follows_the_same_rules(rng):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_tensor_core_kernel_follows_the_same_rules(rng, lazy):
     """Stage 3 (kernel v6: float16, d = 64) on the same four situations, in one test to keep the
-    simulator's cost down: a NaN key, a +inf / -inf score, a row of -inf scores, a NaN value."""
+    simulator's cost down: a NaN key, a +inf / -inf score, a row of -inf scores, a NaN value; with the
+    running state rescaled at every tile, and lazily (LAZY_RESCALE: only when a row's max grows by more
+    than 2^8, which a NaN never does)."""
     d = 64
+    from tinyflash.forward.kernels.v6_tensor_cores import TensorCoreTiling
+
+    config = TensorCoreTiling(D=d, WARPS=1, BC=16, LAZY_RESCALE=lazy)  # the simulator's tiling, or lazy
 
     def inputs():
         return make_qkv(rng, (), N_Q, N_K, d, dtype=np.float16)
@@ -129,7 +135,7 @@ def test_tensor_core_kernel_follows_the_same_rules(rng):
     def attention(q, k, v, causal):
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
+            o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel="v6", config=config)
         return o.astype(np.float64), lse.astype(np.float64)
 
     q, k, v = inputs()  # a NaN in key j: exactly the rows that attend it are NaN

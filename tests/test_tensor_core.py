@@ -107,6 +107,35 @@ def test_q_in_smem_head_dim_128(rng):
     assert_close(lse, ref_lse, F32_TOL, "d=128 Q in smem lse", is_lse=True)
 
 
+def lazy(d, row_tiles=1):
+    """LAZY_RESCALE at the simulator's sizes: acc and l_i rescaled only when a row's max grows by more than
+    2^RESCALE_LOG2; one warp, 16 keys per tile."""
+    return v6.TensorCoreTiling(D=d, WARPS=1, BC=16, ROW_TILES=row_tiles, LAZY_RESCALE=True).validate()
+
+
+@pytest.mark.parametrize("row_tiles", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_lazy_rescale(rng, causal, row_tiles):
+    """Lazy rescaling takes both branches: the keys of later tiles score ever higher, so the max of most rows
+    grows by more than 2^8 from tile to tile (rescaled), then stops growing (not rescaled: P_ij up to 2^8)."""
+    q, k, v = make_qkv(rng, (2,), 37, 70, d=64, dtype=np.float16)
+    growth = np.minimum(np.arange(70), 40) / 40.0  # (Nk,): keys 40 .. score like key 40
+    k = (k + 3.0 * growth[:, None] * q[:, :1, :]).astype(np.float16)  # scores against q's first row grow
+    q = (q + q[:, :1, :]).astype(np.float16)  # every row shares part of row 0, so every row's scores grow
+    scale = 0.5  # scaled scores reach hundreds: a rise of 2^8 in exp2 units within one tile of 16 keys
+    reference = v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles).validate()
+    o_lazy, lse_lazy = tf.cuda_attention(q, k, v, causal=causal, scale=scale, kernel="v6", config=lazy(64, row_tiles))
+    o, lse = tf.cuda_attention(q, k, v, causal=causal, scale=scale, kernel="v6", config=reference)
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal, scale=scale)
+    s = scale * LOG2E * np.einsum("hqd,hkd->hqk", q.astype(np.float64), k.astype(np.float64))  # (2, Nq, Nk) base 2
+    first = s[..., :16].max(-1)  # (2, Nq): each row's max over the first tile
+    assert (s.max(-1) - first > 2 * v6.RESCALE_LOG2).mean() > 0.5  # most rows are rescaled again later
+    assert_fa_rule(o_lazy, tf.naive_attention(q, k, v, causal=causal, scale=scale)[0], ref_o, np.float16,
+                   what=f"lazy rescale o causal={causal}")
+    assert_close(lse_lazy, ref_lse, F32_TOL, "lazy rescale lse", is_lse=True)
+    assert_close(o_lazy.astype(np.float64), o.astype(np.float64), 2e-3, "lazy against eager rescaling")
+
+
 def test_head_dim_128_and_a_scale(rng):
     q, k, v = make_qkv(rng, (), 17, 16, d=128, dtype=np.float16)
     o, lse = tf.tensor_core_attention(q, k, v, causal=True, scale=0.05)
@@ -188,3 +217,24 @@ def test_tiling_rules():
         for causal in (False, True):  # 32 rows per warp at both head dims; Q_i read from shared memory at d = 128
             assert v6.default_tiling(d, causal).ROW_TILES == 2
             assert v6.default_tiling(d, causal).Q_IN_SMEM == (d == 128)
+            assert v6.default_tiling(d, causal).LAZY_RESCALE == (d == 128)  # measured: lazy paid at d = 128 only
+    # 128-row blocks for short causal sequences at d = 128 only; the long-sequence tiling when Nq is not given
+    assert v6.default_tiling(128, True, v6.SHORT_CAUSAL - 1).WARPS == 4 and v6.default_tiling(128, True).WARPS == 8
+    assert v6.default_tiling(128, False, 16).WARPS == 8 and v6.default_tiling(64, True, 16).WARPS == 4
+
+
+def test_call_key(rng):
+    """What a call's plan is kept by: CuPy and PyTorch CUDA arrays only, and only a bool causal and a float or
+    None scale (causal=1 hashes like True, but must still be refused by the checks)."""
+    from tinyflash.forward.tensor_cores import call_key
+
+    fake = type("ndarray", (), {"__module__": "cupy._core.core", "shape": (2, 9, 64), "dtype": np.dtype(np.float16)})
+    q = fake()
+    assert call_key(q, q, q, True, None) == ("cupy", (2, 9, 64), (2, 9, 64), (2, 9, 64), *(np.dtype(np.float16),) * 3,
+                                             True, None)
+    assert call_key(q, q, q, False, 0.125)[-2:] == (False, 0.125)
+    for causal, scale in ((1, None), (np.bool_(True), None), (True, 1), (True, np.float32(0.125))):
+        assert call_key(q, q, q, causal, scale) is None
+    host = rng.standard_normal((2, 9, 64)).astype(np.float16)
+    assert call_key(host, host, host, True, None) is None  # NumPy: copied to the GPU at every call anyway
+    assert call_key(q, host, q, True, None) is None

@@ -56,6 +56,17 @@ def _dtype_name(dt) -> str:
     return np.dtype(dt).name
 
 
+class _ExpectedNames:
+    """'float16, float32': the allowed dtypes' names, spelled out only when an error message needs them
+    (a dtype's name takes microseconds, at every call of every check)."""
+
+    def __init__(self, allowed):
+        self.allowed = allowed
+
+    def __str__(self) -> str:
+        return ", ".join(_dtype_name(a) for a in self.allowed)
+
+
 def as_array(x, name: str):
     """Return ``x`` unchanged if it is an array (NumPy or GPU); else convert it with ``np.asarray``."""
     if hasattr(x, "__cuda_array_interface__") or isinstance(x, np.ndarray):
@@ -76,7 +87,7 @@ def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
     has no NumPy equivalent (``torch.bfloat16``, whose interface says ``<V2``) is reported by its
     own name.
     """
-    expected = ", ".join(_dtype_name(a) for a in allowed)
+    expected = _ExpectedNames(allowed)  # the names are only written into an error message
     try:
         dt = np.dtype(x.dtype)
     except TypeError:

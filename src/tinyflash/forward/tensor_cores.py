@@ -15,24 +15,28 @@ tensor cores and the final rounding know which format they are.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 
-from ..core.checks import as_array, check_attention_inputs
+from ..core.checks import AttentionProblem, as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, flat_device, is_device_array, library, result, to_device_flat
-from ..gpu.launch import LaunchArgs
-from ..gpu.runtime import require_gpu
+from ..gpu.arrays import dense, empty, flat_device, is_device_array, library, result, to_device_flat
+from ..gpu.driver_launch import GridLaunch
+from ..gpu.launch import MAX_GRID_Y, LaunchArgs
+from ..gpu.runtime import require_gpu, simulator_enabled
 from .kernels import v6_tensor_cores as v6
 
-FLOAT16 = np.dtype(np.float16)
+FLOAT16, FLOAT32 = np.dtype(np.float16), np.dtype(np.float32)
 
 
 def element_type(x) -> str | None:
     """'bfloat16' if ``x`` holds bfloat16 (a PyTorch tensor, or a NumPy array of ml_dtypes), else None."""
-    name = str(getattr(x, "dtype", "")).rsplit(".", 1)[-1]  # 'torch.bfloat16' -> 'bfloat16'
-    return "bfloat16" if name == "bfloat16" else None
+    dt = getattr(x, "dtype", None)
+    if isinstance(dt, np.dtype):  # NumPy's: ml_dtypes' bfloat16 is a 2-byte kind 'V' (a NumPy dtype's str() is slow)
+        return "bfloat16" if dt.kind == "V" and dt.name == "bfloat16" else None
+    return "bfloat16" if str(dt).rsplit(".", 1)[-1] == "bfloat16" else None  # 'torch.bfloat16' -> 'bfloat16'
 
 
 def _shape_only(x):
@@ -56,19 +60,38 @@ def _flat16(x):
     return flat_device(x) if is_device_array(x) else to_device_flat(x)
 
 
-def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
-    """Stage 3: FlashAttention's forward pass on the tensor cores. Returns ``(o, lse)``.
+@dataclass(frozen=True)
+class CallPlan:
+    """What :func:`tensor_core_attention` learns from its inputs' shapes, dtypes and library, ``causal`` and
+    ``scale``, and nothing else: the checked problem, the 16-bit type, and, for device arrays on a GPU, the
+    kernel sized for them (``v6.driver_launch``; None: the general path below)."""
 
-    q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), with
-    d = 64 or 128 and any Nq, Nk >= 1; o (..., Nq, d) in the input dtype, lse (..., Nq) in
-    float32. Products accumulate in float32 on the tensor cores; P_ij is rounded to the input type
-    before P·V, as in FlashAttention. ``causal`` masks bottom-right (``tinyflash.core.masks``).
-    NumPy float16 inputs are copied to the GPU and back; device arrays (CuPy, numba, PyTorch CUDA
-    tensors) stay there and the results are of the same library. For float32 inputs, other head
-    dims or different d and dv, use :func:`tinyflash.cuda_attention`.
-    """
-    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
-    # 1. check the inputs
+    prob: AttentionProblem
+    element: str  # 'float16' or 'bfloat16'
+    launch: GridLaunch | None
+
+
+_PLANS: dict = {}  # call_key(...) -> CallPlan, for calls that took the driver's path
+MAX_PLANS = 1024  # then the plans are forgotten and made again: a program of ever new shapes holds no more
+
+
+def call_key(q, k, v, causal, scale):
+    """What a :class:`CallPlan` depends on, as a dict key, for PyTorch CUDA tensors and CuPy arrays (the
+    driver's path); None for anything else, which is then checked at every call. Only a ``bool`` causal
+    and a ``float`` or None scale give a key: 1 == True as a key, but ``causal=1`` must still be refused."""
+    if type(causal) is not bool or (scale is not None and type(scale) is not float):
+        return None
+    lib = library(q)
+    if lib == "torch" and library(k) == library(v) == lib and q.is_cuda and k.is_cuda and v.is_cuda:
+        return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
+    if lib == "cupy" and library(k) == library(v) == lib:
+        return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
+    return None
+
+
+def plan_call(q, k, v, causal, scale) -> CallPlan:
+    """Check the inputs (every rule of :func:`tinyflash.core.checks.check_attention_inputs`, and the
+    tensor cores' own: 16-bit, d = dv in v6.HEAD_DIMS) and size the launch."""
     on_device = is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -87,7 +110,55 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
     if on_device != is_device_array(k) or on_device != is_device_array(v):
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+    heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
+    launch = None
+    if on_device and not simulator_enabled() and 0 < heads <= MAX_GRID_Y and prob.n_q > 0:
+        cfg = v6.default_tiling(prob.d, prob.causal, prob.n_q)
+        launch = v6.driver_launch(prob.n_q, prob.n_k, heads, prob.scale * LOG2E, prob.causal, prob.kv_group,
+                                  element, cfg)
+    return CallPlan(prob, element, launch)
 
+
+def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+    """Stage 3: FlashAttention's forward pass on the tensor cores. Returns ``(o, lse)``.
+
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), with
+    d = 64 or 128 and any Nq, Nk >= 1; o (..., Nq, d) in the input dtype, lse (..., Nq) in
+    float32. Products accumulate in float32 on the tensor cores; P_ij is rounded to the input type
+    before P·V, as in FlashAttention. ``causal`` masks bottom-right (``tinyflash.core.masks``).
+    NumPy float16 inputs are copied to the GPU and back; device arrays (CuPy, numba, PyTorch CUDA
+    tensors) stay there and the results are of the same library. For float32 inputs, other head
+    dims or different d and dv, use :func:`tinyflash.cuda_attention`.
+
+    A call's host work is part of its time (at N = 4,096 a call takes well under a millisecond), so
+    for PyTorch and CuPy inputs the checks and the sizing of the launch are done once for each
+    combination of shapes, dtypes, ``causal`` and ``scale``, and kept (:func:`call_key`); a call
+    then only looks its plan up, allocates o and lse and launches.
+    """
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
+    # 1. check the inputs (once per call_key: the checks depend on nothing else)
+    key = call_key(q, k, v, causal, scale)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = plan_call(q, k, v, causal, scale)
+        if key is not None and plan.launch is not None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    prob = plan.prob
+    if plan.launch is not None:  # device arrays on a GPU: o and lse in their library, one launch through the driver
+        o, lse = empty(q, prob.out_shape), empty(q, prob.lse_shape, FLOAT32)  # 2. allocate (like q)
+        plan.launch(dense(q), dense(k), dense(v), o, lse)  # 3. launch (dense: a copy only if not contiguous)
+        return o, lse
+    return _general_call(q, k, v, plan)
+
+
+def _general_call(q, k, v, plan: CallPlan):
+    """NumPy arrays (copied to the GPU and back), numba device arrays, numba's simulator, more heads
+    than one grid holds, empty inputs: steps 2 and 3 through ``v6.launch``."""
+    prob, on_device = plan.prob, is_device_array(q)
+    if not on_device:
+        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     # 2. allocate the outputs (for device inputs, in the caller's array library)
     heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
     like = q if on_device else None
@@ -101,8 +172,8 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
                                     (o, n_q * d), (lse, n_q)),
                           scalars=(n_q, n_k, d, d, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group),
                           n_heads=heads, kv_group=prob.kv_group)  # k and v: one matrix per K/V head (GQA)
-        v6.launch(args, prob, element=element)
+        v6.launch(args, prob, element=plan.element)
     o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
-    if element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
+    if plan.element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
         o = o.view(q.dtype)  # torch.bfloat16, or ml_dtypes.bfloat16
     return o, lse

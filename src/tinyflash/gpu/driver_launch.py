@@ -33,6 +33,7 @@ import ctypes
 import math
 import struct
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def address_and_bytes(x) -> tuple[int, int]:
     if lib == "torch":
         if not (x.is_cuda and x.is_contiguous()):
             raise ValueError(f"expected a contiguous CUDA tensor; got device {x.device}, strides {tuple(x.stride())}")
-        return x.data_ptr(), x.numel() * x.element_size()
+        return x.data_ptr(), x.nbytes
     if lib == "cupy":
         if not x.flags.c_contiguous:
             raise ValueError(f"expected a C-contiguous CuPy array; got strides {x.strides}")
@@ -86,15 +87,20 @@ def address_and_bytes(x) -> tuple[int, int]:
     return cai["data"][0] or 0, itemsize * math.prod(shape)
 
 
-def param_values(argument_types, args) -> list:
-    """The parameters' values for ``args``, flattened the way numba flattens them."""
+def item_sizes(argument_types) -> tuple:
+    """For each argument: the element size in bytes of an array, 0 for a scalar."""
     from numba.cuda import types
 
+    return tuple(ty.dtype.bitwidth // 8 if isinstance(ty, types.Array) else 0 for ty in argument_types)
+
+
+def param_values(argument_types, args, sizes: tuple | None = None) -> list:
+    """The parameters' values for ``args``, flattened the way numba flattens them (``sizes``:
+    :func:`item_sizes` of ``argument_types``, if the caller keeps it)."""
     values = []
-    for ty, a in zip(argument_types, args, strict=True):
-        if isinstance(ty, types.Array):
+    for itemsize, a in zip(sizes or item_sizes(argument_types), args, strict=True):
+        if itemsize:  # an array: numba's 7 fields
             address, nbytes = address_and_bytes(a)
-            itemsize = ty.dtype.bitwidth // 8
             nitems = nbytes // itemsize
             values += [0, 0, nitems, itemsize, address, nitems, itemsize]
         else:
@@ -138,6 +144,7 @@ class DriverKernel:
         self.compiled = dispatcher.compile(tuple(signature))  # numba's compiled kernel (types, code, registers)
         allow_large_shared_memory_compiled(self.compiled, smem_bytes)
         self.argument_types = tuple(self.compiled.argument_types)
+        self._sizes = item_sizes(self.argument_types)
         self.handle = self.compiled.library.get_cufunc().handle  # the driver's CUkernel
         self.format = slot_format(self.argument_types)
         self._params = PackedParams(self.format)
@@ -161,7 +168,7 @@ class DriverKernel:
                                f"{smem_bytes} bytes of shared memory)")
 
     def __call__(self, grid, block, smem_bytes: int, *args) -> None:
-        values = param_values(self.argument_types, args)
+        values = param_values(self.argument_types, args, self._sizes)
         with self._lock:
             self._launch(grid, block, smem_bytes, self._params.pack(values))
 
@@ -186,6 +193,21 @@ class DriverKernel:
     def local_bytes(self) -> int:
         """Local memory per thread (registers spilled), in bytes."""
         return self.compiled.local_mem_per_thread
+
+
+@dataclass(frozen=True)
+class GridLaunch:
+    """A :class:`DriverKernel` with its grid, threads, shared memory and trailing scalar arguments fixed
+    (they depend only on a problem's shape): a call passes the arrays, checked and packed at each call."""
+
+    kernel: DriverKernel
+    grid: tuple
+    threads: int
+    smem_bytes: int
+    scalars: tuple  # the arguments after the arrays
+
+    def __call__(self, *arrays) -> None:
+        self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars)
 
 
 _CACHE: dict = {}

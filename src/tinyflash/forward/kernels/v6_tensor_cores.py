@@ -17,22 +17,24 @@ What changed since v5 (stage 2's last CUDA-core kernel):
   Q_i instead of K_STEPS · 4 · ROW_TILES (64 at d = 128 with two row tiles).
 * P_ij stays in registers: the accumulator layout of S_ij, packed to 16-bit pairs, is the
   A-operand layout of P_ij V_j. v5 wrote P_ij to shared memory and read it back.
-* Fragments come from shared memory by ``ldmatrix`` (four 8 × 8 matrices per instruction;
-  ``.trans`` turns V_j, stored key by key, into the column-wise operand the product wants).
-* K_j and V_j are double-buffered with ``cp.async``: tile j + 1 is copied from HBM into the other
-  half of shared memory while tile j is multiplied, without passing through registers.
-* Rows are padded by 16 bytes in shared memory, so the 8 rows of an ldmatrix fall in different banks.
+* Fragments come from shared memory by ``ldmatrix`` (four 8 × 8 matrices per instruction; ``.trans``
+  turns V_j, stored key by key, into the column-wise operand the product wants).
+* K_j and V_j are double-buffered with ``cp.async``: tile j + 1 is copied from HBM into the other half
+  of shared memory while tile j is multiplied; rows are padded by 16 bytes (ldmatrix without bank conflicts).
 * The blocks start with the last query tile (the longest rows when causal, so the slowest blocks
   start first); ``blockIdx.x`` is the query tile, so blocks started together share one head's K, V in L2.
 
+* Lazy rescaling (``LAZY_RESCALE``, as FlashAttention-4 does): a row keeps its reference max until a
+  tile's max exceeds it by more than 2^8; most tiles then skip the multiplications of acc and l_i.
+
 The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one device function
-per phase: scores, mask, row max, rescale, P·V, epilogue. Its limits: d = dv ∈ HEAD_DIMS.
+per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue. Its limits:
+d = dv ∈ HEAD_DIMS.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -42,101 +44,26 @@ from numba.cuda import types
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu import ptx
-from ...gpu.arrays import is_device_array, kernel_view
-from ...gpu.driver_launch import driver_kernel
-from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
-from ...gpu.runtime import device_function, simulator_enabled, u
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, shared_words
+from ...gpu.driver_launch import GridLaunch
+from ...gpu.launch import LaunchArgs
+from ...gpu.runtime import device_function, u
+from ...gpu.smem import shared_words
+from .tensor_core_tiling import (ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, MMA_N, PAD_WORDS, SHORT_CAUSAL,  # noqa: F401
+                                 WARP, TensorCoreTiling, default_tiling, launch_tensor_cores, simulator_tiling,
+                                 sized_launch)
 
-HEAD_DIMS = (64, 128)  # d = dv supported
-ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
 NEG_INF = float32(-np.inf)
 ZERO, ONE, TWO, FOUR, EIGHT, SIXTEEN = u(0), u(1), u(2), u(4), u(8), u(16)
-WARP = 32  # lanes per warp
-MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
-PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
 # Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the
 # flags that assume no inf or NaN ('ninf', 'nnan'): the mask and the empty rows rely on -inf.
 FAST_MATH = {"afn", "arcp", "contract"}
+# LAZY_RESCALE: a row keeps its reference max m_i until a tile's max exceeds it by more than this (base 2),
+# so P_ij = exp2(scale · S_ij - m_i) stays at most 2^8 = 256: exact in float32, in range in float16 and bfloat16
+RESCALE_LOG2 = 8.0
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
 # flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group
 SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64)
-
-
-@dataclass(frozen=True)
-class TensorCoreTiling:
-    """Who computes what: WARPS warps of 16 · ROW_TILES query rows each, key tiles of BC keys, head dim D;
-    and where Q_i's A operands are held: in registers, loaded once (Q_IN_SMEM False), or read from Q_i in
-    shared memory for every key tile, two mma steps over d at a time (True: fewer registers, more ldmatrix)."""
-
-    D: int  # head dim (d = dv)
-    WARPS: int  # warps per block
-    BC: int  # keys per tile K_j, V_j (Bc)
-    MAX_REGISTERS: int | None = None  # a cap on registers per thread (more blocks per multiprocessor), or None
-    ROW_TILES: int = 1  # 16-row tiles per warp (1 or 2): 2 feeds each K_j, V_j fragment to two mma's
-    Q_IN_SMEM: bool = False  # read Q_i's A operands from shared memory per key tile instead of holding them
-
-    @property
-    def BR(self) -> int:  # query rows per block (Br): 16 per row tile
-        return MMA_M * self.ROW_TILES * self.WARPS
-
-    @property
-    def NT(self) -> int:  # threads per block
-        return WARP * self.WARPS
-
-    @property
-    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
-        return self.D // 2 + PAD_WORDS
-
-    @property
-    def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
-        return self.D // 8
-
-    def smem_layout(self) -> dict:
-        """Word offsets in shared memory: Q_i, then two stages of (K_j, V_j)."""
-        tile = self.BC * self.ROW_WORDS
-        return {"Q_i": 0, "stage 0": self.BR * self.ROW_WORDS, "stage 1": self.BR * self.ROW_WORDS + 2 * tile,
-                "V_j in a stage": tile, "end": self.BR * self.ROW_WORDS + 4 * tile}
-
-    @property
-    def smem_bytes(self) -> int:
-        return 4 * self.smem_layout()["end"]
-
-    def problems(self) -> list[str]:
-        problems = []
-        if self.D not in HEAD_DIMS:
-            problems.append(f"D must be one of {HEAD_DIMS}")
-        if self.ROW_TILES not in (1, 2):
-            problems.append("ROW_TILES (16-row tiles per warp) must be 1 or 2")
-        if self.BC % MMA_K or (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
-            problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
-        if self.smem_bytes > MAX_SMEM_PER_BLOCK:
-            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {MAX_SMEM_PER_BLOCK}")
-        return problems
-
-    def validate(self) -> "TensorCoreTiling":
-        if self.problems():
-            raise ValueError(f"invalid tensor-core tiling {self}: {'; '.join(self.problems())}")
-        return self
-
-
-def default_tiling(d: int, causal: bool) -> TensorCoreTiling:
-    """The tiling used on a GPU, per head dim: the fastest in the last sweep on an H200
-    (``benchmarks/tensor_core_tiles.py``; log in benchmarks/results/tensor_core_tiles_h200.log,
-    N = 16,384, float16), causal or not. Both give each warp 2 row tiles (32 query rows):
-    at d = 128, 8 warps × 64 keys with Q_i's operands read from shared memory for each key tile
-    (255 registers and 40 bytes of spilled registers, and still the fastest: 344.8 / 326.4 TFLOP/s
-    against 294.8 / 294.1 for 8 warps × 128 keys of one row tile, Q_i in registers, no spill);
-    at d = 64, 4 warps × 64 keys with Q_i in registers (255 registers, no spill). Capping the
-    registers (``MAX_REGISTERS``) was slower wherever it was tried."""
-    warps, keys, q_in_smem = {128: (8, 64, True), 64: (4, 64, False)}[d]  # the same with and without causal
-    return TensorCoreTiling(D=d, WARPS=warps, BC=keys, ROW_TILES=2, Q_IN_SMEM=q_in_smem).validate()
-
-
-def simulator_tiling(d: int) -> TensorCoreTiling:
-    """One warp and 16 keys per tile: the smallest tiling, for numba's CUDA simulator."""
-    return TensorCoreTiling(D=d, WARPS=1, BC=16).validate()
 
 
 @lru_cache(maxsize=None)
@@ -153,7 +80,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
     ROW_TILES, WARP_ROWS = cfg.ROW_TILES, u(MMA_M * cfg.ROW_TILES)  # 16-row tiles per warp; its query rows
     WARP_Q_BYTES = cfg.ROW_TILES * 2 * KEYS8_BYTES  # a warp's rows of Q_i in shared memory, in bytes
     K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per row tile
-    Q_IN_SMEM = cfg.Q_IN_SMEM
+    Q_IN_SMEM, LAZY_RESCALE = cfg.Q_IN_SMEM, cfg.LAZY_RESCALE
     P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i per row tile
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
@@ -269,9 +196,20 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         return max(m, ptx.shfl_xor(m, 2)) * scale_log2  # scale > 0: the max of the scaled scores
 
     @cuda.jit(device=True, inline="always")
-    def rescale(s, m_i, l_i, acc, r, half, m_tile, scale_log2):
-        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc; P_ij = exp(scale · S_ij -
-        m_new) replaces S_ij (row g + 8·half of row tile r; base 2; l_i is the lane's share of the row sum)."""
+    def grows(m_i, m_tile):
+        """LAZY_RESCALE: whether the max of any of the lane's rows grows past its reference m_i by more than
+        2^RESCALE_LOG2 in this tile (always true on a row's first allowed keys: m_i = -inf). One decision for
+        the lane's 2 · ROW_TILES rows, so that the common case, no rescaling, is one branch per tile."""
+        out = False
+        for r in range(ROW_TILES):
+            for half in range(2):
+                out = out or m_tile[r, half] > m_i[r, half] + float32(RESCALE_LOG2)
+        return out
+
+    @cuda.jit(device=True, inline="always")
+    def rescale(m_i, l_i, acc, r, half, m_tile):
+        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc (row g + 8·half of row
+        tile r; base 2; l_i is the lane's share of the row sum)."""
         m_new = max(m_i[r, half], m_tile)
         m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
         alpha = math.exp2(m_i[r, half] - m_safe)
@@ -280,10 +218,33 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         for n in range(O_TILES):
             acc[r, n, 2 * half] *= alpha
             acc[r, n, 2 * half + 1] *= alpha
+
+    @cuda.jit(device=True, inline="always")
+    def exponentiate(s, m_i, l_i, r, half, scale_log2):
+        """P_ij = exp(scale · S_ij - m_i) replaces S_ij, and l_i += rowsum(P_ij) (row g + 8·half of row tile r;
+        base 2: one fused multiply-add and one exp2 per score)."""
+        m_safe = m_i[r, half] if m_i[r, half] != NEG_INF else float32(0.0)
         for n in range(S_TILES):
             for e in range(2):
                 s[r, n, 2 * half + e] = math.exp2(s[r, n, 2 * half + e] * scale_log2 - m_safe)  # P_ij, unnormalised
                 l_i[r, half] += s[r, n, 2 * half + e]
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_step(s, m_i, l_i, acc, m_tile, scale_log2):
+        """Stage 1's online-softmax update for the warp's rows: the tile's row maxima; the running state
+        rescaled to the new maxima (LAZY_RESCALE: only when one of the lane's rows grows by more than
+        2^RESCALE_LOG2, else m_i stays each row's reference and P_ij <= 2^RESCALE_LOG2; O_i = acc / l_i and
+        lse_i = m_i + log l_i hold for any reference, as long as nothing overflows); then P_ij."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                m_tile[r, half] = row_max(s, r, half, scale_log2)
+        if not LAZY_RESCALE or grows(m_i, m_tile):
+            for r in range(ROW_TILES):
+                for half in range(2):
+                    rescale(m_i, l_i, acc, r, half, m_tile[r, half])
+        for r in range(ROW_TILES):
+            for half in range(2):
+                exponentiate(s, m_i, l_i, r, half, scale_log2)
 
     @cuda.jit(device=True, inline="always")
     def p_times_v(acc, s, v_lane_addr):
@@ -343,6 +304,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
         acc = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of the unnormalised O_i
         m_i = cuda.local.array((ROW_TILES, 2), float32)  # running max (base 2) of rows 16r + g, 16r + g + 8
         l_i = cuda.local.array((ROW_TILES, 2), float32)  # the lane's share of their running denominators
+        m_tile = cuda.local.array((ROW_TILES, 2), float32)  # the rows' maxima over one key tile (base 2)
         for r in range(ROW_TILES):
             for half in range(2):
                 m_i[r, half], l_i[r, half] = NEG_INF, float32(0.0)
@@ -370,9 +332,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
             scores(s, qf, q_warp, stage + k_lane)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
-            for r in range(ROW_TILES):
-                for half in range(2):
-                    rescale(s, m_i, l_i, acc, r, half, row_max(s, r, half, scale_log2), scale_log2)
+            softmax_step(s, m_i, l_i, acc, m_tile, scale_log2)  # m_i, l_i, acc rescaled; P_ij replaces S_ij
             p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR) + block_lane)  # P·V: acc += P_ij V_j
             ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
             cuda.syncthreads()  # everyone's have, and no warp still reads this stage before it is refilled
@@ -386,42 +346,11 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     """Launch v6 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse;
     then n_q, n_k, d, dv, scale·log2(e), causal). ``element`` is 'bfloat16' for bfloat16 inputs
     (the default, 'float16', for float16 ones); ``config`` overrides the tiling."""
-    if element is None:
-        if np.dtype(prob.dtype) != np.float16:
-            raise TypeError("kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got "
-                            f"{np.dtype(prob.dtype).name} "
-                            "(cuda_attention's kernels v1-v5 take float32)")
-        element = "float16"
-    if element not in ELEMENTS:
-        raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
-    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"kernel v6 (tensor cores) supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
-                         "(cuda_attention's kernels v1-v5 take any head dim up to 256)")
-    cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal))
-    if cfg.D != prob.d:
-        raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
-    n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
-    scalars = (n_q, n_k, scale_log2, causal, args.kv_group)  # kv_group: query heads per K, V head (GQA)
-    kernel, n_tiles = make_kernel(cfg.validate(), element), -(-n_q // cfg.BR)
-    arrays = [a for a, _ in args.per_head]
-    if not simulator_enabled() and args.n_heads <= MAX_GRID_Y and all(map(is_device_array, arrays)):
-        # one launch, through the driver: the lean path (device arrays of any library: it reads their addresses)
-        driver_kernel(kernel, SIGNATURE, cfg.smem_bytes)((n_tiles, args.n_heads), cfg.NT, cfg.smem_bytes,
-                                                         *arrays, *scalars)
-        return
-    words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
-    grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),
-                           scalars=scalars, n_heads=args.n_heads, kv_group=args.kv_group)
-    if simulator_enabled():  # every emulated warp instruction waits at a barrier: make those faster
-        from ...gpu.ptx_emulation import fast_barriers
-
-        with fast_barriers():
-            launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
-    else:  # more heads than one grid holds, or host arrays: numba's launches (gpu/launch.py; it copies host arrays)
-        launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
+    launch_tensor_cores(make_kernel, SIGNATURE, args, prob, config, element)
 
 
-def as_words(a):
-    """A flat array of 16-bit elements as numba launches it for this kernel: uint32 words, two elements each."""
-    a = kernel_view(a)
-    return a if a.dtype == np.uint32 else a.view(np.uint32)
+def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int, element: str,
+                  cfg: TensorCoreTiling) -> GridLaunch:
+    """v6 sized for one problem, launched through the driver (compiled on first use, then kept): a call
+    passes only q, k, v, o (16-bit elements) and lse, C-contiguous device arrays of any library."""
+    return sized_launch(make_kernel, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)

@@ -1,0 +1,165 @@
+"""The tiling of the tensor-core kernel v6 and its host side: who computes what, where tiles live, how
+a problem is launched. (``tiling.py`` beside this is the same for the CUDA-core kernels v2 to v5.)
+
+A block of WARPS warps owns Br = 16 · ROW_TILES · WARPS query rows: warp w the rows
+32w .. 32w + 31 (two row tiles of 16) or 16w .. 16w + 15 (one); it walks the keys in tiles K_j, V_j of
+Bc = BC keys. Shared memory holds Q_i, then two stages of (K_j, V_j), every row padded by 16 bytes:
+:meth:`TensorCoreTiling.smem_layout` is its one description. A lane's place in a warp's fragments is
+``tinyflash.gpu.ptx``'s.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ...gpu.arrays import is_device_array, kernel_view
+from ...gpu.driver_launch import GridLaunch, driver_kernel
+from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
+from ...gpu.runtime import simulator_enabled
+from ...gpu.smem import MAX_SMEM_PER_BLOCK
+
+HEAD_DIMS = (64, 128)  # d = dv supported
+ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
+WARP = 32  # lanes per warp
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
+PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
+
+
+@dataclass(frozen=True)
+class TensorCoreTiling:
+    """Who computes what: WARPS warps of 16 · ROW_TILES query rows each, key tiles of BC keys, head dim D;
+    and where Q_i's A operands are held: in registers, loaded once (Q_IN_SMEM False), or read from Q_i in
+    shared memory for every key tile, two mma steps over d at a time (True: fewer registers, more ldmatrix)."""
+
+    D: int  # head dim (d = dv)
+    WARPS: int  # warps per block
+    BC: int  # keys per tile K_j, V_j (Bc)
+    MAX_REGISTERS: int | None = None  # a cap on registers per thread (more blocks per multiprocessor), or None
+    ROW_TILES: int = 1  # 16-row tiles per warp (1 or 2): 2 feeds each K_j, V_j fragment to two mma's
+    Q_IN_SMEM: bool = False  # read Q_i's A operands from shared memory per key tile instead of holding them
+    LAZY_RESCALE: bool = False  # rescale acc and l_i only when a row's max grows by more than 2^RESCALE_LOG2
+
+    @property
+    def BR(self) -> int:  # query rows per block (Br): 16 per row tile
+        return MMA_M * self.ROW_TILES * self.WARPS
+
+    @property
+    def NT(self) -> int:  # threads per block
+        return WARP * self.WARPS
+
+    @property
+    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
+        return self.D // 2 + PAD_WORDS
+
+    @property
+    def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
+        return self.D // 8
+
+    def smem_layout(self) -> dict:
+        """Word offsets in shared memory: Q_i, then two stages of (K_j, V_j)."""
+        tile = self.BC * self.ROW_WORDS
+        return {"Q_i": 0, "stage 0": self.BR * self.ROW_WORDS, "stage 1": self.BR * self.ROW_WORDS + 2 * tile,
+                "V_j in a stage": tile, "end": self.BR * self.ROW_WORDS + 4 * tile}
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.smem_layout()["end"]
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.D not in HEAD_DIMS:
+            problems.append(f"D must be one of {HEAD_DIMS}")
+        if self.ROW_TILES not in (1, 2):
+            problems.append("ROW_TILES (16-row tiles per warp) must be 1 or 2")
+        if self.BC % MMA_K or (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
+            problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
+        if self.smem_bytes > MAX_SMEM_PER_BLOCK:
+            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {MAX_SMEM_PER_BLOCK}")
+        return problems
+
+    def validate(self) -> "TensorCoreTiling":
+        if self.problems():
+            raise ValueError(f"invalid tensor-core tiling {self}: {'; '.join(self.problems())}")
+        return self
+
+
+SHORT_CAUSAL = 8192  # causal with fewer query rows than this: blocks of 128 rows (see default_tiling)
+
+
+@lru_cache(maxsize=None)  # built and validated once per (d, causal, n_q): it is looked up at every call
+def default_tiling(d: int, causal: bool, n_q: int = SHORT_CAUSAL) -> TensorCoreTiling:
+    """The tiling used on a GPU: the fastest of the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``,
+    log benchmarks/results/tensor_core_tiles_h200.log; float16, N = 4,096 and 16,384). Every warp owns 2 row
+    tiles (32 query rows) of 64-key tiles. d = 64: 4 warps, Q_i in registers (255 registers, no spill),
+    rescaled at every tile (lazily was 1-5 % slower). d = 128: 8 warps, Q_i read from shared memory for each
+    key tile (255 registers, 40 bytes spilled), rescaled lazily (4-7 % faster); causal with fewer than
+    SHORT_CAUSAL query rows, 4 warps: at N = 4,096 the 8-warp blocks are too few and too uneven in length
+    to share out evenly (placed between the two lengths measured, not measured itself)."""
+    if d == 64:
+        return TensorCoreTiling(D=64, WARPS=4, BC=64, ROW_TILES=2).validate()
+    warps = 4 if causal and n_q < SHORT_CAUSAL else 8
+    return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
+
+
+def simulator_tiling(d: int) -> TensorCoreTiling:
+    """One warp and 16 keys per tile: the smallest tiling, for numba's CUDA simulator."""
+    return TensorCoreTiling(D=d, WARPS=1, BC=16).validate()
+
+
+@lru_cache(maxsize=256)
+def sized_launch(make_kernel, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int,
+                 element: str, cfg: TensorCoreTiling) -> GridLaunch:
+    """``make_kernel(cfg, element)`` compiled for ``signature`` and sized for one problem: its grid (query tiles ×
+    batch·heads), threads, shared memory and scalars (n_q, n_k, scale · log2(e), causal, kv_group)."""
+    kernel = driver_kernel(make_kernel(cfg, element), signature, cfg.smem_bytes)
+    return GridLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes,
+                      (n_q, n_k, np.float32(scale_log2), bool(causal), kv_group))
+
+
+def launch_tensor_cores(make_kernel, signature, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
+                        element: str | None = None) -> None:
+    """Launch ``make_kernel(tiling, element)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse; then
+    n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``signature``: the
+    kernel's argument types), else through numba."""
+    if element is None:
+        if np.dtype(prob.dtype) != np.float16:
+            raise TypeError(f"kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got {np.dtype(prob.dtype).name} "
+                            "(cuda_attention's kernels v1-v5 take float32)")
+        element = "float16"
+    if element not in ELEMENTS:
+        raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
+    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
+        raise ValueError(f"kernel v6 (tensor cores) supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
+                         "(cuda_attention's kernels v1-v5 take any head dim up to 256)")
+    cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal,
+                                                                                          prob.n_q))
+    if cfg.D != prob.d:
+        raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
+    n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
+    scalars = (n_q, n_k, scale_log2, causal, args.kv_group)  # kv_group: query heads per K, V head (GQA)
+    kernel, n_tiles = make_kernel(cfg, element), -(-n_q // cfg.BR)  # make_kernel validates cfg when it builds
+    arrays = [a for a, _ in args.per_head]
+    if not simulator_enabled() and args.n_heads <= MAX_GRID_Y and all(map(is_device_array, arrays)):
+        # one launch, through the driver: the lean path (device arrays of any library: it reads their addresses)
+        sized_launch(make_kernel, signature, n_q, n_k, args.n_heads, scale_log2, causal, args.kv_group, element,
+                     cfg)(*arrays)
+        return
+    words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
+    grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),
+                           scalars=scalars, n_heads=args.n_heads, kv_group=args.kv_group)
+    # numba's launches (gpu/launch.py; it copies host arrays, and launches once per 65,535 heads); on the
+    # simulator, where every emulated warp instruction waits at a barrier, with faster barriers
+    if simulator_enabled():
+        from ...gpu.ptx_emulation import fast_barriers
+    with fast_barriers() if simulator_enabled() else nullcontext():
+        launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
+
+
+def as_words(a):
+    """A flat array of 16-bit elements as numba launches it for this kernel: uint32 words, two elements each."""
+    a = kernel_view(a)
+    return a if a.dtype == np.uint32 else a.view(np.uint32)
