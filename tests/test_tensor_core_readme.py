@@ -13,8 +13,8 @@ FLAT = " ".join(README.split())
 RESULTS = ROOT / "benchmarks" / "results"
 ROWS = read_csv(ROOT / "figures" / "data" / "tensor_cores_h200.csv")
 EARLIER_ROWS = read_csv(RESULTS / "tensor_cores_h200_run3.csv")  # the run before, same code, same day
-GPU_LOG = (RESULTS / "tensor_core_gpu_tests_h200.log").read_text()
-EXAMPLE_LOG = (RESULTS / "tensor_core_gpu_tests_h200_run3.log").read_text()  # printed the 32k example's time
+GPU_LOG = (RESULTS / "tensor_core_gpu_tests_h200.log").read_text()  # the last tree's run, the 32k example printed
+WITH_PTX_LOG = (RESULTS / "tensor_core_gpu_tests_h200_run4.log").read_text()  # the run before, with the PTX tests
 TILES_LOG = (RESULTS / "tensor_core_tiles_h200.log").read_text()
 HOST_LOG = (RESULTS / "tensor_core_host_overhead_h200.log").read_text()
 TILE_LINE = re.compile(r"N=(\d+) d=(\d+) causal=(\w+)\s+warps=(\d+) row_tiles=(\d) q_in_smem=(\w+)\s+BC=\s*(\d+) "
@@ -54,16 +54,17 @@ def stage3_numbers() -> dict:
                         f"{sum(x >= 1.0 for x in earlier.values())} of {len(earlier)} were, the slowest "
                         f"{worst(earlier)}")}
     passed = re.search(r"(\d+) passed", GPU_LOG.strip().splitlines()[-1]).group(1)
+    with_ptx = re.search(r"(\d+) passed", WITH_PTX_LOG.strip().splitlines()[-1]).group(1)
     ex = dict(re.findall(r"32k example torch\.(\w+): first call [\d.]+ s, then ([\d.]+ ms \([\d.]+ TFLOP/s\))",
-                         EXAMPLE_LOG))
-    extra = re.search(r"extra memory ([\d.]+) GiB \(o \+ lse: ([\d.]+) GiB\)", EXAMPLE_LOG)
+                         GPU_LOG))
+    extra = re.search(r"extra memory ([\d.]+) GiB \(o \+ lse: ([\d.]+) GiB\)", GPU_LOG)
     assert extra.group(1) == extra.group(2)
     out["GPU_SENTENCE"] = (f"{passed} tests passed on the H200 with this kernel "
-                           f"(`benchmarks/results/tensor_core_gpu_tests_h200.log`), the 32k-token example (B = 1, "
-                           f"H = 32, N = 32,768, d = 128, causal) among them; its time was last printed by the run "
-                           f"before lazy rescaling (`tensor_core_gpu_tests_h200_run3.log`): {ex['float16']} in "
-                           f"float16 and {ex['bfloat16']} in bfloat16, holding {extra.group(1)} GiB beyond its "
-                           f"inputs: o and lse, nothing else")
+                           f"(`benchmarks/results/tensor_core_gpu_tests_h200.log`; {with_ptx} in the run before, "
+                           f"with the PTX instruction tests: `tensor_core_gpu_tests_h200_run4.log`); the 32k-token "
+                           f"example (B = 1, H = 32, N = 32,768, d = 128, causal) took {ex['float16']} in float16 and "
+                           f"{ex['bfloat16']} in bfloat16, holding {extra.group(1)} GiB beyond its inputs: o and "
+                           f"lse, nothing else")
     out["TILES"] = tiles_table()
     out["HOST_SENTENCE"] = host_sentence()
     return out

@@ -90,7 +90,7 @@ class TensorCoreTiling:
 SHORT_CAUSAL = 8192  # causal with fewer query rows than this: blocks of 128 rows (see default_tiling)
 
 
-@lru_cache(maxsize=None)  # built and validated once per (d, causal, n_q): it is looked up at every call
+@lru_cache(maxsize=256)  # built and validated once per (d, causal, n_q), for the last 256 of them
 def default_tiling(d: int, causal: bool, n_q: int = SHORT_CAUSAL) -> TensorCoreTiling:
     """The tiling used on a GPU: the fastest of the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``,
     log benchmarks/results/tensor_core_tiles_h200.log; float16, N = 4,096 and 16,384). Every warp owns 2 row
@@ -110,21 +110,21 @@ def simulator_tiling(d: int) -> TensorCoreTiling:
     return TensorCoreTiling(D=d, WARPS=1, BC=16).validate()
 
 
-@lru_cache(maxsize=256)
 def sized_launch(make_kernel, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int,
                  element: str, cfg: TensorCoreTiling) -> GridLaunch:
-    """``make_kernel(cfg, element)`` compiled for ``signature`` and sized for one problem: its grid (query tiles ×
-    batch·heads), threads, shared memory and scalars (n_q, n_k, scale · log2(e), causal, kv_group)."""
+    """``make_kernel(cfg, element)`` compiled for ``signature`` (once: ``driver_kernel`` keeps it) and sized for one
+    problem: its grid (query tiles × batch·heads), threads, shared memory and scalars (n_q, n_k, scale · log2(e),
+    causal, kv_group)."""
     kernel = driver_kernel(make_kernel(cfg, element), signature, cfg.smem_bytes)
     return GridLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes,
                       (n_q, n_k, np.float32(scale_log2), bool(causal), kv_group))
 
 
-def launch_tensor_cores(make_kernel, signature, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
+def launch_tensor_cores(make_kernel, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
                         element: str | None = None) -> None:
     """Launch ``make_kernel(tiling, element)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse; then
-    n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``signature``: the
-    kernel's argument types), else through numba."""
+    n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``driver_launch``:
+    the kernel's sized launch, as v6.driver_launch keeps it), else through numba."""
     if element is None:
         if np.dtype(prob.dtype) != np.float16:
             raise TypeError(f"kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got {np.dtype(prob.dtype).name} "
@@ -145,8 +145,7 @@ def launch_tensor_cores(make_kernel, signature, args: LaunchArgs, prob, config: 
     arrays = [a for a, _ in args.per_head]
     if not simulator_enabled() and args.n_heads <= MAX_GRID_Y and all(map(is_device_array, arrays)):
         # one launch, through the driver: the lean path (device arrays of any library: it reads their addresses)
-        sized_launch(make_kernel, signature, n_q, n_k, args.n_heads, scale_log2, causal, args.kv_group, element,
-                     cfg)(*arrays)
+        driver_launch(n_q, n_k, args.n_heads, scale_log2, causal, args.kv_group, element, cfg)(*arrays)
         return
     words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
     grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),

@@ -346,9 +346,10 @@ def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, el
     """Launch v6 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse;
     then n_q, n_k, d, dv, scale·log2(e), causal). ``element`` is 'bfloat16' for bfloat16 inputs
     (the default, 'float16', for float16 ones); ``config`` overrides the tiling."""
-    launch_tensor_cores(make_kernel, SIGNATURE, args, prob, config, element)
+    launch_tensor_cores(make_kernel, driver_launch, args, prob, config, element)
 
 
+@lru_cache(maxsize=256)  # by value, without SIGNATURE: hashing a tuple of numba types costs tens of µs
 def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int, element: str,
                   cfg: TensorCoreTiling) -> GridLaunch:
     """v6 sized for one problem, launched through the driver (compiled on first use, then kept): a call
