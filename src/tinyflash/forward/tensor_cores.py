@@ -82,11 +82,11 @@ def call_key(q, k, v, causal, scale):
     if type(causal) is not bool or (scale is not None and type(scale) is not float):
         return None
     lib = library(q)
-    if lib == "torch" and library(k) == library(v) == lib and q.is_cuda and k.is_cuda and v.is_cuda:
-        return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
-    if lib == "cupy" and library(k) == library(v) == lib:
-        return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
-    return None
+    if lib not in ("torch", "cupy") or not library(k) == library(v) == lib:
+        return None
+    if lib == "torch" and not (q.is_cuda and k.is_cuda and v.is_cuda):  # CuPy arrays are always on the GPU
+        return None
+    return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
 
 
 def plan_call(q, k, v, causal, scale) -> CallPlan:

@@ -23,7 +23,6 @@ What changed since v5 (stage 2's last CUDA-core kernel):
   of shared memory while tile j is multiplied; rows are padded by 16 bytes (ldmatrix without bank conflicts).
 * The blocks start with the last query tile (the longest rows when causal, so the slowest blocks
   start first); ``blockIdx.x`` is the query tile, so blocks started together share one head's K, V in L2.
-
 * Lazy rescaling (``LAZY_RESCALE``, as FlashAttention-4 does): a row keeps its reference max until a
   tile's max exceeds it by more than 2^8; most tiles then skip the multiplications of acc and l_i.
 
