@@ -1,13 +1,14 @@
 """Time this checkout's default kernel against other checkouts', in one process, alternating.
 
     python benchmarks/compare_checkouts.py --other b15da04=PATH/TO/OTHER/src/tinyflash \
-        --csv benchmarks/results/compare_checkouts_h200.csv
+        --csv benchmarks/results/compare_checkouts_h200.csv [--entry tensor_core_attention] [--n N]
 
 For a change that should not change speed (a reorganisation, say): each other checkout's package
 is imported under the name ``tinyflash_<label>``, and for every dtype, head dim and causal flag
 all checkouts' ``cuda_attention`` are measured through this checkout's harness (checked against
-the float64 reference, then timed: median of CUDA-event timings), in the order A B ... A B ...
-so that a drift of the GPU's clock during the run hits all alike. Prints each configuration's
+the float64 reference, then timed: median of CUDA-event timings), in the order A B C, B C A, C A B, ...
+so that a drift of the GPU's clock during the run hits all alike, and none is always first. A checkout
+passed twice under two labels is a check of the method: it should come out at 1.00. Prints each configuration's
 times and ratios to the first ``--other`` (the baseline), and writes the harness's CSV rows
 (variant: the label, then the round).
 """
@@ -25,6 +26,7 @@ os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")  # everything runs
 import numpy as np  # noqa: E402
 
 from tinyflash.forward.cuda import cuda_attention  # noqa: E402
+from tinyflash.forward.tensor_cores import tensor_core_attention  # noqa: E402
 from tinyflash.measure.harness import CsvWriter, attention_flops, environment, measure  # noqa: E402
 
 
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
                     help="another checkout's src/tinyflash folder, and what to call it (e.g. its commit); "
                          "the first is the baseline of the ratios")
     ap.add_argument("--csv", help="write the rows here")
+    ap.add_argument("--entry", choices=("cuda_attention", "tensor_core_attention"), default="cuda_attention",
+                    help="which function of each checkout to time (tensor_core_attention: float16 only, stage 3)")
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2, help="A B pairs per configuration")
@@ -51,13 +55,13 @@ def main(argv=None) -> int:
     import cupy
 
     others = dict(item.split("=", 1) for item in args.other)
-    impls = {label: import_other(label, Path(path).resolve()).cuda_attention for label, path in others.items()}
-    impls["this checkout"] = cuda_attention
+    impls = {label: getattr(import_other(label, Path(path).resolve()), args.entry) for label, path in others.items()}
+    impls["this checkout"] = cuda_attention if args.entry == "cuda_attention" else tensor_core_attention
     baseline = next(iter(others))
     env, rng, writer = environment(), np.random.default_rng(), CsvWriter(args.csv)
     print(f"{env['device']} {env['date']}; B=1 H={args.heads} N={args.n}; time / {baseline}'s time:")
     worst = {name: 0.0 for name in impls}
-    for dtype in ("float16", "float32"):
+    for dtype in ("float16", "float32") if args.entry == "cuda_attention" else ("float16",):
         for d in (64, 128):
             gen = cupy.random.default_rng(int(rng.integers(2**31)))
             q, k, v = (gen.standard_normal((1, args.heads, args.n, d), dtype=np.float32).astype(dtype)
@@ -65,7 +69,8 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 ms = {name: [] for name in impls}
                 for r in range(args.rounds):
-                    for name, attention in impls.items():
+                    names = list(impls)[r % len(impls):] + list(impls)[:r % len(impls)]  # each takes each place
+                    for name, attention in ((name, impls[name]) for name in names):
                         fn = (lambda f: lambda q, k, v, causal: f(q, k, v, causal=causal)[0])(attention)
                         res = measure(fn, q, k, v, causal, rng)
                         if res["status"] != "ok":

@@ -61,7 +61,7 @@ def host_steps(q, k, v) -> dict:
              "empty(q, out_shape)": lambda: empty(q, prob.out_shape),
              "empty(q, lse_shape, float32)": lambda: empty(q, prob.lse_shape, tc.FLOAT32),
              "torch.empty_like(q)": lambda: torch.empty_like(q),
-             "param_values (5 arrays, 5 scalars)": lambda: param_values(kernel.argument_types, (*arrays, *launch.scalars),
+             "param_values (5 arrays, 6 scalars)": lambda: param_values(kernel.argument_types, (*arrays, *launch.scalars),
                                                                          kernel._sizes),
              "pack (struct.pack_into)": lambda: kernel._params.pack(values),
              "cuLaunchKernel (DriverKernel._launch)": lambda: kernel._launch(launch.grid, launch.threads,
@@ -93,8 +93,9 @@ def main(n: int) -> None:
             whole = time_call(lambda: tensor_core_attention(q, k, v, causal=causal))["time_ms"]
             cfg = v6.default_tiling(d, causal, n)  # the tiling tensor_core_attention picks for these inputs
             o, lse = torch.empty_like(q), torch.empty((HEADS * n,), device="cuda", dtype=torch.float32)
-            args = (q, k, v, o, lse, n, n, np.float32(LOG2E / math.sqrt(d)), causal, 1)  # v6.SIGNATURE's
-            kernel = driver_kernel(v6.make_kernel(cfg, "float16"), v6.SIGNATURE, cfg.smem_bytes)
+            group = v6.head_group(cfg, n, HEADS, 1, causal)
+            args = (q, k, v, o, lse, n, n, np.float32(LOG2E / math.sqrt(d)), causal, 1, group)  # v6.SIGNATURE's
+            kernel = driver_kernel(v6.make_kernel(cfg, "float16", group > 1), v6.SIGNATURE, cfg.smem_bytes)
             bare = time_call(kernel.bind((-(-n // cfg.BR), HEADS), cfg.NT, cfg.smem_bytes, *args))["time_ms"]
 
             def flash():

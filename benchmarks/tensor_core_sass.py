@@ -1,7 +1,7 @@
 """Kernel v6's machine code for the H200, without a GPU: registers, spills, and the instructions that
 one K/V tile costs each warp.
 
-    python benchmarks/tensor_core_sass.py --nvdisasm PATH [--other LABEL=PATH/TO/OTHER/src/tinyflash]
+    python benchmarks/tensor_core_sass.py --nvdisasm PATH [--other LABEL=PATH/TO/OTHER/src/tinyflash] [--defaults]
 
 Needs numba-cuda with the CUDA 13.0 toolkit and ``ptxas`` (see compare_ptx.py), and ``nvdisasm``
 (PyPI package nvidia-cuda-nvdisasm). For each tiling it compiles v6 (float16) for sm_90 and counts
@@ -26,13 +26,14 @@ from numba import cuda
 
 from tinyflash.forward.kernels import v6_tensor_cores
 
-# (d, warps, keys, row tiles per warp, Q_i's operands read from shared memory per key tile)
+# (d, warps, keys, row tiles per warp, Q_i's operands read from shared memory per key tile[, lazy rescaling])
 TILINGS = [(128, 8, 128, 1, False), (128, 8, 64, 1, False), (128, 4, 64, 1, False), (128, 4, 32, 1, False),
            (64, 4, 32, 1, False), (64, 4, 64, 1, False),
            (128, 4, 16, 2, False), (128, 4, 32, 2, False), (64, 4, 32, 2, False), (64, 4, 64, 2, False),
            (128, 4, 16, 2, True), (128, 4, 32, 2, True), (128, 8, 32, 2, True), (128, 4, 64, 2, True),
            (128, 8, 64, 2, True), (128, 4, 128, 1, True), (128, 8, 128, 1, True), (128, 8, 64, 1, True),
-           (64, 4, 32, 1, True), (64, 4, 32, 2, True), (64, 4, 64, 2, True), (64, 8, 64, 2, True)]
+           (64, 4, 32, 1, True), (64, 4, 32, 2, True), (64, 4, 64, 2, True), (64, 8, 64, 2, True),
+           (128, 8, 64, 2, True, True), (128, 4, 64, 2, True, True), (64, 4, 64, 2, False, True)]
 
 
 def sass(ptx: str, workdir: Path, nvdisasm: str) -> tuple[str, list[str]]:
@@ -70,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--nvdisasm", required=True, help="path to nvdisasm")
     ap.add_argument("--other", action="append", default=[], metavar="LABEL=PATH",
                     help="another checkout's src/tinyflash folder, compiled the same way")
+    ap.add_argument("--defaults", action="store_true", help="only the tilings that default_tiling picks")
     args = ap.parse_args(argv)
     kernels = {"this": v6_tensor_cores}
     for item in args.other:
@@ -77,18 +79,23 @@ def main(argv=None) -> int:
         import_other(label, Path(path).resolve())
         kernels[label] = import_module(f"tinyflash_{label}.forward.kernels.v6_tensor_cores")
     with tempfile.TemporaryDirectory() as tmp:
-        for d, warps, keys, row_tiles, q_smem in TILINGS:
+        defaults = {v6_tensor_cores.default_tiling(d, causal, n) for d in v6_tensor_cores.HEAD_DIMS
+                    for causal in (False, True) for n in (4096, 16384)}
+        for d, warps, keys, row_tiles, q_smem, *lazy in TILINGS:
             for label, v6 in kernels.items():
                 extra = {"ROW_TILES": row_tiles} if row_tiles != 1 else {}  # older checkouts: one row tile only
                 extra.update({"Q_IN_SMEM": True} if q_smem else {})  # and Q_i's operands in registers only
+                extra.update({"LAZY_RESCALE": True} if lazy and lazy[0] else {})  # and rescaling at every tile
                 if any(not hasattr(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys), name) for name in extra):
                     continue
+                if args.defaults and v6_tensor_cores.TensorCoreTiling(D=d, WARPS=warps, BC=keys, **extra) not in defaults:
+                    continue
                 kernel = v6.make_kernel(v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, **extra), "float16")
-                ptx = cuda.compile_ptx(kernel.py_func, v6_tensor_cores.SIGNATURE, cc=(9, 0), fastmath=v6.FAST_MATH)[0]
+                ptx = cuda.compile_ptx(kernel.py_func, v6.SIGNATURE, cc=(9, 0), fastmath=v6.FAST_MATH)[0]  # its own
                 report, lines = sass(ptx, Path(tmp), args.nvdisasm)
                 ops = tile_cost(lines)
                 others = ", ".join(f"{op} {n}" for op, n in ops.most_common(8) if op != "HMMA")
-                where = ", Q in smem" if q_smem else ""
+                where = (", Q in smem" if q_smem else "") + (", lazy" if lazy and lazy[0] else "")
                 print(f"d={d} {warps} warps x {row_tiles} row tiles x {keys} keys{where}, {label}: {report}; per K/V tile "
                       f"{sum(ops.values())} "
                       f"instructions, {ops['HMMA']} HMMA ({sum(ops.values()) / ops['HMMA']:.1f} per HMMA); {others}",

@@ -200,6 +200,35 @@ def test_bad_inputs(rng, args, kwargs, error, match):
         tf.tensor_core_attention(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("group", [1, 2, None])
+def test_block_order(rng, group):
+    """Every (head, query tile) computed once whatever the heads ordered together (block_work): one head after
+    another (1), groups of 2 with a last group of 1 (5 heads), and the rule's (all 5: tiny K, V), causal, where
+    the order runs longest tiles first; the same bits in every order."""
+    q, k, v = make_qkv(rng, (5,), 40, 40, d=64, dtype=np.float16)
+    cfg = v6.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=group).validate()
+    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v6", config=cfg)
+    check(o, lse, q, k, v, True, f"v6 head group {group}")
+    o1, lse1 = tf.cuda_attention(q, k, v, causal=True, kernel="v6", config=v6.simulator_tiling(64))
+    assert np.array_equal(o, o1) and np.array_equal(lse, lse1)
+
+
+def test_head_group_rule():
+    """Not causal: one head after another. Causal: the heads whose K and V fit in L2_KV_BYTES, whole K/V heads
+    (kv_group query heads each), at most all of them; HEAD_GROUP overrides the rule."""
+    cfg = v6.default_tiling(128, True, 4096)
+    kv_bytes = 2 * 4096 * 128 * 2
+    assert v6.head_group(cfg, 4096, 32, 1, False) == 1
+    assert v6.head_group(cfg, 4096, 64, 1, True) == v6.L2_KV_BYTES // kv_bytes > 1
+    assert v6.head_group(cfg, 4096, 64, 4, True) == min(64, 4 * (v6.L2_KV_BYTES // kv_bytes))
+    assert v6.head_group(cfg, 4096, 3, 1, True) == 3  # fewer heads than the rule's
+    assert v6.head_group(cfg, 10**7, 32, 2, True) == 2  # K, V larger than L2: still one K/V head
+    forced = v6.TensorCoreTiling(D=128, WARPS=4, BC=64, ROW_TILES=2, HEAD_GROUP=5)
+    assert v6.head_group(forced, 4096, 32, 1, False) == 5 and v6.head_group(forced, 4096, 3, 1, True) == 3
+    with pytest.raises(ValueError, match="HEAD_GROUP"):
+        v6.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=0).validate()
+
+
 def test_tiling_rules():
     assert v6.default_tiling(128, False).smem_bytes > 48 * 1024  # asks the driver for more (gpu/smem.py)
     assert v6.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
@@ -217,7 +246,7 @@ def test_tiling_rules():
         for causal in (False, True):  # 32 rows per warp at both head dims; Q_i read from shared memory at d = 128
             assert v6.default_tiling(d, causal).ROW_TILES == 2
             assert v6.default_tiling(d, causal).Q_IN_SMEM == (d == 128)
-            assert v6.default_tiling(d, causal).LAZY_RESCALE == (d == 128)  # measured: lazy paid at d = 128 only
+            assert v6.default_tiling(d, causal).LAZY_RESCALE == (d == 128 or causal)  # measured: where it paid
     # 128-row blocks for short causal sequences at d = 128 only; the long-sequence tiling when Nq is not given
     assert v6.default_tiling(128, True, v6.SHORT_CAUSAL - 1).WARPS == 4 and v6.default_tiling(128, True).WARPS == 8
     assert v6.default_tiling(128, False, 16).WARPS == 8 and v6.default_tiling(64, True, 16).WARPS == 4

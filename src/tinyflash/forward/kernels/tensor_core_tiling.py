@@ -42,6 +42,7 @@ class TensorCoreTiling:
     ROW_TILES: int = 1  # 16-row tiles per warp (1 or 2): 2 feeds each K_j, V_j fragment to two mma's
     Q_IN_SMEM: bool = False  # read Q_i's A operands from shared memory per key tile instead of holding them
     LAZY_RESCALE: bool = False  # rescale acc and l_i only when a row's max grows by more than 2^RESCALE_LOG2
+    HEAD_GROUP: int | None = None  # heads whose blocks are ordered together (v6's block_work); None: head_group's rule
 
     @property
     def BR(self) -> int:  # query rows per block (Br): 16 per row tile
@@ -77,6 +78,8 @@ class TensorCoreTiling:
             problems.append("ROW_TILES (16-row tiles per warp) must be 1 or 2")
         if self.BC % MMA_K or (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
             problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
+        if self.HEAD_GROUP is not None and self.HEAD_GROUP < 1:
+            problems.append("HEAD_GROUP must be None or at least 1")
         if self.smem_bytes > MAX_SMEM_PER_BLOCK:
             problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {MAX_SMEM_PER_BLOCK}")
         return problems
@@ -92,17 +95,40 @@ SHORT_CAUSAL = 8192  # causal with fewer query rows than this: blocks of 128 row
 
 @lru_cache(maxsize=256)  # built and validated once per (d, causal, n_q), for the last 256 of them
 def default_tiling(d: int, causal: bool, n_q: int = SHORT_CAUSAL) -> TensorCoreTiling:
-    """The tiling used on a GPU: the fastest of the last sweep on an H200 (``benchmarks/tensor_core_tiles.py``,
-    log benchmarks/results/tensor_core_tiles_h200.log; float16, N = 4,096 and 16,384). Every warp owns 2 row
-    tiles (32 query rows) of 64-key tiles. d = 64: 4 warps, Q_i in registers (255 registers, no spill),
-    rescaled at every tile (lazily was 1-5 % slower). d = 128: 8 warps, Q_i read from shared memory for each
-    key tile (255 registers, 40 bytes spilled), rescaled lazily (4-7 % faster); causal with fewer than
-    SHORT_CAUSAL query rows, 4 warps: at N = 4,096 the 8-warp blocks are too few and too uneven in length
-    to share out evenly (placed between the two lengths measured, not measured itself)."""
+    """The tiling used on a GPU, the fastest measured on an H200 (float16, N = 4,096 and 16,384, kernel alone:
+    ``benchmarks/tensor_core_tiles.py``). Causal, from the sweep of the kernel whose blocks are ordered by
+    groups of heads (log benchmarks/results/tensor_core_tiles_h200.log, each tiling at its best head group);
+    not causal, from the sweep of the kernel that runs one head at a time, the same machine code as now
+    (tensor_core_tiles_h200_run6_one_head_at_a_time.log). Every warp owns 2 row tiles (32 query rows) of
+    64-key tiles. d = 128: 8 warps, Q_i read from shared memory for each key tile (255 registers, 40 bytes
+    spilled), rescaled lazily; causal with fewer than SHORT_CAUSAL query rows, 4 warps: at N = 4,096 the
+    8-warp blocks are too few to share out evenly (placed between the two lengths measured, not measured
+    itself). d = 64: 4 warps, Q_i in registers; rescaled lazily when causal, at every tile when not (lazily
+    was 1-5 % slower there: benchmarks/results/compare_checkouts_h200_two_kernels.log has 4.5 %)."""
     if d == 64:
-        return TensorCoreTiling(D=64, WARPS=4, BC=64, ROW_TILES=2).validate()
+        return TensorCoreTiling(D=64, WARPS=4, BC=64, ROW_TILES=2, LAZY_RESCALE=causal).validate()
     warps = 4 if causal and n_q < SHORT_CAUSAL else 8
     return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
+
+
+# causal: the K and V of the heads ordered together, at most this many bytes (head_group). From the sweep: at
+# N = 4,096 (2 MiB per head at d = 128) 1-4 heads were 15-20 % slower than 8 or more; at N = 16,384 (8 MiB), 2-4
+# heads were fastest, 32 heads 2-3 % slower
+L2_KV_BYTES = 16 * 2**20
+
+
+def head_group(cfg: TensorCoreTiling, n_k: int, n_heads: int, kv_group: int, causal: bool) -> int:
+    """How many heads v6 orders together, longest query tiles first (its ``block_work``). Not causal: 1, one
+    head after another (every block is as long as every other; the blocks running together share one head's
+    K and V in L2). Causal: the query tiles differ in length, and the blocks started last must be short ones,
+    not a head's longest tile; so the heads whose K and V fit in L2_KV_BYTES together (at least one K/V head:
+    kv_group query heads) start their longest tiles first, then the next-longest, and so on."""
+    if cfg.HEAD_GROUP is not None:
+        return min(cfg.HEAD_GROUP, n_heads)
+    if not causal:
+        return 1
+    kv_bytes = 2 * n_k * cfg.D * 2  # one K/V head's K and V, 16-bit elements
+    return min(n_heads, kv_group * max(1, L2_KV_BYTES // kv_bytes))
 
 
 def simulator_tiling(d: int) -> TensorCoreTiling:
@@ -112,18 +138,19 @@ def simulator_tiling(d: int) -> TensorCoreTiling:
 
 def sized_launch(make_kernel, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int,
                  element: str, cfg: TensorCoreTiling) -> GridLaunch:
-    """``make_kernel(cfg, element)`` compiled for ``signature`` (once: ``driver_kernel`` keeps it) and sized for one
-    problem: its grid (query tiles × batch·heads), threads, shared memory and scalars (n_q, n_k, scale · log2(e),
-    causal, kv_group)."""
-    kernel = driver_kernel(make_kernel(cfg, element), signature, cfg.smem_bytes)
+    """``make_kernel(cfg, element, grouped)`` compiled for ``signature`` (once: ``driver_kernel`` keeps it) and
+    sized for one problem: its grid (query tiles × batch·heads), threads, shared memory and scalars (n_q, n_k,
+    scale · log2(e), causal, kv_group, head_group; grouped if head_group > 1)."""
+    group = head_group(cfg, n_k, n_heads, kv_group, causal)
+    kernel = driver_kernel(make_kernel(cfg, element, group > 1), signature, cfg.smem_bytes)
     return GridLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes,
-                      (n_q, n_k, np.float32(scale_log2), bool(causal), kv_group))
+                      (n_q, n_k, np.float32(scale_log2), bool(causal), kv_group, group))
 
 
 def launch_tensor_cores(make_kernel, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
                         element: str | None = None) -> None:
-    """Launch ``make_kernel(tiling, element)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse; then
-    n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``driver_launch``:
+    """Launch ``make_kernel(tiling, element, grouped)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse;
+    then n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``driver_launch``:
     the kernel's sized launch, as v6.driver_launch keeps it), else through numba."""
     if element is None:
         if np.dtype(prob.dtype) != np.float16:
@@ -140,13 +167,15 @@ def launch_tensor_cores(make_kernel, driver_launch, args: LaunchArgs, prob, conf
     if cfg.D != prob.d:
         raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
     n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
-    scalars = (n_q, n_k, scale_log2, causal, args.kv_group)  # kv_group: query heads per K, V head (GQA)
-    kernel, n_tiles = make_kernel(cfg, element), -(-n_q // cfg.BR)  # make_kernel validates cfg when it builds
-    arrays = [a for a, _ in args.per_head]
+    n_tiles, arrays = -(-n_q // cfg.BR), [a for a, _ in args.per_head]
     if not simulator_enabled() and args.n_heads <= MAX_GRID_Y and all(map(is_device_array, arrays)):
         # one launch, through the driver: the lean path (device arrays of any library: it reads their addresses)
         driver_launch(n_q, n_k, args.n_heads, scale_log2, causal, args.kv_group, element, cfg)(*arrays)
         return
+    # kv_group: query heads per K, V head (GQA); the heads ordered together, out of at most a launch's heads
+    group = head_group(cfg, n_k, min(args.n_heads, MAX_GRID_Y), args.kv_group, causal)
+    kernel = make_kernel(cfg, element, group > 1)  # make_kernel validates cfg when it builds
+    scalars = (n_q, n_k, scale_log2, causal, args.kv_group, group)
     words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
     grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),
                            scalars=scalars, n_heads=args.n_heads, kv_group=args.kv_group)

@@ -21,8 +21,11 @@ What changed since v5 (stage 2's last CUDA-core kernel):
   turns V_j, stored key by key, into the column-wise operand the product wants).
 * K_j and V_j are double-buffered with ``cp.async``: tile j + 1 is copied from HBM into the other half
   of shared memory while tile j is multiplied; rows are padded by 16 bytes (ldmatrix without bank conflicts).
-* The blocks start with the last query tile (the longest rows when causal, so the slowest blocks
-  start first); ``blockIdx.x`` is the query tile, so blocks started together share one head's K, V in L2.
+* The order of the blocks (``block_work``): the GPU starts them in the order of their index; that order
+  runs over groups of head_group heads and, in a group, from the last query tile to the first, head by head.
+  When causal the last tiles have the longest rows, so the longest blocks start first and the short ones
+  fill the gaps at the end; the blocks running together read the K, V of a group's heads only, which stay
+  in L2. head_group = 1 (not causal: all blocks equally long) is one head after another, a kernel of its own.
 * Lazy rescaling (``LAZY_RESCALE``, as FlashAttention-4 does): a row keeps its reference max until a
   tile's max exceeds it by more than 2^8; most tiles then skip the multiplications of acc and l_i.
 
@@ -47,9 +50,9 @@ from ...gpu.driver_launch import GridLaunch
 from ...gpu.launch import LaunchArgs
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
-from .tensor_core_tiling import (ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, MMA_N, PAD_WORDS, SHORT_CAUSAL,  # noqa: F401
-                                 WARP, TensorCoreTiling, default_tiling, launch_tensor_cores, simulator_tiling,
-                                 sized_launch)
+from .tensor_core_tiling import (ELEMENTS, HEAD_DIMS, L2_KV_BYTES, MMA_K, MMA_M, MMA_N, PAD_WORDS,  # noqa: F401
+                                 SHORT_CAUSAL, WARP, TensorCoreTiling, default_tiling, head_group,
+                                 launch_tensor_cores, simulator_tiling, sized_launch)
 
 NEG_INF = float32(-np.inf)
 ZERO, ONE, TWO, FOUR, EIGHT, SIXTEEN = u(0), u(1), u(2), u(4), u(8), u(16)
@@ -61,13 +64,15 @@ FAST_MATH = {"afn", "arcp", "contract"}
 RESCALE_LOG2 = 8.0
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
-# flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group
-SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64)
+# flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group,
+# head_group
+SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: TensorCoreTiling, element: str):
-    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16)."""
+def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
+    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16); ``grouped``: for head_group > 1
+    (its blocks ordered by groups of heads), else for one head at a time (head_group must then be 1)."""
     cfg.validate()
     mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
     BR, BC, NT, RW, CHUNKS = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.ROW_WORDS, cfg.CHUNKS))
@@ -83,6 +88,33 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
     P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i per row tile
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
+
+    @cuda.jit(device=True, inline="always")
+    def one_head_at_a_time(head_group):
+        """(head, first query row) of this block, for head_group = 1: blockIdx.y is the head, blockIdx.x counts
+        its query tiles from the last to the first."""
+        return uint64(cuda.blockIdx.y), (uint64(cuda.gridDim.x) - ONE - uint64(cuda.blockIdx.x)) * BR
+
+    @cuda.jit(device=True, inline="always")
+    def grouped_heads(head_group):
+        """(head, first query row) of this block. The GPU starts blocks in the order of their index
+        blockIdx.y · gridDim.x + blockIdx.x; read in that order, the blocks run over groups of head_group heads
+        and, within a group, over the query tiles from the last to the first, taking each of the group's heads
+        in turn (the last group may have fewer heads). In 32 bits (fewer registers than 64): the blocks of any
+        problem whose arrays fit in memory are fewer than 2^32."""
+        tiles, heads = uint32(cuda.gridDim.x), uint32(cuda.gridDim.y)
+        block = uint32(cuda.blockIdx.y) * tiles + uint32(cuda.blockIdx.x)
+        group = uint32(head_group)
+        first = block // (group * tiles) * group  # the first head of the block's group
+        rest = block - first * tiles  # the block's place in its group: tile by tile, head by head
+        in_group = min(group, heads - first)  # the group's heads
+        return uint64(first + rest % in_group), uint64(tiles - uint32(1) - rest // in_group) * BR
+
+    # two kernels, not one: with grouped_heads alone, the same order when head_group = 1, the kernel was 3-4 %
+    # slower without the causal mask at d = 128 (benchmarks/results/compare_checkouts_h200_one_kernel.log; a
+    # run-time branch to one_head_at_a_time made its loop longer); one_head_at_a_time's kernel is the machine
+    # code of the kernel before block orders, and as fast (compare_checkouts_h200_two_kernels.log)
+    block_work = grouped_heads if grouped else one_head_at_a_time
 
     @cuda.jit(device=True, inline="always")
     def copy_rows(src, src_off, first, n_rows, smem_addr, tid, CHUNKS_PER_THREAD):
@@ -281,14 +313,13 @@ def make_kernel(cfg: TensorCoreTiling, element: str):
                         LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
     @cuda.jit(fastmath=FAST_MATH, **({"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}))
-    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group):
+    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group):
         smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
         tid = uint64(cuda.threadIdx.x)
         warp, lane = tid // uint64(WARP), tid % uint64(WARP)
         g, t = lane // FOUR, lane % FOUR  # the lane's group (its rows g, g + 8 of each row tile) and place in it
-        head = uint64(cuda.blockIdx.y)  # which (batch, head)
+        head, q_start = block_work(head_group)  # which (batch, head), and its first query row
         kv_head = head // uint64(kv_group)  # the K, V head it reads (grouped-query attention)
-        q_start = (uint64(cuda.gridDim.x) - ONE - uint64(cuda.blockIdx.x)) * BR  # last query tile first
         n_q, n_k = uint64(n_q), uint64(n_k)
         q_off, kv_off = head * n_q * DW, kv_head * n_k * DW  # this head's Q, O and its K, V (words)
         warp_row = q_start + warp * WARP_ROWS  # the warp's first query row
