@@ -8,8 +8,9 @@ What you will learn
       simulator's emulation runs on (src/tinyflash/gpu/ptx_emulation.py);
     * why P_ij never leaves the registers: the accumulator layout of S_ij = Q_i K_jᵀ, packed to
       16-bit pairs, *is* the A-operand layout of P_ij V_j;
-    * the double-buffered K_j, V_j pipeline (cp.async), and what the tensor cores bought on an
-      H200 over stage 2, read from the committed benchmark.
+    * the double-buffered K_j, V_j pipeline (cp.async); the order in which the blocks start, longest
+      first when causal; and what the tensor cores bought on an H200 over stage 2, read from the
+      committed benchmark.
 
 What changed since lesson 05 (stage 2): the same loop and the same names, kernel v6
 (src/tinyflash/forward/kernels/v6_tensor_cores.py). A warp, not a thread, is now the unit that
@@ -22,6 +23,7 @@ Python at a toy size; with a GPU and CuPy, on the real tensor cores.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
+import re
 import sys
 from pathlib import Path
 
@@ -150,11 +152,47 @@ for j in range(1, tile_max.shape[1]):
     m_ref = np.where(grow, np.maximum(m_ref, tile_max[:, j]), m_ref)
 print(f"\nrandom q, k (d = 128, 4096 keys, tiles of 64): the max grows in {100 * grows_any:.1f}% of (row, tile) "
       f"after the first tile; by more than 2^{v6.RESCALE_LOG2:.0f}: in {100 * lazy_rescales / (256 * 63):.2f}%")
-cfg128 = v6.default_tiling(128, causal=False)
-print(f"v6's GPU tiling at d = 128 rescales lazily: {cfg128.LAZY_RESCALE}; at d = 64: "
-      f"{v6.default_tiling(64, causal=False).LAZY_RESCALE} (measured: there it did not pay)")
+lazy = {(d, c): v6.default_tiling(d, causal=c).LAZY_RESCALE for d in (64, 128) for c in (False, True)}
+print(f"v6's GPU tilings rescale lazily: d = 128 {lazy[128, False]}; d = 64 causal {lazy[64, True]}, not causal "
+      f"{lazy[64, False]} (measured: there it did not pay)")
 # In the kernel each lane decides once per tile for its rows, so the common case is one branch, no
 # multiplications of acc; the H200 sweep (benchmarks/results/tensor_core_tiles_h200.log) has both ways.
+
+# %% [5c] The order of the blocks: causal, the longest first
+#
+# Causal, query tile i (of T) sees i + 1 tiles' worth of keys: the blocks differ up to T-fold in
+# length. The GPU starts blocks in the order of their index, each on the first multiprocessor with
+# room; if a head's longest block is among the last started, the others sit idle while it finishes.
+# v6 orders its blocks (block_work) by groups of heads: within a group, every head's last (longest)
+# tile, then every head's next-to-last, ...; the heads of a group are those whose K, V fit in
+# L2_KV_BYTES together (v6.head_group). A model of it: blocks as long as their keys (plus one for
+# loading Q_i and writing O_i), started in order, each on the first free slot.
+import heapq  # noqa: E402
+
+
+def busy(lengths, slots):
+    """The fraction of slots × time spent working, blocks started in the order given."""
+    free = [0.0] * slots  # when each slot is next free (a heap)
+    for length in lengths:
+        heapq.heappush(free, heapq.heappop(free) + length)
+    return sum(lengths) / (slots * max(free))
+
+
+cfg_c = v6.default_tiling(128, causal=True, n_q=4096)
+n_tiles, heads = 4096 // cfg_c.BR, 32
+slots = 132 * 2  # the H200's 132 multiprocessors, 2 blocks each (128 threads × 255 registers, 102 KiB smem)
+length = [1 + (i + 1) * cfg_c.BR / cfg_c.BC for i in range(n_tiles)]  # key tiles of query tile i, + 1
+group = v6.head_group(cfg_c, 4096, heads, 1, True)
+by_head = [length[i] for h in range(heads) for i in reversed(range(n_tiles))]  # one head after another
+by_group = [length[i] for g in range(0, heads, group) for i in reversed(range(n_tiles)) for h in range(group)]
+print(f"\ncausal, N = 4,096, H = {heads}, Br = {cfg_c.BR}: {n_tiles * heads} blocks on {slots} slots; busy "
+      f"{100 * busy(by_head, slots):.0f}% one head after another, {100 * busy(by_group, slots):.0f}% in groups of "
+      f"{group} heads (model)")
+tiles_log = (Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tensor_core_tiles_h200.log")
+for g in (1, group):  # the same tiling on the H200, kernel alone
+    ms = re.search(rf"N=4096 d=128 causal=True\s+warps={cfg_c.WARPS} .*lazy=True\s+group=\s*{g}:\s+([\d.]+) ms",
+                   tiles_log.read_text()).group(1)
+    print(f"  measured on the H200, {g} head(s) at a time: {ms} ms ({tiles_log.name})")
 
 # %% [6] Check: the whole kernel against the float64 reference (ragged tiles, Nq != Nk, causal)
 n_q, n_k, d = (20, 37, 64) if not HAS_GPU else (1000, 777, 128)
