@@ -70,8 +70,8 @@ def main(argv=None) -> int:
                 ms = {name: [] for name in impls}
                 for r in range(args.rounds):
                     names = list(impls)[r % len(impls):] + list(impls)[:r % len(impls)]  # each takes each place
-                    for name, attention in ((name, impls[name]) for name in names):
-                        fn = (lambda f: lambda q, k, v, causal: f(q, k, v, causal=causal)[0])(attention)
+                    for name in names:
+                        fn = (lambda f: lambda q, k, v, causal: f(q, k, v, causal=causal)[0])(impls[name])
                         res = measure(fn, q, k, v, causal, rng)
                         if res["status"] != "ok":
                             raise AssertionError(f"{name} {dtype} d={d} causal={causal}: {res['status']}")

@@ -95,7 +95,7 @@ def main(n: int) -> None:
             o, lse = torch.empty_like(q), torch.empty((HEADS * n,), device="cuda", dtype=torch.float32)
             group = v6.head_group(cfg, n, HEADS, 1, causal)
             args = (q, k, v, o, lse, n, n, np.float32(LOG2E / math.sqrt(d)), causal, 1, group)  # v6.SIGNATURE's
-            kernel = driver_kernel(v6.make_kernel(cfg, "float16", group > 1), v6.SIGNATURE, cfg.smem_bytes)
+            kernel = driver_kernel(v6.kernel_for(cfg, "float16", group), v6.SIGNATURE, cfg.smem_bytes)
             bare = time_call(kernel.bind((-(-n // cfg.BR), HEADS), cfg.NT, cfg.smem_bytes, *args))["time_ms"]
 
             def flash():

@@ -55,15 +55,15 @@ def main(ns) -> list[dict]:
                 flops = attention_flops(1, HEADS, n, n, d, causal)
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     flash = time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))["time_ms"]
+                default = v6.default_tiling(d, causal, n)
                 print(f"N={n} d={d} causal={causal}: SDPA flash {flash:.3f} ms ({flops / flash / 1e9:.1f} TFLOP/s); "
-                      f"v6's default: {v6.default_tiling(d, causal, n)}, head group "
-                      f"{v6.head_group(v6.default_tiling(d, causal, n), n, HEADS, 1, causal)}", flush=True)
+                      f"v6's default: {default}, head group {v6.head_group(default, n, HEADS, 1, causal)}", flush=True)
                 for (warps, keys, cap, row_tiles, q_smem, lazy), group in itertools.product(tilings, HEAD_GROUPS[causal]):
                     cfg = v6.TensorCoreTiling(D=d, WARPS=warps, BC=keys, MAX_REGISTERS=cap, ROW_TILES=row_tiles,
                                               Q_IN_SMEM=q_smem, LAZY_RESCALE=lazy)
                     if cfg.problems():
                         continue
-                    kernel = driver_kernel(v6.make_kernel(cfg, "float16", group > 1), v6.SIGNATURE, cfg.smem_bytes)
+                    kernel = driver_kernel(v6.kernel_for(cfg, "float16", group), v6.SIGNATURE, cfg.smem_bytes)
                     args = (q, k, v, o, lse, n, n, np.float32(LOG2E / math.sqrt(d)), causal, 1, group)  # v6.SIGNATURE's
                     launch = kernel.bind((-(-n // cfg.BR), HEADS), cfg.NT, cfg.smem_bytes, *args)
                     o.fill_(float("nan"))  # every element must be written by the launch

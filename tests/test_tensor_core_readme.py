@@ -93,6 +93,11 @@ def stage3_numbers() -> dict:
     return out
 
 
+def tiling_key(cfg) -> tuple:
+    """A tiling as sweep() keys it: (warps, row tiles, Q in smem, keys, lazy)."""
+    return cfg.WARPS, cfg.ROW_TILES, cfg.Q_IN_SMEM, cfg.BC, cfg.LAZY_RESCALE
+
+
 def sweep(log: str = TILES_LOG, lines_expected: int = 96) -> dict:
     """A tiling sweep's log (a line without a head group: one head at a time): (N, d, causal) -> {(warps, row tiles, Q in smem, keys, lazy): {head group:
     (TFLOP/s, speed over flash)}}."""
@@ -128,14 +133,14 @@ def groups_table() -> str:
     """Causal: the default tiling's speed (TFLOP/s and over flash) for each number of heads ordered together."""
     from tinyflash.forward.kernels import v6_tensor_cores as v6
 
-    points, rows = sweep(), []
+    points = sweep()
     groups = sorted({g for (_, _, causal), tilings in points.items() if causal for t in tilings.values() for g in t})
     rows = [f"| N | d | {' | '.join(f'{g} head' + ('s' if g > 1 else '') for g in groups)} | head_group |",
             "|---|---|" + "---|" * (len(groups) + 1)]
     for (n, d, causal), tilings in sorted(points.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         if causal:
             cfg = v6.default_tiling(d, True, n)
-            timed = tilings[cfg.WARPS, cfg.ROW_TILES, cfg.Q_IN_SMEM, cfg.BC, cfg.LAZY_RESCALE]
+            timed = tilings[tiling_key(cfg)]
             cells = [f"{timed[g][0]:.1f} ({timed[g][1]:.2f}×)" for g in groups]
             rows.append(f"| {n:,} | {d} | {' | '.join(cells)} | {v6.head_group(cfg, n, 32, 1, True)} |")
     return "\n".join(rows)
@@ -186,7 +191,7 @@ def test_the_default_tilings_are_the_sweeps_fastest():
     for (n, d, causal), tilings in points.items():
         best = max(tilings, key=lambda t: max(tf for tf, _ in tilings[t].values()))
         cfg = v6.default_tiling(d, causal, n)
-        assert (cfg.WARPS, cfg.ROW_TILES, cfg.Q_IN_SMEM, cfg.BC, cfg.LAZY_RESCALE) == best, (n, d, causal)
+        assert tiling_key(cfg) == best, (n, d, causal)
         timed = tilings[best]
         rule = v6.head_group(cfg, n, 32, 1, causal)  # the sweep's B·H = 32, no GQA
         assert rule in timed and timed[rule][0] * GROUP_SPREAD >= max(tf for tf, _ in timed.values()), (n, d, causal)

@@ -136,20 +136,20 @@ def simulator_tiling(d: int) -> TensorCoreTiling:
     return TensorCoreTiling(D=d, WARPS=1, BC=16).validate()
 
 
-def sized_launch(make_kernel, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int,
+def sized_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int,
                  element: str, cfg: TensorCoreTiling) -> GridLaunch:
-    """``make_kernel(cfg, element, grouped)`` compiled for ``signature`` (once: ``driver_kernel`` keeps it) and
+    """``kernel_for(cfg, element, head_group)`` compiled for ``signature`` (once: ``driver_kernel`` keeps it) and
     sized for one problem: its grid (query tiles × batch·heads), threads, shared memory and scalars (n_q, n_k,
-    scale · log2(e), causal, kv_group, head_group; grouped if head_group > 1)."""
+    scale · log2(e), causal, kv_group, head_group)."""
     group = head_group(cfg, n_k, n_heads, kv_group, causal)
-    kernel = driver_kernel(make_kernel(cfg, element, group > 1), signature, cfg.smem_bytes)
+    kernel = driver_kernel(kernel_for(cfg, element, group), signature, cfg.smem_bytes)
     return GridLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes,
                       (n_q, n_k, np.float32(scale_log2), bool(causal), kv_group, group))
 
 
-def launch_tensor_cores(make_kernel, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
+def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
                         element: str | None = None) -> None:
-    """Launch ``make_kernel(tiling, element, grouped)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse;
+    """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse;
     then n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``driver_launch``:
     the kernel's sized launch, as v6.driver_launch keeps it), else through numba."""
     if element is None:
@@ -174,7 +174,7 @@ def launch_tensor_cores(make_kernel, driver_launch, args: LaunchArgs, prob, conf
         return
     # kv_group: query heads per K, V head (GQA); the heads ordered together, out of at most a launch's heads
     group = head_group(cfg, n_k, min(args.n_heads, MAX_GRID_Y), args.kv_group, causal)
-    kernel = make_kernel(cfg, element, group > 1)  # make_kernel validates cfg when it builds
+    kernel = kernel_for(cfg, element, group)  # v6's make_kernel validates cfg when it builds
     scalars = (n_q, n_k, scale_log2, causal, args.kv_group, group)
     words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
     grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),

@@ -372,11 +372,16 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     return flash_fwd
 
 
+def kernel_for(cfg: TensorCoreTiling, element: str, head_group: int):
+    """The kernel that launches with ``head_group`` heads ordered together: the grouped one for more than one."""
+    return make_kernel(cfg, element, head_group > 1)
+
+
 def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, element: str | None = None) -> None:
     """Launch v6 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse;
     then n_q, n_k, d, dv, scale·log2(e), causal). ``element`` is 'bfloat16' for bfloat16 inputs
     (the default, 'float16', for float16 ones); ``config`` overrides the tiling."""
-    launch_tensor_cores(make_kernel, driver_launch, args, prob, config, element)
+    launch_tensor_cores(kernel_for, driver_launch, args, prob, config, element)
 
 
 @lru_cache(maxsize=256)  # by value, without SIGNATURE: hashing a tuple of numba types costs tens of µs
@@ -384,4 +389,4 @@ def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv
                   cfg: TensorCoreTiling) -> GridLaunch:
     """v6 sized for one problem, launched through the driver (compiled on first use, then kept): a call
     passes only q, k, v, o (16-bit elements) and lse, C-contiguous device arrays of any library."""
-    return sized_launch(make_kernel, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)
+    return sized_launch(kernel_for, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)
