@@ -4,6 +4,8 @@
 """
 
 import csv
+import math
+import statistics
 
 import numpy as np
 import pytest
@@ -156,3 +158,93 @@ def test_the_sweep_times_stage_3_on_float16_only(rng):
     stage_3 = bench.sdpa_variants(64, np.float16)[1]
     verdict = harness.check(stage_3.fn(q, k, v, True), q, k, v, causal=True, rng=rng, rows=37)
     assert verdict["ok"], verdict
+
+
+class ToyGpu:
+    """A stand-in for the GPU and its clock, for time_interleaved: each call of a peer enqueues ``cost`` ms
+    of GPU work after ``host`` ms of host time; the GPU runs work in order, as soon as it is enqueued and
+    the work before it is done. Events are work of no cost; ``sync`` waits for the queue."""
+
+    def __init__(self):
+        self.host_now, self.gpu_free, self.calls = 0.0, 0.0, []
+
+    def peer(self, name, host, cost):
+        def call():
+            self.calls.append(name)
+            self.host_now += host
+            self.gpu_free = max(self.gpu_free, self.host_now) + cost
+        return call
+
+    def _event(self):
+        self.gpu_free = max(self.gpu_free, self.host_now)
+        return self.gpu_free
+
+    def sync(self):
+        self.host_now = max(self.host_now, self.gpu_free)
+
+    def elapsed_ms(self, work):
+        start = self._event()
+        work()
+        end = self._event()
+        self.sync()
+        return end - start
+
+
+def test_time_interleaved_queued_hides_host_time_and_latency_shows_it():
+    """Queued, the GPU time per call (host time hidden behind the GPU's); alone, host + GPU; the peers take
+    turns, each leading some rounds; a burst lasts about BURST_MS, within its bounds."""
+    from contextlib import nullcontext
+
+    gpu = ToyGpu()
+    peers = {"fast kernel, slow host": (gpu.peer("a", host=0.05, cost=0.4), nullcontext),
+             "slow kernel, fast host": (gpu.peer("b", host=0.01, cost=0.42), nullcontext),
+             "long": (gpu.peer("c", host=0.01, cost=100.0), nullcontext)}
+    out = harness.time_interleaved(peers, rounds=6, clock=gpu)
+    a, b, c = (out[name] for name in peers)
+    assert a["time_ms"] == pytest.approx(0.4) and b["time_ms"] == pytest.approx(0.42)  # the kernels' own time
+    assert a["latency_ms"] == pytest.approx(0.45) and b["latency_ms"] == pytest.approx(0.43)  # host time shows
+    assert a["reps"] == len(a["rounds_ms"]) == 6
+    assert a["burst"] == math.ceil(harness.BURST_MS / 0.45) and c["burst"] == harness.MIN_BURST
+    assert harness.MIN_BURST <= a["burst"] <= harness.MAX_BURST
+    timed = gpu.calls[3 * (harness.WARMUP + 1):]  # after each peer's warm-up calls and the call that sizes its burst
+    per_round = sum(2 + out[name]["burst"] for name in peers)  # each peer: one call alone, one untimed, a burst
+    firsts = [timed[r * per_round] for r in range(6)]  # the peer that leads each round
+    assert firsts == ["a", "b", "c", "a", "b", "c"] and len(timed) == 6 * per_round
+
+
+def test_measure_peers_checks_first_and_compares_with_flash():
+    """A peer that fails its check gets no time; the others get times and speeds over the flash backend:
+    median over median, the quartiles of the rounds' ratios, and the latencies' ratio."""
+    from contextlib import nullcontext
+
+    from tinyflash.measure import bench_tensor_cores as btc
+
+    def check(fn, q, k, v, causal, rng):
+        return {"status": "ok" if fn() else "wrong (error 1 > 0)", "max_rel_err": 0.0, "tolerance": 1.0}
+
+    peer_list = [("torch_flash", "", lambda: True, ("float16",), nullcontext),
+                 ("tinyflash", "v6", lambda: True, ("float16",), nullcontext),
+                 ("tinyflash", "broken", lambda: False, ("float16",), nullcontext),
+                 ("tinyflash", "v5", lambda: True, ("float32",), nullcontext)]  # not this dtype: no row
+
+    def timer(timed):
+        assert list(timed) == [("torch_flash", ""), ("tinyflash", "v6")]
+        rounds = {("torch_flash", ""): [1.0, 1.0, 1.2, 1.0, 1.0], ("tinyflash", "v6"): [0.8, 0.9, 1.0, 0.85, 1.25]}
+        return {key: {"time_ms": statistics.median(ms), "time_min_ms": min(ms), "time_max_ms": max(ms), "reps": 5,
+                      "burst": 3, "latency_ms": 2.0 if key[0] == "torch_flash" else 2.5, "rounds_ms": ms}
+                for key, ms in rounds.items()}
+
+    rows = btc.measure_peers(*(lambda: True,) * 3, False, None, "float16", 1, 2, 64, 16, peer_list=[
+        (impl, var, (lambda f: lambda q, k, v, causal: f())(fn), dts, ar) for impl, var, fn, dts, ar in peer_list],
+        timer=timer, check=lambda fn, q, k, v, causal, rng: check(lambda: fn(q, k, v, causal), q, k, v, causal, rng))
+    assert [(r["impl"], r["variant"]) for r in rows] == [("torch_flash", ""), ("tinyflash", "v6"),
+                                                         ("tinyflash", "broken")]
+    flash, v6, broken = rows
+    assert "time_ms" not in broken and broken["status"].startswith("wrong")
+    assert flash["speed_vs_flash"] == 1.0 and v6["speed_vs_flash"] == pytest.approx(1.0 / 0.9)
+    ratios = [1.25, 1.0 / 0.9, 1.2, 1.0 / 0.85, 0.8]  # the rounds' flash / v6
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    assert (v6["speed_vs_flash_q1"], v6["speed_vs_flash_q3"]) == (pytest.approx(q1), pytest.approx(q3))
+    assert v6["latency_vs_flash"] == pytest.approx(0.8) and v6["tflops"] == pytest.approx(
+        harness.attention_flops(1, 2, 64, 64, 16, False) / (0.9 * 1e9))
+    assert btc.vs_flash_cells(v6).split()[0] == "1.111" and btc.vs_flash_cells(broken) == ""

@@ -3,9 +3,12 @@
 The tensor-core kernel (v6, ``tinyflash.tensor_core_attention``) beside PyTorch SDPA's flash
 backend (FlashAttention-2) and cuDNN backend, and stage 2's kernel (v5) in float16, all in one
 run on the same PyTorch tensors, float16 and bfloat16 (CuPy has no bfloat16, so inputs here are
-PyTorch tensors). Each measurement is checked first (:func:`check_torch`), then timed with the
-harness's :func:`~tinyflash.measure.harness.time_call`; each row of the CSV carries
-``speed_vs_flash``: the flash backend's median time over this one's (1.0: as fast; > 1: faster).
+PyTorch tensors). Each peer is checked first (:func:`check_torch`); those that pass are timed together
+by the harness's :func:`~tinyflash.measure.harness.time_interleaved`: in rounds, each round every peer
+in turn, both queued (calls back to back, the GPU kept busy: GPU time per call, as FlashAttention's own
+benchmarks time) and one call alone (host time included). Each row of the CSV carries ``speed_vs_flash``:
+the flash backend's median queued time over this one's (1.0: as fast; > 1: faster), the quartiles of
+that ratio round by round, and ``latency_vs_flash``, the same ratio for one call alone.
 
     python -m tinyflash.bench tensor-cores --csv figures/data/tensor_cores_h200.csv
 """
@@ -13,14 +16,18 @@ harness's :func:`~tinyflash.measure.harness.time_call`; each row of the CSV carr
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
 from . import report
-from .harness import FIELDS, CsvWriter, attention_flops, environment, time_call
+from .harness import FIELDS, CsvWriter, attention_flops, environment, time_interleaved
 
 CHECK_ROWS = 64  # query rows sampled per checked head
-TC_FIELDS = [*FIELDS, "speed_vs_flash"]
+# beyond the harness's: a queued burst's calls, one call's latency (host included), speed over the flash backend:
+# queued (median over median), the quartiles of the rounds' ratios, and one call's latency
+TC_FIELDS = [*FIELDS, "burst", "latency_ms", "speed_vs_flash", "speed_vs_flash_q1", "speed_vs_flash_q3",
+             "latency_vs_flash"]
 
 
 def _host64(x):
@@ -87,14 +94,15 @@ def peers():
 
 def sweep_tensor_cores(csv_path=None, *, ns=(4096, 16384), ds=(64, 128), dtypes=("float16", "bfloat16"),
                        causals=(False, True), batch: int = 1, heads: int = 32, seed: int | None = None) -> list[dict]:
-    """Check, then time, every peer on fresh random inputs (B, H, N, d); print and write a row each."""
+    """Check every peer on fresh random inputs (B, H, N, d), then time those that passed together
+    (:func:`~tinyflash.measure.harness.time_interleaved`); print and write a row each."""
     import torch
 
     env, rng, rows = environment(), np.random.default_rng(seed), []
     writer = CsvWriter(csv_path, fields=TC_FIELDS)
     print(f"tensor-cores: {env['device']}  numba-cuda {env['numba_cuda']}  torch {env['torch']}  {env['date']}; "
-          f"B={batch} H={heads}")
-    print(report.LINE_HEADER + "  speed_vs_flash")
+          f"B={batch} H={heads}; ms: queued calls (GPU time per call); latency: one call alone, host included")
+    print(report.LINE_HEADER + "  vs flash (q1-q3)  latency ms  vs flash")
     for dtype in dtypes:
         for d in ds:
             for causal in causals:
@@ -102,30 +110,63 @@ def sweep_tensor_cores(csv_path=None, *, ns=(4096, 16384), ds=(64, 128), dtypes=
                     gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(2**31)))
                     q, k, v = (torch.randn((batch, heads, n, d), device="cuda", generator=gen).to(getattr(torch, dtype))
                                for _ in range(3))  # (B, H, N, d) each
-                    flash_ms = None
-                    for impl, variant, fn, its_dtypes, around in peers():
-                        if dtype not in its_dtypes:
-                            continue
-                        with around():
-                            measured = _measure(fn, q, k, v, causal, rng)
-                        row = {**env, "benchmark": "tensor-cores", "impl": impl, "variant": variant, "dtype": dtype,
-                               "causal": causal, "batch": batch, "heads": heads, "n": n, "d": d, **measured}
-                        if row["status"] == "ok":
-                            row["tflops"] = attention_flops(batch, heads, n, n, d, causal) / (row["time_ms"] * 1e9)
-                            flash_ms = row["time_ms"] if impl == "torch_flash" else flash_ms
-                            if flash_ms:
-                                row["speed_vs_flash"] = flash_ms / row["time_ms"]
+                    config = {"benchmark": "tensor-cores", "dtype": dtype, "causal": causal, "batch": batch,
+                              "heads": heads, "n": n, "d": d}
+                    new = measure_peers(q, k, v, causal, rng, dtype, batch, heads, n, d)
+                    for row in new:
+                        row = {**env, **config, **row}
                         rows.append(row)
                         writer.write(row)
-                        print(report.line(row) + f"  {row.get('speed_vs_flash', float('nan')):.3f}", flush=True)
+                        print(report.line(row) + vs_flash_cells(row), flush=True)
                     del q, k, v
                     torch.cuda.empty_cache()
     writer.close()
     return rows
 
 
-def _measure(fn, q, k, v, causal, rng) -> dict:
-    """Check one call, then time it; peak extra memory from PyTorch's allocator."""
+def measure_peers(q, k, v, causal, rng, dtype, batch, heads, n, d, peer_list=None, timer=time_interleaved,
+                  check=None) -> list:
+    """Every peer (of ``peer_list``, default :func:`peers`) that runs ``dtype`` checked on q, k, v (``check``,
+    default :func:`_check`), then those that passed timed together by ``timer``; one row each: impl, variant,
+    the measured fields, and speeds over the flash backend's (the ratio of medians, the quartiles of the
+    rounds' ratios, and the ratio of one-call latencies)."""
+    rows, timed = [], {}
+    for impl, variant, fn, its_dtypes, around in peer_list or peers():
+        if dtype not in its_dtypes:
+            continue
+        with around():
+            row = {"impl": impl, "variant": variant, **(check or _check)(fn, q, k, v, causal, rng)}
+        rows.append(row)
+        if row["status"] == "ok":
+            timed[impl, variant] = ((lambda fn: lambda: fn(q, k, v, causal))(fn), around)
+    times = timer(timed) if timed else {}
+    flash = times.get(("torch_flash", ""))
+    for row in rows:
+        t = times.get((row["impl"], row["variant"]))
+        if t is None:
+            continue
+        row.update({key: t[key] for key in ("time_ms", "time_min_ms", "time_max_ms", "reps", "burst", "latency_ms")})
+        row["tflops"] = attention_flops(batch, heads, n, n, d, causal) / (t["time_ms"] * 1e9)
+        if flash:
+            per_round = [f / x for f, x in zip(flash["rounds_ms"], t["rounds_ms"], strict=True)]
+            q1, _, q3 = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else per_round * 3
+            row.update({"speed_vs_flash": flash["time_ms"] / t["time_ms"], "speed_vs_flash_q1": q1,
+                        "speed_vs_flash_q3": q3, "latency_vs_flash": flash["latency_ms"] / t["latency_ms"]})
+    return rows
+
+
+def vs_flash_cells(row: dict) -> str:
+    """The printed line's last columns: speed over flash (quartiles of the rounds), latency, its speed over flash."""
+    if "speed_vs_flash" not in row or row.get("speed_vs_flash") in (None, ""):
+        return ""
+    return (f"  {float(row['speed_vs_flash']):8.3f} ({float(row['speed_vs_flash_q1']):.3f}-"
+            f"{float(row['speed_vs_flash_q3']):.3f})  {float(row['latency_ms']):10.3f}  "
+            f"{float(row['latency_vs_flash']):8.3f}")
+
+
+def _check(fn, q, k, v, causal, rng) -> dict:
+    """Check one call (:func:`check_torch`); peak extra memory from PyTorch's allocator. A backend that
+    refuses these inputs gets status 'unsupported'; a wrong result 'wrong (...)', and is not timed."""
     import torch
 
     try:
@@ -140,7 +181,7 @@ def _measure(fn, q, k, v, causal, rng) -> dict:
         res = {"peak_bytes": peak, "max_rel_err": verdict["max_rel_err"], "tolerance": verdict["tolerance"]}
         if not verdict["ok"]:
             return {**res, "status": f"wrong (error {verdict['max_rel_err']:.2e} > {verdict['tolerance']:.2e})"}
-        return {**res, **time_call(lambda: fn(q, k, v, causal)), "status": "ok"}
+        return {**res, "status": "ok"}
     except RuntimeError as exc:  # a backend that refuses these inputs
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
             return {"status": "unsupported"}

@@ -9,7 +9,9 @@ PyTorch, the kernel versions, the tile sweep, the vector loads) goes through :fu
    ``F32_TOL``; float16 by FlashAttention's rule, against standard attention computed in float16
    on the same rows (:func:`naive_same_precision`). Only a result that passes is timed;
 2. **time** (:func:`time_call`): CUDA events around single calls, after warm-up calls, at least
-   ``MIN_REPS`` of them; the median, with the fastest and slowest, goes into the row;
+   ``MIN_REPS`` of them; the median, with the fastest and slowest, goes into the row. (Stage 3 against
+   its peers is timed by :func:`time_interleaved` instead: peers in turn, round by round, both queued
+   and one call alone.)
 3. **record**: one row of :data:`FIELDS`, the one CSV schema (device, library versions and date
    in every row), written as it comes (:class:`CsvWriter`).
 
@@ -89,6 +91,78 @@ def time_call(fn) -> dict:
         times.append(cupy.cuda.get_elapsed_time(start, end))
     return {"time_ms": statistics.median(times), "time_min_ms": min(times), "time_max_ms": max(times),
             "reps": len(times)}
+
+
+# time_interleaved: rounds, and the length of a queued burst (at least MIN_BURST calls, at most MAX_BURST)
+ROUNDS, BURST_MS, MIN_BURST, MAX_BURST = 15, 10.0, 2, 50
+
+
+class CudaClock:
+    """The GPU's clock for :func:`time_interleaved`: CUDA events on the default stream."""
+
+    def __init__(self):
+        import cupy
+
+        self._cupy = cupy
+
+    def sync(self) -> None:
+        self._cupy.cuda.Device().synchronize()
+
+    def elapsed_ms(self, work) -> float:
+        """Milliseconds of GPU time between an event recorded before ``work()`` and one after it."""
+        start, end = self._cupy.cuda.Event(), self._cupy.cuda.Event()
+        start.record()
+        work()
+        end.record()
+        end.synchronize()
+        return self._cupy.cuda.get_elapsed_time(start, end)
+
+
+def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None) -> dict:
+    """Time functions that do the same work, ``peers``: name -> (fn, around), in interleaved rounds: every
+    round times each of them in turn, in an order rotated from round to round, so that a drift of the GPU
+    (clocks, temperature) falls on all of them alike. ``around()`` is a context entered before a peer's
+    calls, outside the timed interval (SDPA's choice of backend). Two times per call, medians over rounds:
+
+    * ``time_ms``, **queued**: calls back to back with the GPU kept busy. One call first, untimed; then
+      events around ``burst`` calls; per call, the interval / burst. The host enqueues the next call
+      while the GPU runs the last, so its own time is hidden whenever it is shorter than the GPU's: this
+      is how a model's layers run, and how FlashAttention's benchmarks time (``torch.utils.benchmark``:
+      many calls, one synchronisation). ``time_min_ms``, ``time_max_ms``: the fastest and slowest round.
+    * ``latency_ms``, **one call alone**: the GPU idle, an event, the call, an event. The host's work
+      before the launch (checks, allocations, the launch itself) is in the interval.
+
+    Each peer is called WARMUP times first; the first of its bursts sizes ``burst`` to last about BURST_MS.
+    Returns name -> {time_ms, time_min_ms, time_max_ms, reps (rounds), burst, latency_ms, rounds_ms (the
+    queued time of each round, in round order)}."""
+    clock = clock or CudaClock()
+    names, burst = list(peers), {}
+    for name, (fn, around) in peers.items():
+        with around():
+            for _ in range(WARMUP):
+                fn()
+            clock.sync()
+            once = clock.elapsed_ms(fn)
+        burst[name] = min(MAX_BURST, max(MIN_BURST, math.ceil(BURST_MS / max(once, 1e-3))))
+    queued, alone = {name: [] for name in names}, {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: each peer leads some rounds
+            fn, around = peers[name]
+            with around():
+                clock.sync()
+                alone[name].append(clock.elapsed_ms(fn))  # the GPU idle before the call
+                fn()  # keeps the GPU busy while the host records the start event and enqueues the burst
+                queued[name].append(clock.elapsed_ms(lambda: calls(fn, burst[name])) / burst[name])
+    return {name: {"time_ms": statistics.median(queued[name]), "time_min_ms": min(queued[name]),
+                   "time_max_ms": max(queued[name]), "reps": rounds, "burst": burst[name],
+                   "latency_ms": statistics.median(alone[name]), "rounds_ms": queued[name]}
+            for name in names}
+
+
+def calls(fn, n: int) -> None:
+    """``fn()`` n times, each result dropped at once (a burst holds no more memory than one call)."""
+    for _ in range(n):
+        fn()
 
 
 def _xp(x):
