@@ -192,7 +192,8 @@ class ToyGpu:
 
 def test_time_interleaved_queued_hides_host_time_and_latency_shows_it():
     """Queued, the GPU time per call (host time hidden behind the GPU's); alone, host + GPU; the peers take
-    turns, each leading some rounds; a burst lasts about BURST_MS, within its bounds."""
+    turns, each leading some rounds; a burst lasts about BURST_MS, within its bounds, after SETTLE_MS of
+    untimed calls."""
     from contextlib import nullcontext
 
     gpu = ToyGpu()
@@ -207,9 +208,15 @@ def test_time_interleaved_queued_hides_host_time_and_latency_shows_it():
     assert a["burst"] == math.ceil(harness.BURST_MS / 0.45) and c["burst"] == harness.MIN_BURST
     assert harness.MIN_BURST <= a["burst"] <= harness.MAX_BURST
     timed = gpu.calls[3 * (harness.WARMUP + 1):]  # after each peer's warm-up calls and the call that sizes its burst
-    per_round = sum(2 + out[name]["burst"] for name in peers)  # each peer: one call alone, one untimed, a burst
-    firsts = [timed[r * per_round] for r in range(6)]  # the peer that leads each round
-    assert firsts == ["a", "b", "c", "a", "b", "c"] and len(timed) == 6 * per_round
+    settle = {"a": math.ceil(harness.SETTLE_MS / 0.45), "b": math.ceil(harness.SETTLE_MS / 0.43), "c": 2}
+    calls = {p: settle[p] + 2 + out[name]["burst"] for p, name in zip("abc", peers)}  # settle, alone, untimed, burst
+    order = "abc" + "bca" + "cab" + "cba" + "acb" + "bac"  # rotated, then reversed in the second cycle
+    i = 0
+    for p in order:  # each peer's calls of a round together, in this order
+        assert timed[i:i + calls[p]] == [p] * calls[p]
+        i += calls[p]
+    assert i == len(timed)
+    assert [harness.round_order(list("xy"), r) for r in range(4)] == [list("xy"), list("yx"), list("yx"), list("xy")]
 
 
 def test_measure_peers_checks_first_and_compares_with_flash():

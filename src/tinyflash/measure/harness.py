@@ -93,8 +93,9 @@ def time_call(fn) -> dict:
             "reps": len(times)}
 
 
-# time_interleaved: rounds, and the length of a queued burst (at least MIN_BURST calls, at most MAX_BURST)
-ROUNDS, BURST_MS, MIN_BURST, MAX_BURST = 15, 10.0, 2, 50
+# time_interleaved: rounds; the length of a queued burst (at least MIN_BURST calls, at most MAX_BURST); how long a
+# peer runs untimed before it is timed in a round (SETTLE_MS: the GPU's clock settles to the peer's own power draw)
+ROUNDS, BURST_MS, MIN_BURST, MAX_BURST, SETTLE_MS = 15, 10.0, 2, 50, 200.0
 
 
 class CudaClock:
@@ -118,11 +119,25 @@ class CudaClock:
         return self._cupy.cuda.get_elapsed_time(start, end)
 
 
-def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None) -> dict:
+def round_order(names: list, r: int) -> list:
+    """The order of the peers in round r: rotated by r, and reversed in every other cycle of rotations, so
+    that each peer leads some rounds and follows each of the others in some."""
+    order = names[r % len(names):] + names[:r % len(names)]
+    return order[::-1] if (r // len(names)) % 2 else order
+
+
+def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None, trace=None) -> dict:
     """Time functions that do the same work, ``peers``: name -> (fn, around), in interleaved rounds: every
-    round times each of them in turn, in an order rotated from round to round, so that a drift of the GPU
-    (clocks, temperature) falls on all of them alike. ``around()`` is a context entered before a peer's
-    calls, outside the timed interval (SDPA's choice of backend). Two times per call, medians over rounds:
+    round times each of them in turn (:func:`round_order`), so that a drift of the GPU (temperature, other
+    loads) falls on all of them alike. ``around()`` is a context entered before a peer's calls, outside the
+    timed interval (SDPA's choice of backend).
+
+    At large sizes an H200 runs at its power limit and lowers its clock to stay there: a kernel that draws
+    more power per cycle runs at a lower clock, and the clock set by one kernel lasts into the next
+    (benchmarks/results/tensor_core_clocks_h200.log: timed right after cuDNN's kernel, either peer was 7-12 %
+    slower than right after the other). So in each round a peer first runs SETTLE_MS of its own calls,
+    untimed, and only then is timed, at the clock of its own steady state. Two times per call, medians
+    over the rounds:
 
     * ``time_ms``, **queued**: calls back to back with the GPU kept busy. One call first, untimed; then
       events around ``burst`` calls; per call, the interval / burst. The host enqueues the next call
@@ -132,27 +147,32 @@ def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None) -> dict:
     * ``latency_ms``, **one call alone**: the GPU idle, an event, the call, an event. The host's work
       before the launch (checks, allocations, the launch itself) is in the interval.
 
-    Each peer is called WARMUP times first; the first of its bursts sizes ``burst`` to last about BURST_MS.
+    Each peer is called WARMUP times first; one call then sizes its ``burst`` (about BURST_MS) and its
+    settling run. ``trace(round, name, ms)``, if given, is called after each burst with its time per call.
     Returns name -> {time_ms, time_min_ms, time_max_ms, reps (rounds), burst, latency_ms, rounds_ms (the
     queued time of each round, in round order)}."""
     clock = clock or CudaClock()
-    names, burst = list(peers), {}
+    names, burst, settle = list(peers), {}, {}
     for name, (fn, around) in peers.items():
         with around():
             for _ in range(WARMUP):
                 fn()
             clock.sync()
-            once = clock.elapsed_ms(fn)
-        burst[name] = min(MAX_BURST, max(MIN_BURST, math.ceil(BURST_MS / max(once, 1e-3))))
+            once = max(clock.elapsed_ms(fn), 1e-3)
+        burst[name] = min(MAX_BURST, max(MIN_BURST, math.ceil(BURST_MS / once)))
+        settle[name] = math.ceil(SETTLE_MS / once)
     queued, alone = {name: [] for name in names}, {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: each peer leads some rounds
+        for name in round_order(names, r):
             fn, around = peers[name]
             with around():
+                calls(fn, settle[name])  # untimed: the clock settles to this peer's power draw
                 clock.sync()
-                alone[name].append(clock.elapsed_ms(fn))  # the GPU idle before the call
+                alone[name].append(clock.elapsed_ms(fn))  # the GPU idle (for the host's part) before the call
                 fn()  # keeps the GPU busy while the host records the start event and enqueues the burst
                 queued[name].append(clock.elapsed_ms(lambda: calls(fn, burst[name])) / burst[name])
+                if trace:
+                    trace(r, name, queued[name][-1])
     return {name: {"time_ms": statistics.median(queued[name]), "time_min_ms": min(queued[name]),
                    "time_max_ms": max(queued[name]), "reps": rounds, "burst": burst[name],
                    "latency_ms": statistics.median(alone[name]), "rounds_ms": queued[name]}
