@@ -132,11 +132,11 @@ def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None, trace=Non
     loads) falls on all of them alike. ``around()`` is a context entered before a peer's calls, outside the
     timed interval (SDPA's choice of backend).
 
-    At large sizes an H200 runs at its power limit and lowers its clock to stay there: a kernel that draws
-    more power per cycle runs at a lower clock, and the clock set by one kernel lasts into the next
-    (benchmarks/results/tensor_core_clocks_h200.log: timed right after cuDNN's kernel, either peer was 7-12 %
-    slower than right after the other). So in each round a peer first runs SETTLE_MS of its own calls,
-    untimed, and only then is timed, at the clock of its own steady state. Two times per call, medians
+    At large sizes an H200 runs at its power limit (NVML reports its software power cap active) and sets its
+    clock to stay there, so what ran just before a kernel changes its speed: at N = 16,384, d = 128, either
+    peer timed right after cuDNN's kernel took 7-13 % longer than right after the other
+    (benchmarks/results/tensor_core_clocks_h200_no_settle.log). So in each round a peer first runs SETTLE_MS
+    of its own calls, untimed, and only then is timed, in the steady state of its own calls. Two times per call, medians
     over the rounds:
 
     * ``time_ms``, **queued**: calls back to back with the GPU kept busy. One call first, untimed; then
