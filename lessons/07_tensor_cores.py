@@ -208,7 +208,8 @@ for causal in (False, True):
 csv_path = Path(__file__).resolve().parent.parent / "figures" / "data" / "tensor_cores_h200.csv"
 rows = [r for r in read_csv(csv_path) if r["status"] == "ok" and r["n"] == "16384"]
 tflops = {(r["impl"], r["variant"], r["dtype"], r["d"], r["causal"]): float(r["tflops"]) for r in rows}
-print(f"\nFrom {csv_path.name} ({rows[0]['device']}, {rows[0]['date']}), B=1, H=32, N=16384, TFLOP/s:")
+print(f"\nFrom {csv_path.name} ({rows[0]['device']}, {rows[0]['date']}), B=1, H=32, N=16384, TFLOP/s of calls "
+      "queued back to back (the GPU's time per call; the README says how they were timed):")
 print(f"  {'dtype':8} {'d':>4} {'causal':6} {'v5 (stage 2)':>12} {'v6':>7} {'SDPA flash':>10} {'cuDNN':>7} "
       f"{'v6/v5':>6} {'v6/flash':>8}")
 for dtype, dd, causal in sorted({k[2:] for k in tflops}):

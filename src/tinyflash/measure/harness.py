@@ -134,7 +134,7 @@ def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None, trace=Non
 
     At large sizes an H200 runs at its power limit (NVML reports its software power cap active) and sets its
     clock to stay there, so what ran just before a kernel changes its speed: at N = 16,384, d = 128, either
-    peer timed right after cuDNN's kernel took 7-13 % longer than right after the other
+    peer timed right after cuDNN's kernel took 7-12 % longer than right after the other
     (benchmarks/results/tensor_core_clocks_h200_no_settle.log). So in each round a peer first runs SETTLE_MS
     of its own calls, untimed, and only then is timed, in the steady state of its own calls. Two times per call, medians
     over the rounds:
