@@ -233,8 +233,8 @@ def test_stage3_table_and_sentences():
     assert f"A peer first runs {harness.SETTLE_MS:.0f} ms of its own calls, untimed" in FLAT
     assert {int(r["reps"]) for r in ROWS if r["status"] == "ok"} == {harness.ROUNDS}  # the CSV's run used them
 
-    assert f"`tensor-cores` with {['no', 'one', 'two', 'three', 'four', 'five', 'six'][len(TC_FIELDS) - len(FIELDS)]} " \
-           "more columns" in FLAT
+    extra_columns = ["no", "one", "two", "three", "four", "five", "six"][len(TC_FIELDS) - len(FIELDS)]
+    assert f"`tensor-cores` with {extra_columns} more columns" in FLAT
 
 
 def test_the_default_tilings_are_the_sweeps_fastest():

@@ -136,8 +136,8 @@ def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None, trace=Non
     clock to stay there, so what ran just before a kernel changes its speed: at N = 16,384, d = 128, either
     peer timed right after cuDNN's kernel took 7-12 % longer than right after the other
     (benchmarks/results/tensor_core_clocks_h200_no_settle.log). So in each round a peer first runs SETTLE_MS
-    of its own calls, untimed, and only then is timed, in the steady state of its own calls. Two times per call, medians
-    over the rounds:
+    of its own calls, untimed, and only then is timed, in the steady state of its own calls. Two times per
+    call, medians over the rounds:
 
     * ``time_ms``, **queued**: calls back to back with the GPU kept busy. One call first, untimed; then
       events around ``burst`` calls; per call, the interval / burst. The host enqueues the next call
@@ -145,7 +145,8 @@ def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None, trace=Non
       is how a model's layers run, and how FlashAttention's benchmarks time (``torch.utils.benchmark``:
       many calls, one synchronisation). ``time_min_ms``, ``time_max_ms``: the fastest and slowest round.
     * ``latency_ms``, **one call alone**: the GPU idle, an event, the call, an event. The host's work
-      before the launch (checks, allocations, the launch itself) is in the interval.
+      before the launch (checks, allocations, the launch itself) is in the interval; on the H200 it also
+      held 66 to 300 µs more than a queued call, for every peer, not explained (the README's stage 3).
 
     Each peer is called WARMUP times first; one call then sizes its ``burst`` (about BURST_MS) and its
     settling run. ``trace(round, name, ms)``, if given, is called after each burst with its time per call.
