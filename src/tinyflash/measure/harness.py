@@ -73,33 +73,8 @@ def environment() -> dict:
     return env
 
 
-def time_call(fn) -> dict:
-    """CUDA-event times of ``fn()``, one call each, after WARMUP untimed calls: at least MIN_REPS,
-    and more (up to MAX_REPS) until MIN_TOTAL_MS have passed. Returns the median, min and max (ms)."""
-    import cupy
-
-    for _ in range(WARMUP):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    while len(times) < MIN_REPS or (sum(times) < MIN_TOTAL_MS and len(times) < MAX_REPS):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return {"time_ms": statistics.median(times), "time_min_ms": min(times), "time_max_ms": max(times),
-            "reps": len(times)}
-
-
-# time_interleaved: rounds; the length of a queued burst (at least MIN_BURST calls, at most MAX_BURST); how long a
-# peer runs untimed before it is timed in a round (SETTLE_MS: the GPU's clock settles to the peer's own power draw)
-ROUNDS, BURST_MS, MIN_BURST, MAX_BURST, SETTLE_MS = 15, 10.0, 2, 50, 200.0
-
-
 class CudaClock:
-    """The GPU's clock for :func:`time_interleaved`: CUDA events on the default stream."""
+    """The GPU's clock for :func:`time_call` and :func:`time_interleaved`: CUDA events on the default stream."""
 
     def __init__(self):
         import cupy
@@ -117,6 +92,24 @@ class CudaClock:
         end.record()
         end.synchronize()
         return self._cupy.cuda.get_elapsed_time(start, end)
+
+
+def time_call(fn) -> dict:
+    """CUDA-event times of ``fn()``, one call each, after WARMUP untimed calls: at least MIN_REPS,
+    and more (up to MAX_REPS) until MIN_TOTAL_MS have passed. Returns the median, min and max (ms)."""
+    clock = CudaClock()
+    calls(fn, WARMUP)
+    clock.sync()
+    times = []
+    while len(times) < MIN_REPS or (sum(times) < MIN_TOTAL_MS and len(times) < MAX_REPS):
+        times.append(clock.elapsed_ms(fn))
+    return {"time_ms": statistics.median(times), "time_min_ms": min(times), "time_max_ms": max(times),
+            "reps": len(times)}
+
+
+# time_interleaved: rounds; the length of a queued burst (at least MIN_BURST calls, at most MAX_BURST); how long a
+# peer runs untimed before it is timed in a round (SETTLE_MS: the GPU's clock settles to the peer's own power draw)
+ROUNDS, BURST_MS, MIN_BURST, MAX_BURST, SETTLE_MS = 15, 10.0, 2, 50, 200.0
 
 
 def round_order(names: list, r: int) -> list:
@@ -156,8 +149,7 @@ def time_interleaved(peers: dict, *, rounds: int = ROUNDS, clock=None, trace=Non
     names, burst, settle = list(peers), {}, {}
     for name, (fn, around) in peers.items():
         with around():
-            for _ in range(WARMUP):
-                fn()
+            calls(fn, WARMUP)
             clock.sync()
             once = max(clock.elapsed_ms(fn), 1e-3)
         burst[name] = min(MAX_BURST, max(MIN_BURST, math.ceil(BURST_MS / once)))
