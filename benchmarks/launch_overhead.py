@@ -28,7 +28,7 @@ def main(csv_path: str) -> list[dict]:
 
     from tinyflash.gpu.driver_launch import driver_kernel
     from tinyflash.measure.harness import environment
-    from tinyflash.measure.plot_common import write_csv
+    from tinyflash.plots.common import write_csv
 
     @cuda.jit
     def touch(a, b, c, d, e, n, m, scale, flag, group):  # like v6's arguments; writes one element

@@ -24,8 +24,8 @@ import numpy as np
 
 import tinyflash as tf
 from tinyflash.core.tolerance import lse_error, rel_error
-from tinyflash.measure.memory import GiB, KiB, MiB, attention_memory, format_bytes, measure_peak_bytes, tile_bytes
-from tinyflash.measure.random_inputs import lesson_rng
+from tinyflash.cost.memory import (GiB, KiB, MiB, attention_memory, format_bytes, measure_peak_bytes, tile_bytes)
+from lib import lesson_rng
 
 rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others): the checks hold for any seed
 

@@ -9,7 +9,7 @@ What you will learn
     * that tinyflash.blocked_attention gives the same O and lse as naive_attention, to 1e-12 in
       float64, for every tile size, causal or not;
     * that with a causal mask the key tiles above the diagonal are skipped, not computed and
-      masked: about half the tiles, counted from the tile loads with tinyflash.measure.traffic.HBMCounter;
+      masked: about half the tiles, counted from the tile loads with tinyflash.cost.traffic.HBMCounter;
     * that nothing N × N is ever allocated (tracemalloc).
 
 What changed since the last lesson: lesson 02 ran the online softmax for one query row. Here it
@@ -27,9 +27,9 @@ import numpy as np
 
 import tinyflash as tf
 from tinyflash.core.tolerance import lse_error, rel_error
-from tinyflash.measure.memory import blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes
-from tinyflash.measure.traffic import HBMCounter
-from tinyflash.measure.random_inputs import lesson_rng
+from tinyflash.cost.memory import (blocked_workspace_bytes, format_bytes, measure_peak_bytes, tile_bytes)
+from tinyflash.cost.traffic import HBMCounter
+from lib import lesson_rng
 
 rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others): the checks hold for any seed
 

@@ -29,7 +29,7 @@ import numpy as np
 
 import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, fa_rule, lse_error, rel_error
-from tinyflash.measure.random_inputs import lesson_rng
+from lib import lesson_rng
 
 rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others): the checks hold for any seed
 

@@ -10,9 +10,10 @@ What you will learn
     * why it fits: the shared-memory budget of a tile, and why P_ij can reuse K_j's space;
     * that the kernel computes the same numbers as stage 1 (checked here), and what it costs on
       an H200 (read from the committed benchmark);
-    * that it was written in five versions (src/tinyflash/forward/kernels/, v1 to v5), each one
-      step from the one before and each still runnable: all are checked here, and what each step
-      bought on an H200 is read from the committed measurements.
+    * that stage 2 was written in five versions (src/tinyflash/forward/kernels/, v1 to v5), each
+      one step from the one before and each still runnable: all are checked here, and what each step
+      bought on an H200 is read from the committed measurements. (The registry also lists v6, the
+      tensor-core kernel of stage 3, which takes 16-bit inputs only: lesson 07.)
 
 What changed since lesson 03: the same loop, the same names (Br, Bc, m_i, l_i, acc), but its
 body runs in parallel: S_ij is split over the threads of a block, and the online-softmax state
@@ -24,12 +25,7 @@ at a tiny size; with a GPU and CuPy it runs them there at a larger one.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
-import inspect
-import sys
-import textwrap
-from pathlib import Path
-
-from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
+from lib import use_gpu_or_simulator  # imports no numba
 
 HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
@@ -39,11 +35,9 @@ import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
 from tinyflash.forward.kernels import v1_row_per_thread, v5_branch_free  # noqa: E402, I001
-from tinyflash.gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT  # noqa: E402
-from tinyflash.measure.harness import read_csv  # noqa: E402
-from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
-from tinyflash.measure.report import versions_table  # noqa: E402
-from tinyflash.measure.traffic import HBMCounter  # noqa: E402
+from tinyflash.hardware import H200, STATIC_SMEM_PER_BLOCK  # noqa: E402
+from lib import excerpt, lesson_rng, num, record, show  # noqa: E402
+from tinyflash.cost.traffic import HBMCounter  # noqa: E402
 
 print(f"running the kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}")
 rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others)
@@ -71,20 +65,8 @@ CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 16, 
 assert CUDA_CORES[-1] == LATEST
 
 # %% [2] Code: the simple kernel (v1) beside stage 1's loop, then the fast kernel's phases
-# The kernels are printed from their source files (inspect.getsource), so what you read here is
-# what runs. First stage 1's loop over key/value tiles (forward/blocked.py), for one query tile Q_i:
-def excerpt(fn, first: str, last: str) -> str:
-    """The lines of fn's source from the one containing ``first`` to the one containing ``last``."""
-    lines = inspect.getsource(fn).splitlines()
-    i = next(n for n, line in enumerate(lines) if first in line)
-    j = next(n for n, line in enumerate(lines[i:], i) if last in line)
-    return textwrap.dedent("\n".join(lines[i:j + 1]))
-
-
-def show(title: str, code: str) -> None:
-    print(f"\n--- {title}\n" + textwrap.indent(code, "  | ", predicate=lambda _line: True))
-
-
+# The kernels are printed from their source files (lib.excerpt), so what you read here is what
+# runs. First stage 1's loop over key/value tiles (forward/blocked.py), for one query tile Q_i:
 show("stage 1, tinyflash.blocked_attention (NumPy): the key/value loop of one query tile",
      excerpt(tf.blocked_attention, "for j in range(Tc)", "online_softmax_update"))
 # v1, the kernel to read first: one thread per query row. The block's threads load K_j and V_j into
@@ -146,13 +128,13 @@ for d in (64, 128):
     parts = ", ".join(f"{r.name} {4 * r.floats / 1024:.1f} KiB" for r in regions)
     print(f"  d = {d:3d}, Br = {c.BR}, Bc = {c.BC}: {parts}  -> {c.smem_bytes / 1024:.1f} KiB")
     assert 4 * sum(r.floats for r in regions) == c.smem_bytes
-    assert STATIC_SMEM_LIMIT < c.smem_bytes <= MAX_SMEM_PER_BLOCK  # more than 48 KiB: must be asked for
+    assert STATIC_SMEM_PER_BLOCK < c.smem_bytes <= H200.smem_per_block  # more than 48 KiB: must be asked for
 # P_ij can overwrite K_j: once every thread has its scores (a barrier guarantees it), K_j is not
 # read again in this tile. Above 48 KiB a kernel must ask the driver first (gpu/smem.py);
 # if the driver refuses, cuda_attention warns and falls back to a tiling of at most 48 KiB:
 small = tiling.small_config(128, 128)
 print(f"  fallback for d = 128: {small}, {small.smem_bytes / 1024:.1f} KiB")
-assert small.smem_bytes <= STATIC_SMEM_LIMIT
+assert small.smem_bytes <= STATIC_SMEM_PER_BLOCK
 
 # %% [5] Check: every kernel version against stage 1 and the float64 reference
 # Sizes that no tile launched here divides, so every version meets a ragged last query tile and a
@@ -201,33 +183,37 @@ print(f"\nN = {n}, {t} × {t} tiles: full attention computes {tiles[False]} scor
 assert tiles[False] == t * t and tiles[True] == t * (t + 1) // 2  # the diagonal and below
 
 # %% [7] Picture: what it costs on an H200 (from the committed benchmark, not measured here)
-csv_path = Path(__file__).resolve().parent.parent / "figures" / "data" / "bench_h200.csv"
-rows = read_csv(csv_path)
+rows = record("bench_h200")
 ok = [r for r in rows if r["status"] == "ok"]
-print(f"\nFrom {csv_path.name} ({ok[0]['device']}, {ok[0]['date']}), B=1, H=32, N=16384, not causal:")
-print(f"  {'impl':16} {'dtype':8} {'d':>4} {'ms':>9} {'TFLOP/s':>8} {'extra MiB':>10}")
+STAGE = {("tinyflash", "v5"): "stage 2 (v5)", ("tinyflash", "v6"): "stage 3 (v6)"}  # the others: their impl name
+print(f"\nFrom figures/data/bench_h200.csv ({ok[0]['device']}), B=1, H=32, N=16384, not causal "
+      "(stage 3 is lesson 07's tensor-core kernel; naive is standard attention in CuPy, S and P in HBM):")
+print(f"  {'implementation':16} {'dtype':8} {'d':>4} {'ms':>9} {'TFLOP/s':>8} {'extra MiB':>10}")
 for r in ok:
-    if r["n"] == "16384" and r["causal"] == "False":
-        print(f"  {r['impl']:16} {r['dtype']:8} {r['d']:>4} {float(r['time_ms']):9.2f} {float(r['tflops']):8.1f} "
-              f"{int(r['peak_bytes']) / 2**20:10.1f}")
-# The claim the README makes, checked on the data: from N = 4096 up, wherever naive CuPy attention
-# ran at all, the kernel was faster and used a small fraction of its memory.
+    if r["n_q"] == "16384" and r["causal"] == "False":
+        print(f"  {STAGE.get((r['impl'], r['variant']), r['impl']):16} {r['dtype']:8} {r['d']:>4} "
+              f"{float(r['time_ms']):9.2f} {float(r['tflops']):8.1f} {int(r['peak_bytes']) / 2**20:10.1f}")
+# The claim the README makes, checked on the data: from N = 4096 up, wherever naive attention ran at
+# all, stage 2's kernel was faster and used a small fraction of its memory.
 for r in ok:
-    if r["impl"] != "tinyflash" or int(r["n"]) < 4096:
+    if (r["impl"], r["variant"]) != ("tinyflash", "v5") or int(r["n_q"]) < 4096:
         continue
-    naive = [x for x in ok if x["impl"] == "cupy_naive" and all(x[c] == r[c] for c in ("dtype", "causal", "n", "d"))]
+    naive = [x for x in ok if x["impl"] == "naive" and all(x[c] == r[c] for c in ("dtype", "causal", "n_q", "d"))]
     for x in naive:
         assert float(r["time_ms"]) < float(x["time_ms"]), (r, x)
         assert int(r["peak_bytes"]) < int(x["peak_bytes"]) / 20, (r, x)
-print("checked: from N = 4096 up the kernel beats naive CuPy in time and uses < 1/20 of its memory")
+print("checked: from N = 4096 up the kernel beats naive attention in time and uses < 1/20 of its memory")
 
 # And what each step of the kernel's history bought, every version checked and then timed in one
 # run (python -m tinyflash.bench versions; float32, not causal, N = 16384, median TFLOP/s):
-versions = [r for r in read_csv(csv_path.parent / "kernel_versions_h200.csv")
-            if r["status"] == "ok" and r["dtype"] == "float32" and r["causal"] == "False"]
-print("\n" + versions_table(versions))
+versions = [r for r in record("kernel_versions_h200") if r["dtype"] == "float32" and r["causal"] == "False"]
+tflops = {(r["variant"], r["d"]): r["tflops"] if r["status"] == "ok" else None for r in versions}
+print(f"\n  {'version':8} {'d = 64':>7} {'d = 128':>8}  what changed")
+for name in VERSIONS:
+    print(f"  {name:8} {num(tflops.get((name, '64')), '.1f', 7)} {num(tflops.get((name, '128')), '.1f', 8)}  "
+          f"{VERSIONS[name].changed[:70]}")
 for d in ("64", "128"):
-    tflops = [float(r["tflops"]) for name in CUDA_CORES for r in versions if r["variant"] == name and r["d"] == d]
-    assert len(tflops) == len(CUDA_CORES) and tflops == sorted(tflops)  # every version faster than the one before
-print("checked: in float32 every version is faster than the one before it, at d = 64 and at d = 128")
-sys.exit(0)
+    ladder = [float(tflops[name, d]) for name in CUDA_CORES]
+    assert ladder == sorted(ladder)  # every version faster than the one before
+print("checked: in float32 every version is faster than the one before it, at d = 64 and at d = 128 "
+      "(v6 has no float32 number: it takes 16-bit inputs only)")

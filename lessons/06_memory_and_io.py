@@ -16,30 +16,20 @@ What changed since the earlier lessons: no new algorithm. The two NumPy stages y
 measured; every number printed below is computed by tinyflash and checked by an assert.
 
 Run from the repository root:  python lessons/06_memory_and_io.py  (a few seconds)
-Add  --figures DIR  to also draw small versions of the CPU figures into DIR; the committed
-figures in figures/ are made by  python -m tinyflash.plots.
+The figures of these numbers, figures/memory_model.png, memory_cpu_measured.png and hbm_traffic.png,
+are drawn by  python -m tinyflash.plots.
 """
 
 # %% [1] Why: the N × N matrix is the problem
 # One head, N = 32,768 tokens, d = 128, fp16 (the 32k-token example). S has N² entries.
-import argparse
-import sys
-
 import numpy as np
 
 import tinyflash as tf
-from tinyflash.measure.random_inputs import lesson_rng
-from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, GiB, KiB, MiB, attention_memory,
-                                      blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes,
-                                      tile_bytes)
-from tinyflash.measure.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic,
-                                       flash_traffic_closed_form, standard_attention_traffic,
-                                       standard_traffic_closed_form, theta_flash, theta_standard, tile_sizes,
-                                       traffic_ratio)
+from lib import lesson_rng
+from tinyflash.cost.memory import (GiB, KiB, MiB, attention_memory, blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes, tile_bytes)
+from tinyflash.cost.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form, standard_attention_traffic, standard_traffic_closed_form, theta_flash, theta_standard, tile_sizes, traffic_ratio)
+from tinyflash.hardware import CONSUMER_CARD_BYTES, H200
 
-parser = argparse.ArgumentParser(description="Lesson 06: memory and HBM traffic vs sequence length")
-parser.add_argument("--figures", metavar="DIR", help="also draw small versions of the CPU figures into DIR")
-args = parser.parse_args(sys.argv[1:])
 
 one = attention_memory(32_768, 128, heads=1, dtype="float16")
 many = attention_memory(32_768, 128, heads=32, dtype="float16")
@@ -66,8 +56,8 @@ for n in (1024, 4096, 16_384, 32_768, 131_072):
           f"{m.naive_extra / m.flash_extra:>6.0f}×")
     assert m.naive_extra / m.flash_extra > n / 128  # the ratio grows linearly with N
 
-fit_h200 = max_sequence_length(H200_MEMORY_BYTES, heads=32, dtype="float16", matrices=2)
-fit_24 = max_sequence_length(CONSUMER_GPU_BYTES, heads=32, dtype="float16", matrices=2)
+fit_h200 = max_sequence_length(H200.memory_bytes, heads=32, dtype="float16", matrices=2)
+fit_24 = max_sequence_length(CONSUMER_CARD_BYTES, heads=32, dtype="float16", matrices=2)
 print(f"S + P for 32 heads in fp16 fit in 141 GB up to N = {fit_h200:,} and in 24 GiB up to N = {fit_24:,}")
 assert (fit_h200, fit_24) == (33_189, 14_188)
 assert fit_24 < 32_768 <= fit_h200  # the 32k-token example: fits an H200 (just), not a 24 GiB card
@@ -127,14 +117,5 @@ assert abs(ratios[SRAM_ELEMENTS] - 2.0) < 0.01  # 64 × 64 tiles: K and V re-rea
 assert 12.9 < ratios[h200_m] < 13.1 and ratios[4096] < 1  # big SRAM: 13× less; tiny SRAM: Flash moves more
 
 # %% [6] The picture
-if args.figures:
-    from tinyflash.measure import plots
-
-    plots.plot_memory_model(f"{args.figures}/memory_model.png")
-    plots.plot_memory_cpu_measured(f"{args.figures}/memory_cpu_measured.png", naive_ns=[256, 512, 1024, 2048],
-                                   blocked_ns=[256, 512, 1024, 2048, 4096], block=64, progress=False)
-    plots.plot_hbm_traffic(f"{args.figures}/hbm_traffic.png", ns=[512, 1024, 2048, 4096, 16_384], progress=False)
-    print(f"\nfigures written to {args.figures}/")
-else:
-    print("\nthe figures: python -m tinyflash.plots  ->  figures/memory_model.png, memory_cpu_measured.png, "
-          "hbm_traffic.png (and the GPU ones)")
+print("\nthe figures: python -m tinyflash.plots  ->  figures/memory_model.png, memory_cpu_measured.png, "
+      "hbm_traffic.png (and the GPU ones)")

@@ -23,11 +23,7 @@ Python at a toy size; with a GPU and CuPy, on the real tensor cores.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
-import re
-import sys
-from pathlib import Path
-
-from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
+from lib import use_gpu_or_simulator  # imports no numba
 
 HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
@@ -39,8 +35,7 @@ from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # no
 from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
 from tinyflash.gpu import ptx  # noqa: E402
 from tinyflash.gpu.ptx_emulation import a_fragment, b_fragment, c_fragment, draw, from_bits, to_bits  # noqa: E402
-from tinyflash.measure.harness import read_csv  # noqa: E402
-from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
+from lib import lesson_rng, num, record  # noqa: E402
 
 print(f"running on {'the GPU (real tensor cores)' if HAS_GPU else 'numba CUDA simulator (emulated instructions)'}")
 
@@ -156,7 +151,7 @@ lazy = {(d, c): v6.default_tiling(d, causal=c).LAZY_RESCALE for d in (64, 128) f
 print(f"v6's GPU tilings rescale lazily: d = 128 {lazy[128, False]}; d = 64 causal {lazy[64, True]}, not causal "
       f"{lazy[64, False]} (measured: there it did not pay)")
 # In the kernel each lane decides once per tile for its rows, so the common case is one branch, no
-# multiplications of acc; the H200 sweep (benchmarks/results/tensor_core_tiles_h200.log) has both ways.
+# multiplications of acc; the H200 sweep (figures/data/tensor_core_tiles_h200.csv) has both ways.
 
 # %% [5c] The order of the blocks: causal, the longest first
 #
@@ -188,11 +183,12 @@ by_group = [length[i] for g in range(0, heads, group) for i in reversed(range(n_
 print(f"\ncausal, N = 4,096, H = {heads}, Br = {cfg_c.BR}: {n_tiles * heads} blocks on {slots} slots; busy "
       f"{100 * busy(by_head, slots):.0f}% one head after another, {100 * busy(by_group, slots):.0f}% in groups of "
       f"{group} heads (model)")
-tiles_log = (Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tensor_core_tiles_h200.log")
-for g in (1, group):  # the same tiling on the H200, kernel alone
-    ms = re.search(rf"N=4096 d=128 causal=True\s+warps={cfg_c.WARPS} .*lazy=True\s+group=\s*{g}:\s+([\d.]+) ms",
-                   tiles_log.read_text()).group(1)
-    print(f"  measured on the H200, {g} head(s) at a time: {ms} ms ({tiles_log.name})")
+tiles = record("tensor_core_tiles_h200")  # the same tiling on the H200, kernel alone (python -m tinyflash.bench tensor-core-tiles)
+for g in (1, group):
+    name = (f"v6 warps={cfg_c.WARPS} row_tiles={cfg_c.ROW_TILES} q_in_smem={cfg_c.Q_IN_SMEM} BC={cfg_c.BC} "
+            f"lazy={cfg_c.LAZY_RESCALE} group={g} kernel=grouped")
+    r = next(r for r in tiles if r["variant"] == name and (r["n_q"], r["d"], r["causal"]) == ("4096", "128", "True"))
+    print(f"  measured on the H200, {g} head(s) at a time: {float(r['time_ms']):.3f} ms ({r['date']})")
 
 # %% [6] Check: the whole kernel against the float64 reference (ragged tiles, Nq != Nk, causal)
 n_q, n_k, d = (20, 37, 64) if not HAS_GPU else (1000, 777, 128)
@@ -205,23 +201,21 @@ for causal in (False, True):
     print(f"q {q.shape} k {k.shape} float16, causal={causal!s:5}: {rule}")
 
 # %% [7] Picture: what the tensor cores bought on an H200 (committed benchmark, not measured here)
-csv_path = Path(__file__).resolve().parent.parent / "figures" / "data" / "tensor_cores_h200.csv"
-rows = [r for r in read_csv(csv_path) if r["status"] == "ok" and r["n"] == "16384"]
+rows = [r for r in record("tensor_cores_h200") if r["status"] == "ok" and r["n_q"] == "16384"]
 tflops = {(r["impl"], r["variant"], r["dtype"], r["d"], r["causal"]): float(r["tflops"]) for r in rows}
-print(f"\nFrom {csv_path.name} ({rows[0]['device']}, {rows[0]['date']}), B=1, H=32, N=16384, TFLOP/s of calls "
-      "queued back to back (the GPU's time per call; the README says how they were timed):")
+print(f"\nFrom figures/data/tensor_cores_h200.csv ({rows[0]['device']}, {rows[0]['date']}), B=1, H=32, N=16384, "
+      "TFLOP/s of calls queued back to back (the GPU's time per call; docs/measuring.md says how they were timed):")
 print(f"  {'dtype':8} {'d':>4} {'causal':6} {'v5 (stage 2)':>12} {'v6':>7} {'SDPA flash':>10} {'cuDNN':>7} "
       f"{'v6/v5':>6} {'v6/flash':>8}")
 for dtype, dd, causal in sorted({k[2:] for k in tflops}):
-    v5, v6_, flash, cudnn = (tflops.get((impl, var, dtype, dd, causal), float("nan")) for impl, var in
+    v5, v6_, flash, cudnn = (tflops.get((impl, var, dtype, dd, causal)) for impl, var in
                              (("tinyflash", "v5"), ("tinyflash", "v6"), ("torch_flash", ""), ("torch_cudnn", "")))
-    print(f"  {dtype:8} {dd:>4} {causal:6} {v5:12.1f} {v6_:7.1f} {flash:10.1f} {cudnn:7.1f} {v6_ / v5:6.1f} "
-          f"{v6_ / flash:8.2f}")
-    assert not v6_ < 4 * v5  # float16: at least 4x stage 2 (bfloat16 has no stage-2 number: nan)
+    print(f"  {dtype:8} {dd:>4} {causal:6} {num(v5, '.1f', 12)} {v6_:7.1f} {flash:10.1f} {cudnn:7.1f} "
+          f"{num(v5 and v6_ / v5, '.1f', 6)} {v6_ / flash:8.2f}")
+    assert v5 is None or v6_ >= 4 * v5  # float16: at least 4x stage 2 (stage 2 takes no bfloat16: '–')
 ratios = sorted(tflops["tinyflash", "v6", *key] / tflops["torch_flash", "", *key]
                 for key in {k[2:] for k in tflops} if ("torch_flash", "", *key) in tflops)
 print(f"v6 over FlashAttention-2 (SDPA flash) at N = 16384: {ratios[0]:.2f}x to {ratios[-1]:.2f}x")
 # What is left: cuDNN, which uses Hopper's wgmma (warpgroup matrix products read straight from
 # shared memory) and TMA copies, is much faster still. wgmma needs the sm_90a target and
 # asynchronous warpgroup fences, beyond one inline instruction: a stage of its own.
-sys.exit(0)

@@ -21,17 +21,12 @@ or one warp per block on the tensor cores (src/tinyflash/decode/tensor_cores.py,
 fragments).
 
 Run from the repository root:  python lessons/09_decode_and_kv_cache.py
-Without a GPU the kernels run on numba's CUDA simulator at a tiny size (a few seconds).
-Add  --figures DIR  to draw the KV-cache figure into DIR (figures/kv_cache.png is made by
-python -m tinyflash.plots).
+Without a GPU the kernels run on numba's CUDA simulator at a tiny size (a few seconds). The
+KV-cache figure, figures/kv_cache.png, is drawn by  python -m tinyflash.plots --only kv_cache.
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
-import argparse
-import sys
-from pathlib import Path
-
-from tinyflash.gpu.where import use_gpu_or_simulator  # imports no numba
+from lib import use_gpu_or_simulator  # imports no numba
 
 HAS_GPU = use_gpu_or_simulator()  # a GPU if CuPy sees one, else NUMBA_ENABLE_CUDASIM=1 (before numba is imported)
 
@@ -42,19 +37,13 @@ from tinyflash.core.checks import check_attention_inputs  # noqa: E402
 from tinyflash.core.heads import group_query_heads, kv_heads_view  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.decode import split_kv  # noqa: E402
-from tinyflash.decode.cache_memory import (  # noqa: E402
-    H200_FP16_DENSE_FLOPS,
-    H200_HBM_BYTES_PER_S,
-    attention_intensity,
-    kv_cache_bytes,
-)
+from tinyflash.decode.cache_memory import attention_intensity, kv_cache_bytes  # noqa: E402
 from tinyflash.decode.paged import to_paged  # noqa: E402
-from tinyflash.measure.memory import H200_MEMORY_BYTES, format_bytes  # noqa: E402
-from tinyflash.measure.random_inputs import lesson_rng  # noqa: E402
+from tinyflash.decode.tensor_cores import default_tiling as default_decode_tiling  # noqa: E402
+from tinyflash.cost.memory import format_bytes  # noqa: E402
+from lib import lesson_rng, record  # noqa: E402
+from tinyflash.hardware import H200  # noqa: E402
 
-parser = argparse.ArgumentParser(description="Lesson 09: decoding with a KV cache")
-parser.add_argument("--figures", metavar="DIR", help="also draw the KV-cache figure into DIR")
-args = parser.parse_args(sys.argv[1:])
 print(f"kernels on {'the GPU' if HAS_GPU else 'numba CUDA simulator (no GPU found)'}")
 rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others): the checks hold for any seed
 
@@ -63,13 +52,13 @@ rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others): th
 #   FLOPs  = 4 · H · Nq · Nk · d            (Q Kᵀ and P V)
 #   bytes  = (2 · H_kv · Nk · d) · 2        (read all of K and V once, float16) + Q and O (tiny)
 # so FLOPs per byte is about H · Nq / H_kv: 1 for multi-head attention, whatever Nk is.
-balance = H200_FP16_DENSE_FLOPS / H200_HBM_BYTES_PER_S  # FLOPs the H200 can do per byte it reads
+balance = H200.fp16_dense_flops / H200.hbm_bytes_per_s  # FLOPs the H200 can do per byte it reads
 shape = {"heads": 32, "n_k": 131_072, "head_dim": 128}
 decode_mha = attention_intensity(kv_heads=32, n_q=1, **shape)
 decode_gqa = attention_intensity(kv_heads=8, n_q=1, **shape)
 prefill = attention_intensity(kv_heads=32, n_q=131_072, **shape)
-print(f"\nH200 datasheet: {H200_FP16_DENSE_FLOPS / 1e12:.0f} TFLOP/s (float16, dense) / "
-      f"{H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s = {balance:.0f} FLOPs per byte")
+print(f"\nH200 datasheet: {H200.fp16_dense_flops / 1e12:.0f} TFLOP/s (float16, dense) / "
+      f"{H200.hbm_bytes_per_s / 1e12:.1f} TB/s = {balance:.0f} FLOPs per byte")
 print(f"attention, H = 32, d = 128, Nk = 131,072, float16: decode (Nq = 1) {decode_mha:.2f} FLOP/byte with 32 "
       f"K/V heads, {decode_gqa:.2f} with 8; prefill (Nq = Nk) {prefill:,.0f}")
 assert decode_mha < 1.01 and 3.9 < decode_gqa < 4.01 and prefill > balance > 50 * decode_gqa
@@ -77,18 +66,23 @@ assert decode_mha < 1.01 and 3.9 < decode_gqa < 4.01 and prefill > balance > 50 
 
 # %% [2] Why one block per head leaves the GPU idle
 # FlashAttention's grid: one block per (query tile, batch · head). With Nq = 1 that is B · H_kv
-# blocks (the query heads of a K/V head packed into one block, see [5]). An H200 has 132 SMs
-# and runs a few such blocks on each at once (split_kv.BLOCKS_PER_SM): the "slots" of one wave.
-slots = split_kv.H200_SMS * split_kv.BLOCKS_PER_SM
-print(f"\n{split_kv.H200_SMS} SMs × {split_kv.BLOCKS_PER_SM} resident blocks = {slots} slots per wave")
+# blocks (the query heads of a K/V head packed into one block, see [5]). An H200 has 132 SMs and
+# runs a few such blocks on each at once: the "slots" of one wave. How many fit is the split kernel's
+# own fact: its shared memory (and registers) per block. The tensor-core kernel that decodes float16 at
+# d = 128 (the H200 measurements below) holds a ring of K/V tiles of 68 KB: 3 blocks per SM.
+per_sm = default_decode_tiling(128).blocks_per_sm()
+slots = H200.sms * per_sm
+print(f"\n{H200.sms} SMs × {per_sm} resident blocks of the tensor-core split kernel = {slots} slots per wave")
 print("  B   Nk       blocks unsplit  busy     splits (rule)  blocks  busy")
+splits = {}
 for batch in (1, 8):
-    for n_k in (4_096, 131_072):
+    for n_k in (4_096, 32_768, 131_072):
         blocks = batch * 8  # B · H_kv, H_kv = 8
-        s = tf.decode.choose_num_splits(blocks, n_k)
+        s = splits[batch, n_k] = split_kv.choose_num_splits(blocks, n_k, H200.sms, per_sm)
         busy, busy_split = split_kv.wave_efficiency(blocks, slots), split_kv.wave_efficiency(blocks * s, slots)
         print(f"  {batch}  {n_k:>7,}  {blocks:>14}  {busy:5.1%}  {s:>14}  {blocks * s:>6}  {busy_split:5.1%}")
         assert busy < 0.2 < busy_split  # unsplit, most of the GPU waits; split, it is busy
+# At B = 1 and Nk = 4,096 the rule stops at 28 splits: each split must hold at least MIN_KEYS_PER_SPLIT keys.
 # The rule (split_kv.choose_num_splits) is FlashAttention's: the fewest splits whose wave
 # efficiency is within 85% of the best, each split holding at least MIN_KEYS_PER_SPLIT keys.
 
@@ -176,29 +170,28 @@ sizes = {}
 for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
     for dt, size in (("float16", 2), ("int8", 1)):
         sizes[name, dt] = kv_cache_bytes(kv_heads=h_kv, bytes_per_element=size, **model)
-    read_ms = sizes[name, "float16"] / H200_HBM_BYTES_PER_S * 1e3
+    read_ms = sizes[name, "float16"] / H200.hbm_bytes_per_s * 1e3
     print(f"  {name} ({h_kv:>2} K/V head{'s' if h_kv > 1 else ' '}): "
           f"{format_bytes(sizes[name, 'float16']):>9} in float16, "
-          f"{format_bytes(sizes[name, 'int8']):>9} in int8; reading it once at {H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s "
+          f"{format_bytes(sizes[name, 'int8']):>9} in int8; reading it once at {H200.hbm_bytes_per_s / 1e12:.1f} TB/s "
           f"takes {read_ms:.1f} ms: at most {1e3 / read_ms:.0f} tokens/s for this sequence")
 assert sizes["MHA", "float16"] == 4 * sizes["GQA", "float16"] == 32 * sizes["MQA", "float16"]
 assert sizes["MHA", "float16"] == 2 * sizes["MHA", "int8"]
-print(f"an H200 holds {H200_MEMORY_BYTES / 1e9:.0f} GB: the MHA cache of "
-      f"{H200_MEMORY_BYTES // sizes['MHA', 'float16']} such sequences, the GQA one of "
-      f"{H200_MEMORY_BYTES // sizes['GQA', 'float16']} (before the model's weights)")
-assert H200_MEMORY_BYTES // sizes["MHA", "float16"] == 2 and H200_MEMORY_BYTES // sizes["GQA", "float16"] == 8
+print(f"an H200 holds {H200.memory_bytes / 1e9:.0f} GB: the MHA cache of "
+      f"{H200.memory_bytes // sizes['MHA', 'float16']} such sequences, the GQA one of "
+      f"{H200.memory_bytes // sizes['GQA', 'float16']} (before the model's weights)")
+assert H200.memory_bytes // sizes["MHA", "float16"] == 2 and H200.memory_bytes // sizes["GQA", "float16"] == 8
 
-measured = Path(__file__).resolve().parent.parent / "figures" / "data" / "decode_h200.csv"
-if measured.exists():  # the benchmark's measurements on an H200 (python -m tinyflash.bench decode)
-    from tinyflash.measure.bench_decode import summary_table
-    from tinyflash.measure.harness import read_csv
-
-    print("\nmeasured on an H200 (figures/data/decode_h200.csv), µs per call:\n" + summary_table(read_csv(measured)))
-else:
-    print("\nthe H200 measurements: python -m tinyflash.bench decode --csv figures/data/decode_h200.csv")
-if args.figures:
-    from tinyflash.measure.plot_kv_cache import plot_kv_cache
-
-    print(f"figure written to {plot_kv_cache(Path(args.figures) / 'kv_cache.png')}")
-else:
-    print("the figure: python -m tinyflash.plots --only kv_cache  ->  figures/kv_cache.png")
+# What the H200 measured (python -m tinyflash.bench decode; the record, not measured here): µs per call of
+# the split kernels, as the rule above split them, beside PyTorch's SDPA flash backend (its own decode kernel)
+rows = record("decode_h200")
+print(f"\nmeasured on an H200 ({rows[0]['date']}), B = 1 and 8, H = 32, H_kv = 8, d = 128, float16, µs per call:")
+print("  B       Nk  splits  split-KV  SDPA flash  split-KV / flash")
+for r in rows:
+    if r["impl"] == "split_kv" and r["variant"] == "":
+        flash = next(x for x in rows if (x["impl"], x["variant"], x["batch"], x["n_k"]) == ("torch_flash", "", r["batch"],
+                                                                                           r["n_k"]))
+        print(f"  {r['batch']}  {int(r['n_k']):>7,}  {r['num_splits']:>6}  {float(r['time_ms']) * 1e3:8.1f}  "
+              f"{float(flash['time_ms']) * 1e3:10.1f}  {float(flash['time_ms']) / float(r['time_ms']):16.2f}×")
+        assert int(r["num_splits"]) == splits[int(r["batch"]), int(r["n_k"])]  # the rule above chose them
+print("the figure: python -m tinyflash.plots --only kv_cache  ->  figures/kv_cache.png")

@@ -2,6 +2,7 @@
 
     python lessons/run_all.py        (from the repository root)
     python run_all.py                (from inside lessons/)
+    python lessons/run_all.py 03 07  (only the lessons whose numbers are given)
 
 Every file lessons/NN_*.py (two digits, then a name) runs with this same Python, from the
 repository root, with the repository's src/ first on PYTHONPATH, so the lessons import this
@@ -10,6 +11,7 @@ its asserts are its checks. The exit code is 0 if every lesson passed, else the 
 lesson's exit code (1 if it was killed by a signal).
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -32,10 +34,13 @@ def lesson_env() -> dict:
     return env
 
 
-def main() -> int:
-    files = lesson_files()
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python lessons/run_all.py", description=__doc__.split("\n")[0])
+    parser.add_argument("numbers", nargs="*", metavar="NN", help="run only these lessons (two digits: 01 05); default: all")
+    args = parser.parse_args(argv)
+    files = [p for p in lesson_files() if not args.numbers or p.name[:2] in args.numbers]
     if not files:
-        print(f"no lessons found in {LESSONS}", file=sys.stderr)
+        print(f"no lessons {' '.join(args.numbers)} found in {LESSONS}", file=sys.stderr)
         return 1
     started = time.perf_counter()
     for path in files:

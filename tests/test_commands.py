@@ -5,10 +5,11 @@ import argparse
 
 import pytest
 
-from tinyflash.measure import bench, plots
+from tinyflash import plots
+from tinyflash.bench.__main__ import main as bench_main
 
 
-@pytest.mark.parametrize("main, prog", [(bench.main, "python -m tinyflash.bench"),
+@pytest.mark.parametrize("main, prog", [(bench_main, "python -m tinyflash.bench"),
                                         (plots.main, "python -m tinyflash.plots")])
 def test_help_names_the_command_and_every_option(main, prog, monkeypatch, capsys):
     with pytest.raises(SystemExit):
@@ -26,3 +27,28 @@ def test_help_names_the_command_and_every_option(main, prog, monkeypatch, capsys
         main([])
     undocumented = [a.dest for a in seen["parser"]._actions if not (a.help or "").strip()]
     assert not undocumented, f"{prog}: options without help: {undocumented}"
+
+
+def test_bench_summary_prints_the_table_of_each_record(capsys):
+    """``--summary CSV`` picks the table of the CSV's benchmark: the tensor-cores record's is the stage-3 table
+    (v6 under stage 3, not stage 2), and every committed benchmark record with a table prints one."""
+    from tinyflash.bench import record, tables
+
+    printed = 0
+    for path in sorted(record.data_dir().glob("*.csv")):
+        rows = record.read_csv(path)
+        if rows and "benchmark" in rows[0] and rows[0]["benchmark"] in tables.TABLES:
+            assert bench_main(["--summary", str(path)]) == 0
+            assert capsys.readouterr().out.strip() == tables.summary(rows)
+            printed += 1
+    assert printed >= 7
+    bench_main(["--summary", str(record.data_dir() / "tensor_cores_h200.csv")])
+    assert capsys.readouterr().out.startswith("| dtype | d | causal | N | v6 TFLOP/s | v6 / flash |")
+
+
+def test_bench_list_names_every_benchmark(capsys):
+    from tinyflash.bench.suites import BENCHMARKS
+
+    assert bench_main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{name} " in out and bench.doc in out for name, bench in BENCHMARKS.items())

@@ -16,7 +16,7 @@ import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.forward.kernels import VERSIONS, tiling
 from tinyflash.gpu.arrays import is_device_array
-from tinyflash.gpu.smem import STATIC_SMEM_LIMIT
+from tinyflash.hardware import STATIC_SMEM_PER_BLOCK
 
 pytestmark = pytest.mark.gpu
 
@@ -187,7 +187,7 @@ def test_unaligned_device_views(rng, dtype):
 def test_large_shared_memory_is_granted():
     """The default tilings need more than 48 KiB; the driver must grant it (no fallback warning)."""
     for d in (64, 128, 256):
-        assert tiling.default_config(d, d).smem_bytes > STATIC_SMEM_LIMIT
+        assert tiling.default_config(d, d).smem_bytes > STATIC_SMEM_PER_BLOCK
     rng = np.random.default_rng()
     q, k, v = make_qkv(rng, (1,), 256, 256, d=128, dtype=np.float32)
     o, _ = tf.cuda_attention(q, k, v)  # the autouse fixture turns a fallback warning into an error

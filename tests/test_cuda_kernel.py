@@ -17,7 +17,7 @@ import tinyflash.gpu
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, v1_row_per_thread, v5_branch_free
 from tinyflash.gpu import arrays, launch, runtime
-from tinyflash.gpu.smem import STATIC_SMEM_LIMIT
+from tinyflash.hardware import STATIC_SMEM_PER_BLOCK
 
 pytestmark = pytest.mark.simulator
 CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 8, 8)]  # v1-v5; v6: test_tensor_core.py
@@ -160,13 +160,13 @@ def test_device_arrays_stay_on_the_device(rng):
 def test_shared_memory_fallback_warns_and_stays_correct(rng, monkeypatch):
     """If the driver refuses more than 48 KiB of shared memory, a smaller tiling is used, with a warning."""
     def refuse(kernel, args, nbytes):
-        if nbytes > STATIC_SMEM_LIMIT:
+        if nbytes > STATIC_SMEM_PER_BLOCK:
             raise RuntimeError("refused for the test")
 
     monkeypatch.setattr(launch, "allow_large_shared_memory", refuse)
     q, k, v = make_qkv(rng, (), 20, 20, d=8, dtype=np.float32)
     big = tiling.TileConfig(BR=64, BC=128, TM=8, NT=128, D=8, DV=64)  # 87 KiB: more than 48
-    assert big.smem_bytes > STATIC_SMEM_LIMIT
+    assert big.smem_bytes > STATIC_SMEM_PER_BLOCK
     with pytest.warns(RuntimeWarning, match="falling back to the slower tiling"):
         o, lse = tf.cuda_attention(q, k, v, config=big)
     check_against_stages(o, lse, q, k, v, False, "fallback")
@@ -203,7 +203,7 @@ def test_simple_kernel_asks_for_large_shared_memory(rng, monkeypatch):
     more than a kernel may use without asking: its launch goes through the one launch helper,
     which asks (the GPU tests run it for real)."""
     BR, BC = v1_row_per_thread.GPU_TILE
-    assert 4 * BC * (256 + 256) == 64 * 1024 > STATIC_SMEM_LIMIT
+    assert 4 * BC * (256 + 256) == 64 * 1024 > STATIC_SMEM_PER_BLOCK
     asked = []
     monkeypatch.setattr(launch, "allow_large_shared_memory", lambda kernel, args, nbytes: asked.append(nbytes))
     q, k, v = make_qkv(rng, (), 3, 3, d=256, dtype=np.float32)

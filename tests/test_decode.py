@@ -16,6 +16,7 @@ import tinyflash as tf
 from tinyflash.core.online_softmax import LOG2E, merge_weights
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.decode import split_kv
+from tinyflash.hardware import H200
 from tinyflash.decode.paged import to_paged
 
 F64_TOL = 1e-12  # float64 against float64: only the order of the sums differs
@@ -99,7 +100,7 @@ def test_merge_weights_is_the_online_softmax_rescaling(rng):
 def test_choose_num_splits():
     """Few blocks and a long cache: split until the GPU is about full (≥ 85% of the best wave
     efficiency); blocks that already fill it, or a short cache, are not split."""
-    slots = split_kv.H200_SMS * split_kv.BLOCKS_PER_SM
+    slots = H200.sms * split_kv.BLOCKS_PER_SM
     s = tf.decode.choose_num_splits(8, 131_072)
     assert split_kv.wave_efficiency(8 * s, slots) >= split_kv.WAVE_EFFICIENCY
     assert split_kv.wave_efficiency(8 * (s - 1), slots) < split_kv.WAVE_EFFICIENCY  # the fewest such
@@ -164,22 +165,3 @@ def test_pages_from_contiguous(rng):
         assert np.array_equal(K, k[b]) and np.array_equal(V, v[b])
     o, _ = tf.paged_attention(q, cache)
     assert_close(o, tf.reference_attention(q, k, v)[0], F64_TOL, "paged o")
-
-
-def test_decode_summary_table():
-    """The README's decode table from benchmark rows (synthetic here: the real CSV is the GPU's)."""
-    from tinyflash.measure.bench_decode import summary_table
-
-    def row(impl, variant, time_ms, **extra):
-        return {"impl": impl, "variant": variant, "batch": "8", "n_k": "131072", "num_splits": "6", "status": "ok",
-                "time_ms": str(time_ms), "tb_per_s": "4.0", "vs_torch_flash": "", "vs_copy": "", **extra}
-
-    rows = [row("split_kv", "", 1.0, vs_torch_flash="0.95", vs_copy="0.9"), row("no_split", "", 3.0),
-            row("paged", "page_size=16", 1.05), row("torch_flash", "enable_gqa=True", 0.95),
-            {**row("torch_cudnn", "enable_gqa=True", 0), "status": "unsupported"},
-            row("copy", "device-to-device, K and V", 1.8), row("split_kv", "splits=2", 2.0)]
-    table = summary_table(rows)
-    assert table.splitlines()[2] == ("| 8 | 131,072 | 6 | 1,000.0 | 3,000.0 | 1,050.0 | 950.0 | unsupported | 1,800.0 "
-                                     "| 4.00 | 0.95× | – | 90% | 1.05 |")  # no CUDA-graph rows: –
-    graphs = [row("split_kv", "CUDA graph", 0.5), row("torch_flash", "CUDA graph", 0.45)]
-    assert table.splitlines()[2].replace("| – | 90%", "| 0.90× | 90%") == summary_table(rows + graphs).splitlines()[2]

@@ -118,11 +118,28 @@ def test_cuda_dtype_error_says_what_to_do(make):
 @pytest.mark.simulator
 @pytest.mark.skipif(HAS_GPU, reason="measures the simulator; here kernels run on a GPU")
 def test_simulator_rate_counts_the_work_launch_counts():
-    from tinyflash.measure import simulator_rate
+    import importlib.util
 
     from tinyflash.forward.kernels import v1_row_per_thread
+
+    spec = importlib.util.spec_from_file_location("simulator_rate", ROOT / "benchmarks" / "simulator_rate.py")
+    simulator_rate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(simulator_rate)
 
     (row,) = simulator_rate.measure(sizes=((5, 20, 8),), kernels=("v1",))
     br, bc, _, _ = v1_row_per_thread.tiling(8, 8)
     assert br >= 5 and row["work"] == br * -(-20 // bc)  # one query tile of BR threads × the key tiles of 20 keys
     assert row["seconds"] > 0 and row["seconds_per_thread_tile"] == row["seconds"] / row["work"]
+
+
+def test_the_simulators_rate_is_the_records_order_of_magnitude():
+    """SIMULATOR_SECONDS_PER_THREAD_TILE is within a factor of 3 of every committed measurement of the rate
+    (figures/data/simulator_rate.csv), so the warning's expected time is of the right order."""
+    import csv
+
+    from tinyflash.gpu.runtime import SIMULATOR_SECONDS_PER_THREAD_TILE
+
+    with open(ROOT / "figures" / "data" / "simulator_rate.csv", newline="") as f:
+        rates = [float(r["seconds_per_thread_tile"]) for r in csv.DictReader(f)]
+    assert rates and all(SIMULATOR_SECONDS_PER_THREAD_TILE / 3 <= r <= 3 * SIMULATOR_SECONDS_PER_THREAD_TILE
+                         for r in rates), rates

@@ -49,12 +49,12 @@ def test_core_is_the_bottom_layer(path):
 
 @pytest.mark.parametrize("path", sources(PACKAGE / "gpu"), ids=lambda p: p.name)
 def test_gpu_is_runtime_only(path):
-    assert all(m.startswith("gpu") for m in tinyflash_imports(path)), tinyflash_imports(path)
+    assert all(m.startswith(("gpu", "hardware")) for m in tinyflash_imports(path)), tinyflash_imports(path)
 
 
 @pytest.mark.parametrize("path", sorted(KERNELS.glob("v[0-9]*_*.py")), ids=lambda p: p.name)
 def test_a_kernel_version_never_imports_a_sibling(path):
-    allowed = ("core.", "gpu.", "forward.kernels.tiling.", "forward.kernels.tensor_core_tiling.")
+    allowed = ("core.", "gpu.", "hardware.", "forward.kernels.tiling.", "forward.kernels.tensor_core_tiling.")
     imports = tinyflash_imports(path)
     assert imports and all(m.startswith(allowed) for m in imports), imports
 

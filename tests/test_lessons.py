@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import HAS_GPU
 
-from tinyflash.measure.random_inputs import LESSON_SEED, SEED_VARIABLE
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lessons"))
+from lib import LESSON_SEED, SEED_VARIABLE  # noqa: E402  (the lessons' helper)
 LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))  # the same pattern as run_all.py
 TIMEOUT_S = 300  # per lesson; the NumPy lessons take seconds, the simulator is slower
 

@@ -8,8 +8,8 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash.measure.memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, KiB, attention_memory,
-                                      blocked_workspace_bytes, max_sequence_length, measure_peak_bytes)
+from tinyflash.cost.memory import (KiB, attention_memory, blocked_workspace_bytes, max_sequence_length, measure_peak_bytes)
+from tinyflash.hardware import CONSUMER_CARD_BYTES, H200
 
 D = 64
 
@@ -70,13 +70,13 @@ def test_measure_peak_bytes_sees_numpy_and_restores_tracing():
 
 
 def test_max_sequence_length_is_the_exact_boundary():
-    for budget, heads, matrices in ((H200_MEMORY_BYTES, 32, 2), (CONSUMER_GPU_BYTES, 32, 2), (H200_MEMORY_BYTES, 1, 1)):
+    for budget, heads, matrices in ((H200.memory_bytes, 32, 2), (CONSUMER_CARD_BYTES, 32, 2), (H200.memory_bytes, 1, 1)):
         n = max_sequence_length(budget, heads=heads, dtype="float16", matrices=matrices)
         need = lambda n: heads * matrices * n * n * 2  # noqa: E731  bytes of the N × N matrices
         assert need(n) <= budget < need(n + 1)
     # 32 heads at 32k tokens: S and P in fp16 take 128 GiB, which fits in 141 GB, just
-    assert max_sequence_length(H200_MEMORY_BYTES, heads=32) == 33_189
-    assert max_sequence_length(CONSUMER_GPU_BYTES, heads=32) == 14_188
+    assert max_sequence_length(H200.memory_bytes, heads=32) == 33_189
+    assert max_sequence_length(CONSUMER_CARD_BYTES, heads=32) == 14_188
     with pytest.raises(ValueError, match="heads must be a positive integer"):
         max_sequence_length(2**30, heads=0)
     with pytest.raises(ValueError, match="budget_bytes"):

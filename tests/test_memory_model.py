@@ -2,7 +2,7 @@
 
 import pytest
 
-from tinyflash.measure.memory import GiB, KiB, MiB, attention_memory, dtype_bytes, format_bytes, tile_bytes
+from tinyflash.cost.memory import (GiB, KiB, MiB, attention_memory, dtype_bytes, format_bytes, tile_bytes)
 
 
 def test_32k_example_one_head():

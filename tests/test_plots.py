@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from tinyflash.measure import harness, plot_gpu, plot_memory, plot_traffic, plots
-from tinyflash.measure.memory import GiB, attention_memory
+from tinyflash import plots
+from tinyflash.bench import record
+from tinyflash.plots import gpu as plot_gpu
+from tinyflash.plots import memory as plot_memory
+from tinyflash.plots import traffic as plot_traffic
+from tinyflash.cost.memory import GiB, attention_memory
+from tinyflash.hardware import H200
 
 DEVICE = "NVIDIA H200 (synthetic test data)"
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
@@ -28,33 +33,38 @@ def read_rows(path):
 
 
 def write_bench_csv(path, rows):
-    """Write rows in the benchmark's schema; fields not given get harmless defaults."""
+    """Write rows in the record's schema (``n``: Nq = Nk; ``impl`` 'stage 2' and 'stage 3': tinyflash's v5 and v6);
+    fields not given get harmless defaults."""
     defaults = dict(device=DEVICE, date="2025-01-01", numpy="2.4.6", numba_cuda="0.30.4", cupy="14.2.0",
-                    torch="", dtype="float16", causal="False", batch=1, heads=2, d=64, time_ms="", tflops="",
-                    peak_bytes="", status="ok", max_rel_err="")
+                    torch="", benchmark="sweep", variant="", dtype="float16", causal="False", batch=1, heads=2,
+                    kv_heads=2, d=64, time_ms="", tflops="", peak_bytes="", status="ok", max_rel_err="")
+    stage = {"stage 2": ("tinyflash", "v5"), "stage 3": ("tinyflash", "v6")}
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=harness.FIELDS)
+        writer = csv.DictWriter(f, fieldnames=record.FIELDS)
         writer.writeheader()
         for row in rows:
-            writer.writerow({**defaults, **row})
+            row = dict(row)
+            n = row.pop("n")
+            impl, variant = stage.get(row["impl"], (row["impl"], row.get("variant", "")))
+            writer.writerow({**defaults, **row, "impl": impl, "variant": variant, "n_q": n, "n_k": n})
     return path
 
 
 def synthetic_rows():
-    """tinyflash slower than naive CuPy up to N = 1024, faster from 2048 on; naive out of memory at 8192."""
+    """stage 2 slower than naive attention up to N = 1024, faster from 2048 on; naive out of memory at 8192."""
     naive_ms = {256: 0.05, 512: 0.1, 1024: 0.3, 2048: 1.5, 4096: 6.0}
     flash_ms = {256: 0.2, 512: 0.3, 1024: 0.5, 2048: 1.0, 4096: 3.0, 8192: 12.0}
     rows = []
     for dtype in ("float16", "float32"):
         for n, t in flash_ms.items():
             m = attention_memory(n, 64, heads=2, dtype=dtype)
-            rows.append(dict(impl="tinyflash", dtype=dtype, n=n, time_ms=t, tflops=4 * 2 * n * n * 64 / t / 1e9,
+            rows.append(dict(impl="stage 2", dtype=dtype, n=n, time_ms=t, tflops=4 * 2 * n * n * 64 / t / 1e9,
                              peak_bytes=m.flash_extra, max_rel_err=3e-4))
             if n in naive_ms:
-                rows.append(dict(impl="cupy_naive", dtype=dtype, n=n, time_ms=naive_ms[n], peak_bytes=m.naive_extra,
+                rows.append(dict(impl="naive", dtype=dtype, n=n, time_ms=naive_ms[n], peak_bytes=m.naive_extra,
                                  tflops=4 * 2 * n * n * 64 / naive_ms[n] / 1e9, max_rel_err=2e-4))
             else:
-                rows.append(dict(impl="cupy_naive", dtype=dtype, n=n, status="oom"))
+                rows.append(dict(impl="naive", dtype=dtype, n=n, status="oom"))
             rows.append(dict(impl="torch_flash", dtype=dtype, n=n, status="unsupported" if dtype == "float32" else "ok",
                              time_ms=t / 10, tflops=1.0, peak_bytes=m.flash_extra))
     # one result that failed the benchmark's check before timing: no time, as tinyflash.bench writes it
@@ -141,7 +151,7 @@ def test_gpu_figures_from_a_synthetic_csv(tmp_path):
     wrong = [r for r in rows if r["status"] == "wrong"]
     assert len(wrong) == 1 and wrong[0]["time_ms"] is None and wrong[0]["status_detail"].startswith("wrong (error")
     assert plot_gpu._impl_label(rows, "torch_flash") == "PyTorch SDPA, flash backend"  # failed rows give no error bound
-    assert plot_gpu._impl_label(rows, "tinyflash") == "tinyflash stage 2 (CUDA cores) (max rel. error 3.0e-04)"
+    assert plot_gpu._impl_label(rows, "stage 2") == "tinyflash stage 2 (CUDA cores, v5) (max rel. error 3.0e-04)"
     assert plot_gpu.gpu_panels(rows) == [("float16", 64, False, 1, 2), ("float32", 64, False, 1, 2)]
     for fn, name in ((plot_gpu.plot_memory_gpu_measured, "mem.png"), (plot_gpu.plot_time_gpu, "time.png")):
         fn(tmp_path / name, path)
@@ -149,29 +159,31 @@ def test_gpu_figures_from_a_synthetic_csv(tmp_path):
 
 
 def stage_3_rows():
-    """tinyflash_tc (v6) as the sweep writes it: float16 only, faster than naive CuPy at every N."""
+    """Stage 3 (v6) as the sweep writes it: float16 only, faster than naive attention at every N."""
     ms = {256: 0.04, 512: 0.05, 1024: 0.08, 2048: 0.2, 4096: 0.5, 8192: 1.8}
-    return [dict(impl="tinyflash_tc", variant="v6", dtype="float16", n=n, time_ms=t, tflops=4 * 2 * n * n * 64 / t / 1e9,
+    return [dict(impl="stage 3", dtype="float16", n=n, time_ms=t, tflops=4 * 2 * n * n * 64 / t / 1e9,
                  peak_bytes=attention_memory(n, 64, heads=2, dtype="float16").flash_extra, max_rel_err=5e-4)
             for n, t in ms.items()]
 
 
-def test_gpu_figures_draw_stage_3_only_where_it_has_rows(tmp_path):
-    """With tinyflash_tc rows: a line of its own in the float16 panels of both figures, none in the
+def test_gpu_figures_draw_stage_3_only_where_it_has_rows(tmp_path, monkeypatch):
+    """With stage 3's rows: a line of its own in the float16 panels of both figures, none in the
     float32 ones; without them (the CSV before stage 3 joined the sweep): no line and no legend entry.
-    The crossover and out-of-memory marks still compare stage 2 with naive CuPy."""
+    The crossover and out-of-memory marks still compare stage 2 with naive attention."""
     from matplotlib.figure import Figure
 
-    from tinyflash.measure import bench
+    from tinyflash.bench import suites
 
-    assert set(bench.IMPLS) == set(plot_gpu.IMPLS)  # every impl the sweep writes has a colour and a label
+    monkeypatch.setattr(suites.p, "has_torch", lambda: True)  # the peers with PyTorch installed, as on the GPU
+    sweep = [p.name for p in suites.sweep_peers({})]  # every peer the sweep times has a line, a colour and a label
+    assert {plot_gpu.LINE_OF.get(name, name[0]) for name in sweep} == set(plot_gpu.IMPLS)
     label = "tinyflash stage 3 (tensor cores, v6)"
-    assert plot_gpu.IMPLS["tinyflash_tc"][0] == label
+    assert plot_gpu.IMPLS["stage 3"][0] == label
     assert len({(c, m) for _, c, m in plot_gpu.IMPLS.values()}) == len(plot_gpu.IMPLS)  # told apart at a glance
     without = plot_gpu.read_bench_csv(write_bench_csv(tmp_path / "without.csv", synthetic_rows()))
     path = write_bench_csv(tmp_path / "with.csv", synthetic_rows() + stage_3_rows())
     rows = plot_gpu.read_bench_csv(path)
-    assert plot_gpu._impl_label(rows, "tinyflash_tc") == f"{label} (max rel. error 5.0e-04)"
+    assert plot_gpu._impl_label(rows, "stage 3") == f"{label} (max rel. error 5.0e-04)"
     assert plot_gpu.gpu_panels(rows) == plot_gpu.gpu_panels(without)  # the same panels, one more line
 
     def drawn(rows, config):
@@ -190,7 +202,7 @@ def test_gpu_figures_draw_stage_3_only_where_it_has_rows(tmp_path):
         times, memory = drawn(rows_, config)
         assert not any(label in x for x in [*times, *memory]), config
     assert plot_gpu.crossover_n(rows, fp16) == plot_gpu.crossover_n(without, fp16) == 2048  # stage 2's
-    assert plot_gpu.first_oom_n(rows, fp16) == 8192 and plot_gpu.first_oom_n(rows, fp16, impl="tinyflash_tc") is None
+    assert plot_gpu.first_oom_n(rows, fp16) == 8192 and plot_gpu.first_oom_n(rows, fp16, impl="stage 3") is None
     for fn, name in ((plot_gpu.plot_memory_gpu_measured, "mem"), (plot_gpu.plot_time_gpu, "time")):
         fn(tmp_path / f"{name}_with.png", path)
         fn(tmp_path / f"{name}_without.png", tmp_path / "without.csv")
@@ -199,25 +211,25 @@ def test_gpu_figures_draw_stage_3_only_where_it_has_rows(tmp_path):
 
 
 def test_crossover_and_oom_come_from_the_data():
-    rows = [{**r, "causal": False, "batch": 1, "heads": 2, "d": 64, "time_ms": r.get("time_ms"),
+    rows = [{**r, "line": r["impl"], "causal": False, "batch": 1, "heads": 2, "d": 64, "time_ms": r.get("time_ms"),
              "status": r.get("status", "ok")} for r in synthetic_rows()]
     config = ("float16", 64, False, 1, 2)
     assert plot_gpu.crossover_n(rows, config) == 2048
     assert plot_gpu.first_oom_n(rows, config) == 8192
-    assert plot_gpu.first_oom_n(rows, config, impl="tinyflash") is None
+    assert plot_gpu.first_oom_n(rows, config, impl="stage 2") is None
     # tinyflash slower at the largest N both ran: no crossover; faster everywhere: the first N
-    slower = [dict(r, time_ms=100.0) if r["impl"] == "tinyflash" else r for r in rows]
+    slower = [dict(r, time_ms=100.0) if r["line"] == "stage 2" else r for r in rows]
     assert plot_gpu.crossover_n(slower, config) is None
-    faster = [dict(r, time_ms=0.001) if r["impl"] == "tinyflash" else r for r in rows]
+    faster = [dict(r, time_ms=0.001) if r["line"] == "stage 2" else r for r in rows]
     assert plot_gpu.crossover_n(faster, config) == 256
     # a win at a short N that is lost again later does not count as the crossover
-    wobbly = [dict(r, time_ms=0.01) if r["impl"] == "tinyflash" and r["n"] == 256 else r for r in rows]
+    wobbly = [dict(r, time_ms=0.01) if r["line"] == "stage 2" and r["n"] == 256 else r for r in rows]
     assert plot_gpu.crossover_n(wobbly, config) == 2048
 
 
 def test_bench_csv_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.csv"
-    bad.write_text("device,impl,n\nH200,tinyflash,256\n")
+    bad.write_text("device,impl,n_q\nH200,tinyflash,256\n")
     with pytest.raises(ValueError, match="lacks the columns"):
         plot_gpu.read_bench_csv(bad)
     path = write_bench_csv(tmp_path / "status.csv", [dict(impl="tinyflash", n=256, status="crashed")])
@@ -248,7 +260,7 @@ def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypat
 
     monkeypatch.setattr(plots.subprocess, "run", lambda cmd: calls.append(cmd) or Done())
     plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
-    assert calls and calls[0][1:] == ["-m", "tinyflash.bench", "--csv", str(tmp_path / "data" / "bench_h200.csv")]
+    assert calls and calls[0][1:] == ["-m", "tinyflash.bench", "sweep", "--csv", str(tmp_path / "data" / "bench_h200.csv")]
     Done.returncode = 3
     with pytest.raises(SystemExit, match="exit code 3"):
         plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
@@ -294,7 +306,7 @@ def test_bad_sequence_lengths():
 
 def test_kv_cache_figure(tmp_path):
     """The KV-cache figure and its data: GQA's 8 K/V heads take 1/4 of MHA's bytes, int8 half of float16."""
-    from tinyflash.measure import plot_kv_cache
+    from tinyflash.plots import kv_cache as plot_kv_cache
 
     png = plot_kv_cache.plot_kv_cache(tmp_path / "kv_cache.png", tmp_path / "kv_cache.csv", contexts=[1024, 4096])
     assert_png(png)
@@ -305,7 +317,7 @@ def test_kv_cache_figure(tmp_path):
 
 def test_provenance_names_every_run():
     """A CSV measured in two runs (float16 rows later than float32 ones) says both dates in the title."""
-    from tinyflash.measure.plot_gpu import _provenance
+    from tinyflash.plots.gpu import _provenance
 
     base = {"device": "GPU", "numpy": "2", "numba_cuda": "0.30", "cupy": "14", "torch": ""}
     one = [{**base, "date": "d1", "dtype": "float32"}]

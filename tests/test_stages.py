@@ -102,7 +102,7 @@ def test_fully_masked_rows_give_zero_and_minus_inf(rng, fn):
 
 def test_causal_skips_tiles_above_the_diagonal(rng):
     """The blocked stage reads only the key tiles on or below the diagonal: about half for causal."""
-    from tinyflash.measure.traffic import HBMCounter
+    from tinyflash.cost.traffic import HBMCounter
 
     q, k, v = make_qkv(rng, (), 256, 256, d=4)
     full, causal = HBMCounter(), HBMCounter()

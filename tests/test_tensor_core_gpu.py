@@ -2,7 +2,7 @@
 
 Each result is checked on sampled query rows of the first and last head against the float64
 reference, by FlashAttention's rule against naive attention computed in the same precision by
-PyTorch (``tinyflash.measure.bench_tensor_cores.check_torch``). Skipped without a GPU (conftest).
+PyTorch (``tinyflash.bench.checking.check_output``). Skipped without a GPU (conftest).
 Run: ``python -m pytest -m gpu tests/test_tensor_core_gpu.py``.
 """
 
@@ -30,26 +30,26 @@ def random_qkv(torch, n_q, n_k, d, dtype, heads=2, seed=0):
 @pytest.mark.parametrize("n", NS)
 def test_lengths(rng, n, d, causal, dtype):
     torch = pytest.importorskip("torch")
-    from tinyflash.measure.bench_tensor_cores import check_torch
+    from tinyflash.bench.checking import check_output
 
     q, k, v = random_qkv(torch, n, n, d, getattr(torch, dtype), seed=int(rng.integers(2**31)))
     o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
     assert o.dtype == q.dtype and o.shape == q.shape and lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
-    verdict = check_torch(o, q, k, v, causal=causal, rng=rng, lse=lse)
-    assert verdict["ok"], verdict
+    verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
+    assert verdict.ok, verdict
 
 
 @pytest.mark.parametrize("n_q, n_k", [(1000, 777), (300, 4096), (4097, 129)])
 def test_unequal_lengths(rng, n_q, n_k):
     torch = pytest.importorskip("torch")
-    from tinyflash.measure.bench_tensor_cores import check_torch
+    from tinyflash.bench.checking import check_output
 
     for causal in (False, True):
         for dtype in (torch.float16, torch.bfloat16):
             q, k, v = random_qkv(torch, n_q, n_k, 128, dtype, seed=int(rng.integers(2**31)))
             o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
-            verdict = check_torch(o, q, k, v, causal=causal, rng=rng, lse=lse)
-            assert verdict["ok"], (causal, dtype, verdict)
+            verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
+            assert verdict.ok, (causal, dtype, verdict)
 
 
 def test_deterministic(rng):
@@ -78,7 +78,7 @@ def test_cupy_and_numpy_float16(rng):
 def test_example_32k(rng):
     """B = 1, H = 32, N = 32,768, d = 128, causal, float16 and bfloat16: time, memory, error."""
     torch = pytest.importorskip("torch")
-    from tinyflash.measure.bench_tensor_cores import check_torch
+    from tinyflash.bench.checking import check_output
 
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v = random_qkv(torch, 32768, 32768, 128, dtype, heads=32)
@@ -95,12 +95,12 @@ def test_example_32k(rng):
         tf.tensor_core_attention(q, k, v, causal=True)
         end.record()
         end.synchronize()
-        verdict = check_torch(o, q, k, v, causal=True, rng=rng, lse=lse)
+        verdict = check_output(o, q, k, v, causal=True, rng=rng, lse=lse)
         ms = begin.elapsed_time(end)
         tflops = 4 * 32 * 32768**2 * 128 / 2 / (ms * 1e9)
         print(f"32k example {dtype}: first call {seconds:.2f} s, then {ms:.1f} ms ({tflops:.1f} TFLOP/s); "
               f"inputs {3 * q.numel() * 2 / 2**30:.2f} GiB, extra memory {extra / 2**30:.3f} GiB "
               f"(o + lse: {(o.numel() * 2 + lse.numel() * 4) / 2**30:.3f} GiB); max rel. error "
-              f"{verdict['max_rel_err']:.2e} (allowed {verdict['tolerance']:.2e})")
-        assert verdict["ok"], verdict
+              f"{verdict.error:.2e} (allowed {verdict.tolerance:.2e})")
+        assert verdict.ok, verdict
         assert extra <= o.numel() * 2 + lse.numel() * 4 + 2**20  # nothing beyond the outputs

@@ -8,77 +8,67 @@ Stages, each checked against the one before and against a float64 reference:
 3. :func:`tensor_core_attention` — the same loop on the tensor cores (float16, bfloat16), with
    PTX instructions emitted from numba.
 
-All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv).
+All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv). The backward pass
+(``*_attention_backward``, and :mod:`tinyflash.torch` for PyTorch autograd) and decoding with a KV
+cache (``split_kv_attention``, ``paged_attention`` and their ``cuda_`` kernels) follow the same
+conventions.
 
-The package, one home for each idea:
+The package is the book; each folder holds one idea:
 
-    core/      the rules of the mathematics, each written once: input checks, the causal mask,
-               the online softmax, the tolerance rules
-    forward/   the forward pass: naive.py (stage 0, and the float64 reference), blocked.py
-               (stage 1), cuda.py (stage 2's host wrapper), tensor_cores.py (stage 3's), kernels/
-               (the kernel versions)
-    gpu/       the GPU runtime, no attention mathematics: device arrays, shared memory, tile
-               loads, launches
-    measure/   tooling, not teaching code: memory model, HBM traffic, the benchmark harness, figures
-    backward/  the backward pass: naive.py, blocked.py (recomputation from lse), cuda.py, kernels/
-    decode/    decoding with a KV cache: split-KV (Flash-Decoding), grouped-query attention, a paged cache
+    core/       the rules of the mathematics, each written once: input checks, the causal mask,
+                the online softmax, the tolerance rules
+    cost/       what attention costs in bytes: the memory of each array, the traffic to and from HBM
+    forward/    the forward pass: naive.py, blocked.py, cuda.py (stage 2), tensor_cores.py (stage 3),
+                kernels/ (the kernel versions and their registry)
+    backward/   the backward pass, laid out like forward/
+    decode/     decoding with a KV cache: split-KV, grouped-query attention, a paged cache
+    gpu/        the GPU runtime, no attention mathematics: arrays, shared memory, loads, launches, PTX
+    warp_tile.py  a warp's tile on the tensor cores (fragments, softmax step, P·V, epilogue), for every
+                tensor-core kernel
+    hardware.py the GPU's facts, asked of the device where it can be
 
-``python -m tinyflash.bench`` and ``python -m tinyflash.plots`` are the two commands of measure/.
+Beside the book, the tooling: ``python -m tinyflash.bench`` (benchmarks: check, time, record) and
+``python -m tinyflash.plots`` (the figures), which no teaching module imports.
 """
 
 from .backward.blocked import blocked_attention_backward
 from .backward.naive import naive_attention_backward, reference_attention_backward
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
+from .cost.memory import attention_memory, format_bytes, measure_peak_bytes, tile_bytes
+from .cost.traffic import HBMCounter
 from .decode.cache_memory import kv_cache_bytes
-from .decode.paged import paged_attention
+from .decode.paged import PagedKVCache, paged_attention, to_paged
 from .decode.split_kv import split_kv_attention
 from .forward.blocked import blocked_attention
 from .forward.naive import naive_attention, reference_attention
-from .measure.memory import attention_memory, format_bytes, tile_bytes
 
-__all__ = [
-    "OnlineSoftmax",
-    "attention_memory",
-    "blocked_attention",
-    "blocked_attention_backward",
-    "causal_mask",
-    "cuda_attention",
-    "cuda_attention_backward",
-    "cuda_paged_attention",
-    "cuda_split_kv_attention",
-    "format_bytes",
-    "kv_cache_bytes",
-    "naive_attention",
-    "naive_attention_backward",
-    "online_softmax",
-    "paged_attention",
-    "reference_attention",
-    "tensor_core_attention",
-    "reference_attention_backward",
-    "split_kv_attention",
-    "tile_bytes",
-]
+# The GPU stages import numba, which is slow to import and must see NUMBA_ENABLE_CUDASIM before it is
+# imported: they are loaded on first use (module __getattr__), from these modules.
+_ON_FIRST_USE = {
+    "cuda_attention": "forward.cuda",
+    "tensor_core_attention": "forward.tensor_cores",
+    "cuda_attention_backward": "backward.cuda",
+    "cuda_split_kv_attention": "decode.cuda",
+    "cuda_paged_attention": "decode.cuda",
+}
+
+__all__ = sorted([
+    "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
+    "blocked_attention_backward", "causal_mask", "format_bytes", "kv_cache_bytes", "measure_peak_bytes",
+    "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention", "reference_attention",
+    "reference_attention_backward", "split_kv_attention", "tile_bytes", "to_paged", *_ON_FIRST_USE,
+])
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # The CUDA stage imports numba, which is slow and must see NUMBA_ENABLE_CUDASIM before it is
-    # imported; load it only when asked for.
-    if name == "cuda_attention":
-        from .forward.cuda import cuda_attention
+    if name in _ON_FIRST_USE:
+        from importlib import import_module
 
-        return cuda_attention
-    if name == "tensor_core_attention":
-        from .forward.tensor_cores import tensor_core_attention
-
-        return tensor_core_attention
-    if name == "cuda_attention_backward":
-        from .backward.cuda import cuda_attention_backward
-
-        return cuda_attention_backward
-    if name in ("cuda_split_kv_attention", "cuda_paged_attention"):
-        from .decode import cuda
-
-        return getattr(cuda, name)
+        return getattr(import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
     raise AttributeError(f"module 'tinyflash' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ON_FIRST_USE))

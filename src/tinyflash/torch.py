@@ -14,7 +14,11 @@ aligned, so the two agree only for Nq == Nk.
 
 from __future__ import annotations
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # say what is missing and what still works, not a bare ModuleNotFoundError
+    raise ImportError("tinyflash.torch (PyTorch autograd over tinyflash's kernels) needs PyTorch, with CUDA for the "
+                      "kernels: pip install torch. Everything else in tinyflash works without it.") from exc
 
 from .backward.cuda import cuda_attention_backward
 from .forward.cuda import cuda_attention

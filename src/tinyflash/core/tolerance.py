@@ -37,12 +37,25 @@ F32_TOL = 1e-5  # float32 arithmetic against the float64 reference: max relative
 
 
 def to_host64(x) -> np.ndarray:
-    """A NumPy float64 copy of ``x``: a NumPy array, a CuPy array or a numba device array."""
-    if hasattr(x, "get"):  # CuPy arrays
+    """A NumPy float64 copy of ``x``: a NumPy array, a CuPy array, a numba device array or a PyTorch
+    tensor (bfloat16 too: widened to float64 by PyTorch, exactly)."""
+    if hasattr(x, "detach"):  # PyTorch tensors, on any device
+        x = x.detach().to("cpu").double().numpy()
+    elif hasattr(x, "get"):  # CuPy arrays
         x = x.get()
     elif hasattr(x, "copy_to_host"):  # numba device arrays
         x = x.copy_to_host()
     return np.asarray(x, dtype=np.float64)
+
+
+def round_to(x: np.ndarray, dtype) -> np.ndarray:
+    """``x`` rounded to ``dtype`` (a NumPy dtype, or 'bfloat16': the top 16 bits of a float32, rounded to
+    nearest even), as float64: what storing ``x`` in that type keeps."""
+    if str(dtype) != "bfloat16":
+        return np.asarray(x).astype(dtype).astype(np.float64)
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    kept = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).astype(np.uint32)  # ties to even
+    return kept.view(np.float32).astype(np.float64)
 
 
 def _errors(x, ref, floor: float) -> tuple[float, tuple]:
@@ -115,13 +128,14 @@ class RuleCheck:
 
 
 def rounding_atol(ref, dtype) -> float:
-    """flash-attn's ``fwd_atol``: 2·max|(r + 0.3) - 0.3 - r| with r = ref rounded to ``dtype``, in ``dtype``."""
+    """flash-attn's ``fwd_atol``: 2·max|(r + 0.3) - 0.3 - r| with r = ref rounded to ``dtype`` (float16,
+    bfloat16, ...) and every operation rounded to ``dtype``."""
     r = to_host64(ref)
-    r = r[np.isfinite(r)].astype(dtype)
+    r = round_to(r[np.isfinite(r)], dtype)
     if r.size == 0:
         return 0.0
-    c = np.asarray(0.3, dtype=dtype)
-    return 2.0 * float(np.abs(((r + c) - c) - r).astype(np.float64).max())
+    c = round_to(0.3, dtype)
+    return 2.0 * float(np.abs(round_to(round_to(r + c, dtype) - c, dtype) - r).max())
 
 
 def fa_rule(fast, naive, ref, dtype, factor: float = 2.0) -> RuleCheck:
@@ -156,16 +170,21 @@ class Verdict:
     tolerance: float  # the relative error the rule allowed
 
 
-def within_tolerance(x, ref, dtype, naive=None) -> Verdict:
-    """The project's rule for a result ``x`` of inputs in ``dtype`` against the float64 ``ref``:
-    float16, FlashAttention's rule against ``naive`` (the same computation done naively in
-    float16); any other dtype, a relative error of at most F32_TOL."""
+LOW_PRECISION = ("float16", "bfloat16")  # judged by FlashAttention's rule; any other dtype by F32_TOL
+
+
+def within_tolerance(x, ref, dtype, naive=None, factor: float = 2.0, tol: float = F32_TOL) -> Verdict:
+    """The project's rule for a result ``x`` of inputs in ``dtype`` (a NumPy dtype or a name) against the
+    float64 ``ref``: float16 and bfloat16, FlashAttention's rule against ``naive`` (the same computation done
+    naively in that type; ``factor`` 2 for outputs, 3 for gradients); any other dtype, a relative error of
+    at most ``tol``."""
     error = rel_error(x, ref)
-    if np.dtype(dtype) != np.float16:
-        return Verdict(error <= F32_TOL, error, F32_TOL)
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in LOW_PRECISION:
+        return Verdict(error <= tol, error, tol)
     if naive is None:
-        raise ValueError("float16 results are judged against a naive float16 result; got naive=None")
-    rule = fa_rule(x, naive, ref, np.float16)
+        raise ValueError(f"{name} results are judged against a naive {name} result; got naive=None")
+    rule = fa_rule(x, naive, ref, np.float16 if name == "float16" else name, factor)
     r = to_host64(ref)
     scale = float(np.abs(r[np.isfinite(r)]).max(initial=0.0)) or 1.0  # the bound, relative like the error
     return Verdict(rule.ok, error, rule.bound / scale)

@@ -23,10 +23,6 @@ def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, b
     return 2 * layers * batch * context * kv_heads * head_dim * bytes_per_element
 
 
-# NVIDIA's H200 datasheet (SXM): HBM3e bandwidth, and dense float16 tensor-core throughput.
-H200_HBM_BYTES_PER_S = 4.8e12  # 4.8 TB/s
-H200_FP16_DENSE_FLOPS = 989e12  # 989 TFLOP/s (the datasheet's 1,979 counts 2:4 sparsity)
-
 
 def attention_intensity(*, heads: int, kv_heads: int, n_q: int, n_k: int, head_dim: int,
                         bytes_per_element: int = 2) -> float:

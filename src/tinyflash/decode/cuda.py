@@ -19,20 +19,12 @@ from ..gpu.launch import MAX_GRID_Y
 from ..gpu.ptx_emulation import fast_barriers
 from ..gpu.runtime import require_gpu, simulator_enabled
 from ..gpu.driver_launch import driver_kernel
+from ..hardware import current
 from . import kernels
 from . import tensor_cores as tc
-from .split_kv import BLOCKS_PER_SM, H200_SMS, choose_num_splits
+from .split_kv import BLOCKS_PER_SM, choose_num_splits
 
 SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
-
-
-def sm_count() -> int:
-    """Streaming multiprocessors of the GPU (the H200's 132 on the simulator)."""
-    if simulator_enabled():
-        return H200_SMS
-    from numba import cuda
-
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=None, *, max_rows: int = kernels.MAX_ROWS,
@@ -43,7 +35,7 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
     rb = min(max_rows, rows)
     chunks = -(-rows // rb)
     if num_splits is None:
-        num_splits = choose_num_splits(batch * h_kv * chunks, n_k, sm_count(), blocks_per_sm)
+        num_splits = choose_num_splits(batch * h_kv * chunks, n_k, current().sms, blocks_per_sm)
     num_splits = check_positive_int(num_splits, "num_splits")
     return {"rows": rows, "rb": rb, "grid": (num_splits, batch * h_kv, chunks), "num_splits": num_splits}
 

@@ -30,8 +30,8 @@ from ..core.checks import as_array, check_attention_inputs, check_positive_int
 from ..core.heads import group_query_heads, kv_heads_view, ungroup_heads
 from ..core.masks import allowed
 from ..core.online_softmax import online_softmax_finish, online_softmax_update
+from ..hardware import H200
 
-H200_SMS = 132  # streaming multiprocessors of an H200: the default when no GPU is asked
 # Split-kernel blocks resident per SM (d = 128, float16; ptxas for sm_90): 128 threads × 127 registers
 # (4 blocks fit in 65,536 registers) and a 48 KB ring of K/V tiles (4 fit in the 228 KB of shared memory).
 BLOCKS_PER_SM = 4
@@ -49,7 +49,7 @@ def wave_efficiency(blocks: int, slots: int) -> float:
     return blocks / (math.ceil(blocks / slots) * slots)
 
 
-def choose_num_splits(blocks: int, n_k: int, sm_count: int = H200_SMS, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+def choose_num_splits(blocks: int, n_k: int, sm_count: int = H200.sms, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
     """The number of splits for ``blocks`` = B · H_kv · row tiles thread blocks before splitting.
 
     Why one wave of resident blocks, not more: every block does the same work (equal runs of

@@ -46,13 +46,13 @@ from ..core.online_softmax import LN2
 from ..forward.kernels.v6_tensor_cores import FAST_MATH, PAD_WORDS
 from ..gpu import ptx
 from ..gpu.runtime import device_function, u
-from ..gpu.smem import MAX_SMEM_PER_BLOCK, shared_words
+from ..gpu.smem import shared_words
 from .kernels import NO_PAGE, key_row_offset, split_keys
+from ..hardware import current
 
 HEAD_DIMS = (64, 128)  # d = dv
 ROWS = 16  # packed query rows per block: the rows of one mma
 WARP = 32
-SMEM_PER_SM = 228 * 1024  # an H100/H200 SM's shared memory; each resident block also reserves 1 KB
 NEG_INF = float32(-np.inf)
 ZERO, ONE, TWO, FOUR, EIGHT, SIXTEEN = u(0), u(1), u(2), u(4), u(8), u(16)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
@@ -76,7 +76,7 @@ class DecodeTiling:
 
     def blocks_per_sm(self) -> int:
         """Blocks resident per SM: as many rings as its shared memory holds (registers allow more)."""
-        return max(1, min(32, SMEM_PER_SM // (self.smem_bytes + 1024)))
+        return max(1, current().blocks_per_sm(self.smem_bytes))
 
     def problems(self) -> list[str]:
         problems = []
@@ -86,8 +86,8 @@ class DecodeTiling:
             problems.append("BC (keys per tile) must be a positive multiple of 16")
         if self.STAGES < 2:
             problems.append("STAGES must be at least 2")
-        if self.smem_bytes > MAX_SMEM_PER_BLOCK:
-            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {MAX_SMEM_PER_BLOCK}")
+        if self.smem_bytes > current().smem_per_block:
+            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {current().smem_per_block}")
         return problems
 
     def validate(self) -> "DecodeTiling":

@@ -40,7 +40,7 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
     Same contract as :func:`tinyflash.naive_attention`. ``block_q`` (Br) and ``block_k`` (Bc) are
     the tile sizes; they need not divide Nq or Nk (the last tile is ragged). With ``causal=True``,
     key tiles that lie entirely above the diagonal are skipped, not computed and masked.
-    ``io``, if given, is a :class:`tinyflash.measure.traffic.HBMCounter` told of every tile read
+    ``io``, if given, is a :class:`tinyflash.cost.traffic.HBMCounter` told of every tile read
     from and written to main memory, as the GPU kernel would move them.
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")

@@ -27,11 +27,10 @@ NO_GPU_MESSAGE = (
     "Python starts, e.g.  NUMBA_ENABLE_CUDASIM=1 python your_script.py  (setting os.environ after numba "
     "has been imported does not work: numba reads it once, at import)")
 
-# The simulator's speed, measured on the 2-core CPU this was written on with
-# `NUMBA_ENABLE_CUDASIM=1 python -m tinyflash.measure.simulator_rate` (numba-cuda 0.30.4, Python 3.11;
-# kernels v1 and v5 at Nq, Nk from 16 to 64, d from 16 to 64):
-# 2 to 6 ms for one CUDA thread to process one key/value tile, nearly independent of d (switching
-# between the Python threads dominates). So a launch's work is counted in threads × key tiles:
+# The simulator's speed: the time one CUDA thread takes for one key/value tile, nearly independent of d
+# (switching between the Python threads dominates), the order of magnitude of the rows that
+# `NUMBA_ENABLE_CUDASIM=1 python benchmarks/simulator_rate.py` measured (figures/data/simulator_rate.csv).
+# So a launch's work is counted in threads × key tiles:
 SIMULATOR_SECONDS_PER_THREAD_TILE = 5e-3
 SIMULATOR_PROGRESS_WORK = 1_000  # threads × key tiles (about 5 s) above which a launch shows progress
 SIMULATOR_WARN_WORK = 12_000  # ... and above which it warns first, once per process (about a minute)

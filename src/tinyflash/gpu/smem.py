@@ -13,10 +13,9 @@ from typing import NamedTuple
 
 from numba import cuda, float32, uint32
 
+from ..hardware import STATIC_SMEM_PER_BLOCK
 from .runtime import simulator_enabled
 
-STATIC_SMEM_LIMIT = 48 * 1024  # what any kernel may use without asking
-MAX_SMEM_PER_BLOCK = 227 * 1024  # the most a block may ask for on Hopper (compute capability 9.0)
 
 
 class Region(NamedTuple):
@@ -85,14 +84,14 @@ def allow_large_shared_memory(kernel, args, nbytes: int) -> None:
     takes the driver handle of the compiled function and calls cuKernelSetAttribute, as numba's
     own ``set_shared_memory_carveout`` does. Raises the driver's error if the device refuses.
     """
-    if nbytes <= STATIC_SMEM_LIMIT or simulator_enabled():
+    if nbytes <= STATIC_SMEM_PER_BLOCK or simulator_enabled():
         return
     allow_large_shared_memory_compiled(kernel.compile(tuple(kernel.typeof_pyval(a) for a in args)), nbytes)
 
 
 def allow_large_shared_memory_compiled(compiled, nbytes: int) -> None:
     """:func:`allow_large_shared_memory` for a kernel already compiled (``dispatcher.compile(signature)``)."""
-    if nbytes <= STATIC_SMEM_LIMIT or simulator_enabled():
+    if nbytes <= STATIC_SMEM_PER_BLOCK or simulator_enabled():
         return
     from numba.cuda.cudadrv.driver import binding, driver
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from ...gpu.launch import launch
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, Region, layout, layout_bytes
+from ...gpu.smem import Region, layout, layout_bytes
+from ...hardware import current
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def launch_backward(make_kernel, args, prob, config: BackwardTileConfig | None =
     cfg.validate()
     if cfg.D < d or cfg.DV < d_v:
         raise ValueError(f"config {cfg} is too small for d={d}, dv={d_v}")
-    if cfg.smem_bytes > MAX_SMEM_PER_BLOCK:
+    if cfg.smem_bytes > current().smem_per_block:
         raise ValueError(f"config {cfg} needs {cfg.smem_bytes} bytes of shared memory; a block may have "
-                         f"at most {MAX_SMEM_PER_BLOCK}")
+                         f"at most {current().smem_per_block}")
     launch(make_kernel(cfg, **kernel_options), -(-prob.n_k // cfg.BC), cfg.NT, cfg.smem_bytes, args)

@@ -20,7 +20,7 @@ from ...gpu.arrays import is_device_array, kernel_view
 from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK
+from ...hardware import current
 
 HEAD_DIMS = (64, 128)  # d = dv supported
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
@@ -80,8 +80,8 @@ class TensorCoreTiling:
             problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
         if self.HEAD_GROUP is not None and self.HEAD_GROUP < 1:
             problems.append("HEAD_GROUP must be None or at least 1")
-        if self.smem_bytes > MAX_SMEM_PER_BLOCK:
-            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {MAX_SMEM_PER_BLOCK}")
+        if self.smem_bytes > current().smem_per_block:
+            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {current().smem_per_block}")
         return problems
 
     def validate(self) -> "TensorCoreTiling":

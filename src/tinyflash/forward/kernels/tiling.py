@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ...gpu.launch import SharedMemoryRefused, launch
 from ...gpu.runtime import simulator_enabled
-from ...gpu.smem import MAX_SMEM_PER_BLOCK, STATIC_SMEM_LIMIT, Region, layout, layout_bytes
+from ...gpu.smem import Region, layout, layout_bytes
+from ...hardware import STATIC_SMEM_PER_BLOCK, current
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def small_config(d: int, d_v: int) -> TileConfig:
         for TM in (8, 4, 2, 1):
             for NT in (128, 64, 32):
                 cfg = TileConfig(BR=BR, BC=BC, TM=TM, NT=NT, D=D, DV=DV)
-                if not cfg.problems() and cfg.smem_bytes <= STATIC_SMEM_LIMIT:
+                if not cfg.problems() and cfg.smem_bytes <= STATIC_SMEM_PER_BLOCK:
                     return cfg
     raise ValueError(f"no tiling of at most 48 KiB of shared memory for d={d}, dv={d_v}")
 
@@ -147,9 +148,9 @@ def launch_tiled(make_kernel, args, prob, config: TileConfig | None = None, **ke
     cfg.validate()
     if cfg.D < d or cfg.DV < d_v:
         raise ValueError(f"config {cfg} is too small for d={d}, dv={d_v}")
-    if cfg.smem_bytes > MAX_SMEM_PER_BLOCK:
+    if cfg.smem_bytes > current().smem_per_block:
         raise ValueError(f"config {cfg} needs {cfg.smem_bytes} bytes of shared memory; a block may have "
-                         f"at most {MAX_SMEM_PER_BLOCK}")
+                         f"at most {current().smem_per_block}")
     try:
         launch(make_kernel(cfg, **kernel_options), -(-prob.n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args,
                key_tiles=-(-prob.n_k // cfg.BC))

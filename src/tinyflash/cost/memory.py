@@ -91,11 +91,6 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-# Two memory sizes the figures and lesson 06 compare against (device memory, not free memory).
-H200_MEMORY_BYTES = 141 * 10**9  # NVIDIA H200: 141 GB of HBM3e (decimal gigabytes, as on the spec sheet)
-CONSUMER_GPU_BYTES = 24 * GiB  # a 24 GiB consumer card
-
-
 def max_sequence_length(budget_bytes: int, *, heads: int = 1, batch: int = 1, dtype="float16",
                         matrices: int = 2) -> int:
     """The largest N whose ``matrices`` N × N attention matrices (1: S only; 2: S and P) fit in the budget.

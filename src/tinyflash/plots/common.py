@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from .memory import format_bytes
+from ..cost.memory import format_bytes
 
 
 def n_label(n: float, _pos=None) -> str:

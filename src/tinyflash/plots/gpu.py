@@ -1,10 +1,10 @@
-"""Figures 3 and 5: peak device memory and time against N, from the benchmark's CSV.
+"""Figures 3 and 5: peak device memory and time against N, from the benchmark's record.
 
-Both read ``figures/data/bench_h200.csv`` (written by ``python -m tinyflash.bench``, in the
-harness's schema), measured on an H200 and committed, so they regenerate on a machine without a
-GPU; while that file is missing they draw a placeholder that says so. Each implementation of
-:data:`IMPLS` that has rows in a panel gets a line there (stage 3, ``tinyflash_tc``, has float16
-rows only); the crossover and out-of-memory marks compare stage 2 (``tinyflash``) with naive CuPy.
+Both read ``figures/data/bench_h200.csv`` (``python -m tinyflash.bench sweep``, in the record's
+schema), measured on an H200 and committed, so they regenerate on a machine without a GPU; while
+that file is missing they draw a placeholder that says so. Each line of :data:`IMPLS` that has rows
+in a panel is drawn there (stage 3, v6, has float16 rows only); the crossover and out-of-memory
+marks compare stage 2 with naive attention.
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .harness import FIELDS, STATUSES
-from .memory import H200_MEMORY_BYTES, attention_memory
-from .plot_common import bytes_axis, n_axis, save
+from ..bench.record import FIELDS, STATUSES
+from ..cost.memory import attention_memory
+from ..hardware import H200
+from .common import bytes_axis, n_axis, save
 
-IMPLS = {  # benchmark name -> (legend label, colour, marker); a name without rows draws nothing
-    "tinyflash": ("tinyflash stage 2 (CUDA cores)", "tab:green", "o"),
-    "tinyflash_tc": ("tinyflash stage 3 (tensor cores, v6)", "tab:orange", "D"),
-    "cupy_naive": ("naive CuPy (S and P in HBM)", "tab:red", "s"),
+IMPLS = {  # a line of the figures -> (legend label, colour, marker); a line without rows draws nothing
+    "stage 2": ("tinyflash stage 2 (CUDA cores, v5)", "tab:green", "o"),
+    "stage 3": ("tinyflash stage 3 (tensor cores, v6)", "tab:orange", "D"),
+    "naive": ("naive attention, CuPy (S and P in HBM)", "tab:red", "s"),
     "torch_flash": ("PyTorch SDPA, flash backend", "tab:blue", "^"),
     "torch_efficient": ("PyTorch SDPA, mem-efficient backend", "tab:purple", "v"),
 }
+LINE_OF = {("tinyflash", "v5"): "stage 2", ("tinyflash", "v6"): "stage 3"}  # (impl, variant) -> line; else impl
 
 
 # --- figures 3 and 5: the benchmark's GPU measurements ------------------------------------
@@ -47,7 +49,7 @@ def read_bench_csv(path: Path) -> list[dict] | None:
         reader = csv.DictReader(f)
         missing = [c for c in FIELDS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"benchmark CSV {path} lacks the columns {missing}; expected the harness's {FIELDS}")
+            raise ValueError(f"benchmark CSV {path} lacks the columns {missing}; expected the record's {FIELDS}")
         rows = []
         for line, raw in enumerate(reader, start=2):
             status = "wrong" if raw["status"].startswith("wrong") else raw["status"]
@@ -57,8 +59,10 @@ def read_bench_csv(path: Path) -> list[dict] | None:
             if status == "unsupported":
                 continue
             row = dict(raw, status=status, status_detail=raw["status"])
-            for key in ("batch", "heads", "n", "d"):
+            for key in ("batch", "heads", "d"):
                 row[key] = int(raw[key])
+            row["n"] = int(raw["n_q"])  # the sweep's Nq = Nk
+            row["line"] = LINE_OF.get((raw["impl"], raw["variant"]), raw["impl"])
             for key in ("time_ms", "time_min_ms", "time_max_ms", "tflops", "peak_bytes", "max_rel_err", "tolerance"):
                 row[key] = float(raw[key]) if raw[key] not in ("", None) else None
             row["causal"] = raw["causal"].strip().lower() == "true"
@@ -78,11 +82,11 @@ def gpu_panels(rows: list[dict], max_panels: int = 4) -> list[tuple]:
 
 def _panel_rows(rows, config, impl):
     dtype, d, causal, batch, heads = config
-    sel = [r for r in rows if (r["dtype"], r["d"], r["causal"], r["batch"], r["heads"]) == config and r["impl"] == impl]
+    sel = [r for r in rows if (r["dtype"], r["d"], r["causal"], r["batch"], r["heads"]) == config and r["line"] == impl]
     return sorted(sel, key=lambda r: r["n"])
 
 
-def crossover_n(rows: list[dict], config: tuple, fast: str = "tinyflash", slow: str = "cupy_naive"):
+def crossover_n(rows: list[dict], config: tuple, fast: str = "stage 2", slow: str = "naive"):
     """Smallest measured N from which ``fast`` is faster than ``slow`` at every larger N where both ran.
 
     Only lengths where both ran are compared (an out-of-memory ``slow`` is reported by
@@ -101,7 +105,7 @@ def crossover_n(rows: list[dict], config: tuple, fast: str = "tinyflash", slow: 
     return compared[first]
 
 
-def first_oom_n(rows: list[dict], config: tuple, impl: str = "cupy_naive"):
+def first_oom_n(rows: list[dict], config: tuple, impl: str = "naive"):
     """Smallest N at which ``impl`` ran out of memory in this configuration; None if it never did."""
     ooms = [r["n"] for r in _panel_rows(rows, config, impl) if r["status"] == "oom"]
     return min(ooms) if ooms else None
@@ -133,7 +137,7 @@ def _provenance(rows: list[dict]) -> str:
 
 def _impl_label(rows, impl):
     errors = [r["max_rel_err"] for r in rows
-              if r["impl"] == impl and r["status"] == "ok" and r["max_rel_err"] is not None]  # checked results only
+              if r["line"] == impl and r["status"] == "ok" and r["max_rel_err"] is not None]  # checked results only
     label = IMPLS.get(impl, (impl, None, None))[0]
     return f"{label} (max rel. error {max(errors):.1e})" if errors else label
 
@@ -200,7 +204,7 @@ def _draw_gpu_memory(ax, rows, config):
                     label=_impl_label(rows, impl))
             values += [r["peak_bytes"] for r in ok]
         ooms += [(r, color) for r in sel if r["status"] == "oom"]
-    capacity = H200_MEMORY_BYTES if "H200" in rows[0]["device"] else None
+    capacity = H200.memory_bytes if "H200" in rows[0]["device"] else None
     if capacity:
         ax.axhline(capacity, color="black", lw=1)
         ax.text(ns[0], capacity * 1.15, "H200: 141 GB", fontsize=9)

@@ -15,8 +15,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..decode.cache_memory import kv_cache_bytes
-from .memory import H200_MEMORY_BYTES
-from .plot_common import bytes_axis, check_ns, n_axis, save, write_csv
+
+from .common import bytes_axis, check_ns, n_axis, save, write_csv
+from ..hardware import H200
 
 LAYERS, HEADS, HEAD_DIM = 32, 32, 128  # the model of the figure and of lesson 09's worked example
 KV_HEADS = {"MHA": 32, "GQA": 8, "MQA": 1}  # K/V heads of each attention variant
@@ -47,13 +48,13 @@ def plot_kv_cache(png: Path, csv_path: Path | None = None, *, contexts=CONTEXTS)
             ys = [r["bytes"] for r in rows if r["variant"] == name and r["dtype"] == dt]  # (len(contexts),)
             ax.plot(contexts, ys, style, color=colors[name], marker="o", ms=3,
                     label=f"{name} ({h_kv} K/V head{'s' if h_kv > 1 else ''}), {dt}")
-    ax.axhline(H200_MEMORY_BYTES, color="black", lw=1, ls=":")
-    ax.text(contexts[0], H200_MEMORY_BYTES * 1.2, f"H200: {H200_MEMORY_BYTES / 1e9:.0f} GB of HBM (all of it)", fontsize=9)
+    ax.axhline(H200.memory_bytes, color="black", lw=1, ls=":")
+    ax.text(contexts[0], H200.memory_bytes * 1.2, f"H200: {H200.memory_bytes / 1e9:.0f} GB of HBM (all of it)", fontsize=9)
     n_axis(ax, contexts)
     ax.set_xlabel("context length (tokens, 1k = 1024)")
     ax.set_ylabel("KV cache, all layers, one sequence")
     low = min(r["bytes"] for r in rows)
-    bytes_axis(ax, low / 2, max(max(r["bytes"] for r in rows), H200_MEMORY_BYTES) * 2, step=2)
+    bytes_axis(ax, low / 2, max(max(r["bytes"] for r in rows), H200.memory_bytes) * 2, step=2)
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(f"KV cache of a {LAYERS}-layer model, {HEADS} query heads, d = {HEAD_DIM}: 2·layers·context·H_kv·d·bytes")
     ax.legend(fontsize=8, loc="lower right")

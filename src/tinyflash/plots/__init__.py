@@ -10,7 +10,7 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 
 | figure                      | what is drawn                          | where the numbers come from        |
 |-----------------------------|----------------------------------------|------------------------------------|
-| memory_model.png            | bytes of S, P, Q/K/V/O vs N            | memory.attention_memory (formula)  |
+| memory_model.png            | bytes of S, P, Q/K/V/O vs N            | cost.memory (formula)              |
 | memory_cpu_measured.png     | peak bytes of the NumPy stages         | tracemalloc (committed CSV)        |
 | memory_gpu_measured.png     | peak device bytes per implementation   | bench_h200.csv (benchmark)         |
 | hbm_traffic.png             | bytes moved to and from HBM            | counted tile loads + closed forms  |
@@ -18,8 +18,9 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | training_memory.png         | what the backward keeps and takes      | tracemalloc (committed CSV)        |
 | kv_cache.png                | KV-cache bytes vs context, MHA/GQA/MQA | decode.cache_memory (formula)      |
 
-The figures themselves are drawn in plot_memory.py, plot_traffic.py, plot_gpu.py,
-plot_training_memory.py and plot_kv_cache.py.
+The figures themselves are drawn in memory.py, traffic.py, gpu.py, training_memory.py and
+kv_cache.py beside this file; common.py holds what they share. Tooling, not teaching code: nothing in
+the teaching modules imports this package.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from pathlib import Path
 
 import matplotlib
 
-from .plot_gpu import plot_memory_gpu_measured, plot_time_gpu
-from .plot_kv_cache import plot_kv_cache
-from .plot_memory import plot_memory_cpu_measured, plot_memory_model
-from .plot_traffic import plot_hbm_traffic
-from .plot_training_memory import plot_training_memory
+from .gpu import plot_memory_gpu_measured, plot_time_gpu
+from .kv_cache import plot_kv_cache
+from .memory import plot_memory_cpu_measured, plot_memory_model
+from .traffic import plot_hbm_traffic
+from .training_memory import plot_training_memory
 
 FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu",
                 "training_memory", "kv_cache")
@@ -44,9 +45,9 @@ GPU_CSV_NAME = "bench_h200.csv"
 
 
 def remeasure_gpu(csv_path: Path) -> None:
-    """Run the benchmark (``python -m tinyflash.bench --csv PATH``); stop if it fails."""
+    """Run the forward sweep (``python -m tinyflash.bench sweep --csv PATH``); stop if it fails."""
     Path(csv_path).parent.mkdir(parents=True, exist_ok=True)  # the benchmark opens the file, not the folder
-    cmd = [sys.executable, "-m", "tinyflash.bench", "--csv", str(csv_path)]
+    cmd = [sys.executable, "-m", "tinyflash.bench", "sweep", "--csv", str(csv_path)]
     print("running:", " ".join(cmd), flush=True)
     done = subprocess.run(cmd)
     if done.returncode != 0:
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
                         help=f"draw only these figures: {', '.join(FIGURE_NAMES)}")
     parser.add_argument("--gpu-csv", type=Path, default=None, help=f"benchmark CSV (default: OUT/data/{GPU_CSV_NAME})")
     parser.add_argument("--remeasure-gpu", action="store_true",
-                        help="first run `python -m tinyflash.bench --csv GPU_CSV` (needs a GPU)")
+                        help="first run `python -m tinyflash.bench sweep --csv GPU_CSV` (needs a GPU)")
     parser.add_argument("--remeasure-cpu", action="store_true",
                         help="measure the NumPy stages' memory again (tracemalloc, about 30 s) and rewrite "
                         "OUT/data/memory_cpu_measured.csv and training_memory.csv; without it those "

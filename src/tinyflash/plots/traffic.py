@@ -13,9 +13,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from .plot_common import bytes_axis, check_ns, n_axis, progress_bar, save, write_csv
-from .plot_memory import MODEL_NS
-from .traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form,
+from .common import bytes_axis, check_ns, n_axis, progress_bar, save, write_csv
+from .memory import MODEL_NS
+from ..cost.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention_traffic, flash_traffic_closed_form,
                       standard_attention_traffic, standard_traffic_closed_form, theta_flash, theta_standard,
                       tile_sizes, traffic_crossover)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core.checks import check_causal, check_positive_int
 from ..core.masks import key_stop
+from ..hardware import H200
 from ..forward.blocked import blocked_attention
 from .memory import dtype_bytes
 
@@ -33,9 +34,8 @@ from .memory import dtype_bytes
 # tile_sizes(SRAM_ELEMENTS, 64) gives Br = Bc = 64: the default tiles of blocked_attention, and
 # the tiles the stage-2 kernel uses on a GPU for d = 128 (forward/kernels/tiling.py: default_config).
 SRAM_ELEMENTS = 16_384
-# On-chip shared memory per SM on Hopper (H100/H200, compute capability 9.0): up to 228 KiB
-# (CUDA C++ Programming Guide, technical specifications per compute capability). As fp16 elements:
-HOPPER_SRAM_ELEMENTS = 228 * 1024 // 2  # 116,736
+# An H200 multiprocessor's shared memory (228 KiB), as fp16 elements: 116,736
+HOPPER_SRAM_ELEMENTS = H200.smem_per_sm // 2
 
 
 def lse_bytes(dtype) -> int:

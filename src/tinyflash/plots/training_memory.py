@@ -9,7 +9,7 @@ A naive training step keeps S and P (N × N per head) from the forward pass for 
 pass: measured as the peak of :func:`tinyflash.naive_attention`, where S, P and O are alive
 together. FlashAttention keeps O and lse (N·dv + N): the bytes of the arrays the forward
 returns. The backward's peaks are measured with tracemalloc
-(:func:`tinyflash.measure.memory.measure_peak_bytes`) around one call of
+(:func:`tinyflash.cost.memory.measure_peak_bytes`) around one call of
 :func:`tinyflash.naive_attention_backward` (S, P, dP and dS materialised) and of
 :func:`tinyflash.blocked_attention_backward` (tiles only). float32, one head, inputs not counted.
 """
@@ -26,8 +26,8 @@ from ..backward.blocked import blocked_attention_backward
 from ..backward.naive import naive_attention_backward
 from ..forward.blocked import blocked_attention
 from ..forward.naive import naive_attention
-from .memory import measure_peak_bytes
-from .plot_common import bytes_axis, check_ns, measured_rows, n_axis, progress_bar, save
+from ..cost.memory import measure_peak_bytes
+from .common import (bytes_axis, check_ns, measured_rows, n_axis, progress_bar, save)
 
 NAIVE_NS = [2**p for p in range(8, 13)]  # 256 ... 4096 (S, P, dP, dS in float32: 256 MiB at the end)
 FLASH_NS = [2**p for p in range(8, 15)]  # 256 ... 16,384 (O(N·d) memory: it can go further)

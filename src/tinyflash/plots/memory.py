@@ -16,9 +16,9 @@ from matplotlib.figure import Figure
 
 from ..forward.blocked import blocked_attention
 from ..forward.naive import naive_attention
-from .memory import (CONSUMER_GPU_BYTES, H200_MEMORY_BYTES, KiB, attention_memory, blocked_workspace_bytes,
-                     format_bytes, max_sequence_length, measure_peak_bytes)
-from .plot_common import bytes_axis, check_ns, measured_rows, n_axis, progress_bar, save, write_csv
+from ..cost.memory import (KiB, attention_memory, blocked_workspace_bytes, format_bytes, max_sequence_length, measure_peak_bytes)
+from .common import (bytes_axis, check_ns, measured_rows, n_axis, progress_bar, save, write_csv)
+from ..hardware import CONSUMER_CARD_BYTES, H200
 
 MODEL_NS = [2**p for p in range(9, 18)]  # 512 ... 131,072
 CPU_NAIVE_NS = [2**p for p in range(8, 14)]  # 256 ... 8192 (S and P in float32: 512 MiB at the end)
@@ -67,7 +67,7 @@ def plot_memory_model(png: Path, csv_path: Path | None = None, *, ns=MODEL_NS, d
         ax.plot(ns, col("float16", "flash_extra_bytes"), color="tab:green", lw=2,
                 label="FlashAttention's extra memory: O + lse (fp16), O(N·d)")
         notes = ["▼ S + P in fp16 fit"]
-        for budget, text, ls in ((CONSUMER_GPU_BYTES, "24 GiB card", "-."), (H200_MEMORY_BYTES, "H200: 141 GB", "-")):
+        for budget, text, ls in ((CONSUMER_CARD_BYTES, "24 GiB card", "-."), (H200.memory_bytes, "H200: 141 GB", "-")):
             ax.axhline(budget, color="black", ls=ls, lw=1)
             ax.text(ns[0], budget * 1.15, text, fontsize=9, va="bottom")
             n_max = max_sequence_length(budget, heads=heads, dtype="float16", matrices=2)

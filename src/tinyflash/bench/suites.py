@@ -1,0 +1,176 @@
+"""The benchmarks, declared as data: what varies (the axes and their values), what is fixed, who runs.
+
+Each :class:`Benchmark` is run by the one runner (``runner.run``): for every point of its axes it
+makes fresh random inputs, checks every peer that takes them, times those that passed together
+(``timing.time_interleaved``), and writes one row each in the record's schema. A new benchmark is a
+new entry here (docs/where-things-go.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import peers as p
+
+NS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: its axes (name -> default values), the fixed sizes, and the peers at a point."""
+
+    name: str
+    doc: str  # one line: what it measures
+    kind: str  # 'forward', 'backward' or 'decode': which check, which rate (TFLOP/s or TB/s of K and V)
+    axes: dict  # dtype, d, causal, n (Nq = Nk) or n_k, batch: the values measured unless told otherwise
+    peers: Callable  # peers(point) -> [Peer, ...], the baseline first
+    fixed: dict = field(default_factory=lambda: {"batch": 1, "heads": 32})
+    library: str = "cupy"  # the inputs' array library: 'cupy' or 'torch' (bfloat16 needs torch)
+    rounds: int = 15  # rounds of interleaved timing
+    baseline: tuple | None = ("torch_flash", "")  # the peer whose time the others are compared with
+    record: str = ""  # the CSV of the record, figures/data/<record>_<device>.csv; '' for the benchmark's name
+
+    @property
+    def csv_stem(self) -> str:
+        return (self.record or self.name).replace("-", "_")
+
+
+def sweep_peers(point) -> list:
+    """Stage 2 (v5), stage 3 (v6) where it takes the inputs, naive attention, SDPA's flash and efficient."""
+    found = [p.stage2(), p.stage3(), p.naive()]
+    if p.has_torch():
+        found = [p.sdpa("flash", ("float16", "bfloat16")), *found, p.sdpa("efficient")]
+    return found
+
+
+def version_peers(point) -> list:
+    """Every registered kernel version."""
+    from ..forward.kernels import VERSIONS
+
+    return [p.stage2(name) for name in VERSIONS]
+
+
+def vector_peers(point) -> list:
+    """The latest kernel reading full tiles 1 and 4 elements per thread and global load."""
+    return [p.stage2("v5", f"v5 vector={w}", vector=w) for w in (1, 4)]
+
+
+V5_TILINGS = {  # (BR, BC, TM, NT) tried per head dim; the default tilings are chosen from their times
+    64: [(64, 64, 8, 128), (64, 128, 8, 128), (128, 64, 8, 128), (128, 64, 8, 256)],
+    128: [(64, 64, 8, 128), (128, 64, 8, 256), (64, 32, 8, 128)],
+}
+
+
+def tile_peers(point) -> list:
+    """v5 with each tiling of V5_TILINGS[d]."""
+    from ..forward.kernels.tiling import TileConfig
+
+    d = point["d"]
+    return [p.stage2("v5", f"v5 BR={br} BC={bc} TM={tm} NT={nt}", config=TileConfig(BR=br, BC=bc, TM=tm, NT=nt, D=d, DV=d))
+            for br, bc, tm, nt in V5_TILINGS[d]]
+
+
+def tensor_core_peers(point) -> list:
+    """Stage 3 (v6) beside SDPA's flash (the baseline) and cuDNN backends, and stage 2 (v5) in float16."""
+    return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(),
+            p.stage2("v5")]
+
+
+# v6's tilings swept per head dim: (warps, keys per tile, row tiles per warp, Q_i's operands in shared memory, lazy
+# rescaling); each timed with each number of heads ordered together (1: one head at a time, its own kernel)
+V6_TILINGS = {128: [(8, 64, 2, True, False), (8, 64, 2, True, True), (4, 64, 2, True, False), (4, 64, 2, True, True)],
+              64: [(4, 64, 2, False, False), (4, 64, 2, False, True)]}
+V6_HEAD_GROUPS = {True: (1, 2, 4, 8, 16, 32), False: (1, 4)}
+
+
+def tensor_core_tiling_peers(point) -> list:
+    """SDPA flash, and v6 with each tiling of V6_TILINGS and each head group: the kernel alone."""
+    from ..forward.kernels.tensor_core_tiling import TensorCoreTiling
+
+    d = point["d"]
+    found = [p.stage3_tiling(TensorCoreTiling(D=d, WARPS=w, BC=bc, ROW_TILES=rt, Q_IN_SMEM=q, LAZY_RESCALE=lazy), g)
+             for w, bc, rt, q, lazy in V6_TILINGS[d] for g in V6_HEAD_GROUPS[point["causal"]]]
+    return [p.sdpa("flash", ("float16", "bfloat16")), *found]
+
+
+def example_peers(point) -> list:
+    return [p.stage3(), p.stage2("v5")]
+
+
+def backward_peers(point) -> list:
+    """tinyflash's backward, naive, and SDPA's efficient (float32) and flash (16-bit) backwards."""
+    found = [p.backward_stage2(), p.backward_naive()]
+    if p.has_torch():
+        found = [p.backward_sdpa("flash", ("float16", "bfloat16")), *found, p.backward_sdpa("efficient")]
+    return found
+
+
+BACKWARD_TILINGS = {  # (BR, BC, NT, TM, TK) of the backward kernel tried per head dim; the first is the default
+    64: [(64, 64, 128, 8, 8), (64, 64, 256, 4, 4), (64, 32, 128, 8, 4)],
+    128: [(64, 64, 256, 4, 8), (64, 64, 256, 8, 8), (32, 64, 256, 4, 8), (64, 32, 128, 8, 4)],
+}
+
+
+def backward_tile_peers(point) -> list:
+    from ..backward.kernels.tiling import BackwardTileConfig
+
+    d = point["d"]
+    return [p.backward_stage2(BackwardTileConfig(br, bc, nt, tm, tk, D=0, DV=0).padded(d, d),
+                              f"v1 BR={br} BC={bc} NT={nt} TM={tm} TK={tk}") for br, bc, nt, tm, tk in BACKWARD_TILINGS[d]]
+
+
+DECODE_TILINGS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys": 32, "stages": 3},
+                  {"keys": 64, "stages": 2})
+
+
+def decode_peers(point) -> list:
+    """Split-KV (prepared, replayed from a graph, called whole), one split, the CUDA-core kernel, the paged
+    cache, SDPA with grouped-query heads (and from a graph), a copy; at the longest cache, other tilings."""
+    from ..decode.tensor_cores import DecodeTiling
+
+    found = [p.split_kv(), p.split_kv_graph(), p.split_kv_whole_call(), p.split_kv(impl="no_split", num_splits=1),
+             p.split_kv("CUDA cores", tensor_cores=False), p.paged()]
+    if point["n_k"] == max(DECODE.axes["n_k"]):
+        found += [p.split_kv(f"keys={t['keys']} stages={t['stages']}",
+                             tiling=DecodeTiling(D=point["d"], BC=t["keys"], STAGES=t["stages"])) for t in DECODE_TILINGS]
+        found.append(p.split_kv("splits=128", num_splits=128))
+    if p.has_torch():
+        found = [p.sdpa("flash"), p.sdpa_graph("flash"), p.sdpa("cudnn"), *found]
+    return found + [p.copy()]
+
+
+DECODE = Benchmark("decode", "split-KV decoding (GQA, paged cache) beside SDPA and a copy's bandwidth", "decode",
+                   {"batch": (1, 8), "n_k": (4096, 32768, 131072), "dtype": ("float16",)}, decode_peers,
+                   fixed={"heads": 32, "kv_heads": 8, "d": 128, "n_q": 1, "causal": False}, rounds=7)
+
+BENCHMARKS = {b.name: b for b in (
+    Benchmark("sweep", "stages 2 and 3 beside naive attention and PyTorch SDPA, against N", "forward",
+              {"dtype": ("float16", "float32"), "d": (64, 128), "causal": (False, True), "n": NS}, sweep_peers,
+              rounds=3, record="bench"),
+    Benchmark("versions", "every registered kernel version, side by side", "forward",
+              {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False,), "n": (16384,)}, version_peers,
+              rounds=5, baseline=None, record="kernel_versions"),
+    Benchmark("vector", "v5 reading 1 or 4 elements per thread and load", "forward",
+              {"dtype": ("float16", "float32"), "d": (64, 128), "causal": (False, True), "n": (16384,)},
+              vector_peers, rounds=5, baseline=("tinyflash", "v5 vector=1"), record="vector_loads"),
+    Benchmark("tiles", "v5 with each tiling of its sweep", "forward",
+              {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False, True), "n": (16384,)}, tile_peers,
+              rounds=5, baseline=None, record="tile_sweep"),
+    Benchmark("tensor-cores", "stage 3 (v6) beside SDPA's flash and cuDNN backends", "forward",
+              {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
+              tensor_core_peers, library="torch"),
+    Benchmark("tensor-core-tiles", "v6's tilings and head groups, the kernel alone, beside SDPA flash", "forward",
+              {"dtype": ("float16",), "d": (128, 64), "causal": (False, True), "n": (4096, 16384)},
+              tensor_core_tiling_peers, library="torch", rounds=5),
+    Benchmark("example-32k", "the 32k-token example: B = 1, H = 32, N = 32,768, d = 128, causal", "forward",
+              {"dtype": ("float16", "bfloat16"), "d": (128,), "causal": (True,), "n": (32768,)}, example_peers,
+              library="torch", rounds=5, baseline=None),
+    Benchmark("backward", "the backward pass beside SDPA's backwards and naive attention", "backward",
+              {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False, True), "n": (1024, 4096, 16384)},
+              backward_peers, rounds=5, baseline=("torch_efficient", "")),
+    Benchmark("backward-tiles", "tilings of the backward kernel", "backward",
+              {"dtype": ("float32",), "d": (64, 128), "causal": (False, True), "n": (16384,)}, backward_tile_peers,
+              rounds=5, baseline=None),
+    DECODE,
+)}

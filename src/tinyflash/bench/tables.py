@@ -1,0 +1,288 @@
+"""The tables and sentences of the docs, computed from the record (``figures/data/*.csv``).
+
+docs/results.md holds them between markers (``<!-- name:start -->`` ... ``<!-- name:end -->``);
+``python -m tinyflash.bench --summary CSV`` prints the tables of one CSV, and the tests check that the
+docs hold exactly what these functions produce. A cell is '–' where the record has no such row, and
+says 'OOM' where the implementation ran out of memory.
+"""
+
+from __future__ import annotations
+
+from .record import number
+
+DASH = "–"
+
+
+def ok_rows(rows: list[dict], **where) -> list[dict]:
+    """The rows whose check passed and whose fields equal ``where`` (compared as text)."""
+    return [r for r in rows if r["status"] == "ok" and all(r[k] == str(v) for k, v in where.items())]
+
+
+def find(rows: list[dict], **where) -> dict | None:
+    """The one row with these fields (any status), or None."""
+    found = [r for r in rows if all(r[k] == str(v) for k, v in where.items())]
+    if len(found) > 1:
+        raise ValueError(f"more than one row with {where}")
+    return found[0] if found else None
+
+
+def cell(row: dict | None, field: str = "tflops", fmt: str = "{:.1f}") -> str:
+    """A row's field formatted, 'OOM' for a run out of memory, '–' for no row or no value."""
+    if row is None:
+        return DASH
+    if row["status"] == "oom":
+        return "OOM"
+    value = number(row, field) if row["status"] == "ok" else None
+    return DASH if value is None else fmt.format(value)
+
+
+def speed(fast: dict | None, slow: dict | None, fmt: str = "{:.2f}×") -> str:
+    """How many times faster ``fast`` is than ``slow``: slow's time over fast's ('–' unless both passed)."""
+    if fast is None or slow is None or fast["status"] != "ok" or slow["status"] != "ok":
+        return DASH
+    return fmt.format(float(slow["time_ms"]) / float(fast["time_ms"]))
+
+
+def configs(rows: list[dict], *fields) -> list[tuple]:
+    """The distinct values of ``fields`` in the rows, numbers in numeric order."""
+    def key(values):
+        return tuple((0, float(v), "") if v.replace(".", "", 1).isdigit() else (1, 0.0, v) for v in values)
+
+    return sorted({tuple(r[f] for f in fields) for r in rows}, key=key)
+
+
+def versions_table(rows: list[dict], dtype: str = "float32", causal: str = "False") -> str:
+    """The kernel versions (``versions``): TFLOP/s of each registered version per head dim, with the
+    registry's line on what changed."""
+    from ..forward.kernels import VERSIONS
+
+    ns = {r["n_q"] for r in rows}
+    if len(ns) != 1:
+        raise ValueError(f"the versions record should hold one sequence length; got {sorted(ns)}")
+    ds = [d for (d,) in configs(rows, "d")]
+    lines = ["| version | what changed | " + " | ".join(f"d = {d}" for d in ds) + " |",
+             "|---|---|" + "---|" * len(ds)]
+    for name, version in VERSIONS.items():
+        cells = [cell(find(rows, variant=name, d=d, dtype=dtype, causal=causal)) for d in ds]
+        lines.append(f"| {name} | {version.changed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def vector_sentence(rows: list[dict]) -> str:
+    """What reading 4 elements per thread and load bought (``vector``), per dtype: the range over d and causal."""
+    def change(dtype):
+        return sorted(float(find(rows, variant="v5 vector=1", dtype=dtype, d=d, causal=c)["time_ms"])
+                      / float(find(rows, variant="v5 vector=4", dtype=dtype, d=d, causal=c)["time_ms"]) - 1
+                      for d, c in configs(ok_rows(rows, dtype=dtype), "d", "causal"))
+
+    f16, f32 = change("float16"), sorted(-x for x in change("float32"))
+    return (f"4 per thread made float16 {f16[0]:.1%} to {f16[-1]:.1%} faster and float32 {f32[0]:.1%} to "
+            f"{f32[-1]:.1%} slower")
+
+
+def sweep_table(rows: list[dict], n: int = 16384) -> str:
+    """The forward sweep (``sweep``) at one sequence length: TFLOP/s of each implementation per (dtype, d,
+    causal); stage 2 against SDPA's memory-efficient backend and naive attention, stage 3 against SDPA
+    flash, and the extra memory of stage 2 and of naive attention."""
+    at = [r for r in rows if r["n_q"] == str(n)]
+    if not ok_rows(at):
+        raise ValueError(f"no successful measurement at N={n} in the record")
+    lines = ["| dtype | d | causal | stage 2 (v5) | stage 3 (v6) | SDPA efficient | SDPA flash | naive | "
+             "stage 2 / efficient | stage 3 / flash | stage 2 / naive | extra memory, stage 2 / naive |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for dtype, d, causal in configs(at, "dtype", "d", "causal"):
+        def get(impl, variant=""):
+            return find(at, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal)
+
+        v5, v6, eff, flash, naive = (get("tinyflash", "v5"), get("tinyflash", "v6"), get("torch_efficient"),
+                                     get("torch_flash"), get("naive"))
+        memory = (f"{number(v5, 'peak_bytes') / 2**20:.0f} MiB / {number(naive, 'peak_bytes') / 2**20:.0f} MiB"
+                  if v5 and naive and v5["status"] == naive["status"] == "ok" else DASH)
+        lines.append(f"| {dtype} | {d} | {causal} | {' | '.join(cell(r) for r in (v5, v6, eff, flash, naive))} | "
+                     f"{speed(v5, eff)} | {speed(v6, flash)} | {speed(v5, naive, '{:.1f}×')} | {memory} |")
+    return "\n".join(lines)
+
+
+def example_32k_table(rows: list[dict]) -> str:
+    """The 32k-token example (``example-32k``): time, TFLOP/s, the memory held against what the scores alone
+    would need, the error on sampled rows; one line per stage and dtype."""
+    from ..cost.memory import attention_memory
+
+    lines = ["| stage | dtype | time | TFLOP/s | memory beyond the inputs | o and lse alone | "
+             "float16 scores would need | max rel. error |", "|---|---|---|---|---|---|---|---|"]
+    stage = {"v5": "2 (v5, CUDA cores)", "v6": "3 (v6, tensor cores)"}
+    for r in sorted(ok_rows(rows), key=lambda r: (r["variant"], r["dtype"])):
+        model = attention_memory(int(r["n_q"]), int(r["d"]), heads=int(r["heads"]), batch=int(r["batch"]),
+                                 dtype=r["dtype"])
+        lines.append(f"| {stage.get(r['variant'], r['variant'])} | {r['dtype']} | {float(r['time_ms']):.1f} ms | "
+                     f"{float(r['tflops']):.1f} | {number(r, 'peak_bytes') / 2**30:.3f} GiB | "
+                     f"{(model.o + model.lse) / 2**30:.3f} GiB | {model.scores / 2**30:.0f} GiB | "
+                     f"{float(r['max_rel_err']):.1e} |")
+    return "\n".join(lines)
+
+
+def tensor_core_table(rows: list[dict]) -> str:
+    """Stage 3 against its peers (``tensor-cores``): v6's TFLOP/s and its speed over SDPA flash per
+    configuration (queued; the middle half of the rounds' ratios; one call alone), the peers' TFLOP/s."""
+    lines = ["| dtype | d | causal | N | v6 TFLOP/s | v6 / flash | its rounds' middle half | one call alone: v6 / flash "
+             "| SDPA flash | SDPA cuDNN | v5 (stage 2) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for dtype, d, causal, n in configs(rows, "dtype", "d", "causal", "n_q"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, n_q=n)
+
+        v6 = get("tinyflash", "v6")
+        q1, q3 = cell(v6, "vs_baseline_q1", "{:.2f}"), cell(v6, "vs_baseline_q3", "{:.2f}")
+        lines.append(f"| {dtype} | {d} | {causal} | {n} | {cell(v6)} | {cell(v6, 'vs_baseline', '{:.2f}×')} | "
+                     f"{DASH if q1 == DASH else f'{q1}–{q3}×'} | {cell(v6, 'latency_vs_baseline', '{:.2f}×')} | "
+                     f"{cell(get('torch_flash'))} | {cell(get('torch_cudnn'))} | {cell(get('tinyflash', 'v5'))} |")
+    return "\n".join(lines)
+
+
+def tiling_of(variant: str) -> dict:
+    """'v6 warps=8 row_tiles=2 ... group=4 kernel=grouped' -> {'warps': '8', ...}."""
+    return dict(part.split("=", 1) for part in variant.split() if "=" in part)
+
+
+def tiling_points(rows: list[dict]) -> dict:
+    """v6's tiling sweep (``tensor-core-tiles``): (N, d, causal) -> {(warps, row tiles, Q in smem, keys, lazy,
+    kernel): {head group: (TFLOP/s, speed over flash)}}."""
+    out = {}
+    for r in ok_rows(rows, impl="tinyflash"):
+        t = tiling_of(r["variant"])
+        key = (int(t["warps"]), int(t["row_tiles"]), t["q_in_smem"] == "True", int(t["BC"]), t["lazy"] == "True",
+               t["kernel"])
+        point = (int(r["n_q"]), int(r["d"]), r["causal"] == "True")
+        out.setdefault(point, {}).setdefault(key, {})[int(t["group"])] = (float(r["tflops"]), float(r["vs_baseline"]))
+    return out
+
+
+def sweep_of(rows: list[dict], causal: bool) -> dict:
+    """The tiling sweep that chose v6's defaults for ``causal``: with the mask, the kernel that orders its blocks
+    by groups of heads; without it, the kernel that takes one head at a time (the one that runs there)."""
+    kernel = "grouped" if causal else "one-head"
+    return {p: {k[:5]: g for k, g in tilings.items() if k[5] == kernel}
+            for p, tilings in tiling_points(rows).items() if p[2] == causal}
+
+
+def tiles_table(rows: list[dict]) -> str:
+    """The tiling sweep as a table: each (N, d, causal), each tiling's speed at its fastest head group."""
+    points = {**sweep_of(rows, False), **sweep_of(rows, True)}
+    columns = sorted({t for tilings in points.values() for t in tilings}, key=lambda t: (-t[0], not t[2], not t[4]))
+    head = " | ".join(f"{w} warps, Q in {'smem' if q else 'registers'}, {'lazy' if lazy else 'eager'}"
+                      for w, _, q, _, lazy in columns)
+    out = [f"| N | d | causal | {head} |", "|---|---|---|" + "---|" * len(columns)]
+    for (n, d, causal), tilings in sorted(points.items(), key=lambda kv: (kv[0][0], -kv[0][1], kv[0][2])):
+        cells = []
+        for c in columns:
+            if c not in tilings:
+                cells.append(DASH)
+                continue
+            group, (tf, x) = max(tilings[c].items(), key=lambda kv: kv[1][0])
+            cells.append(f"{tf:.1f} ({x:.2f}×, {group})")
+        out.append(f"| {n:,} | {d} | {causal} | {' | '.join(cells)} |")
+    return "\n".join(out)
+
+
+def groups_table(rows: list[dict]) -> str:
+    """Causal: the default tiling's speed (TFLOP/s and over flash) for each number of heads ordered together,
+    and the number v6's rule takes (``head_group``)."""
+    from ..forward.kernels import tensor_core_tiling as tiling
+
+    points = sweep_of(rows, True)
+    groups = sorted({g for tilings in points.values() for t in tilings.values() for g in t})
+    out = [f"| N | d | {' | '.join(f'{g} head' + ('s' if g > 1 else '') for g in groups)} | head_group |",
+           "|---|---|" + "---|" * (len(groups) + 1)]
+    for (n, d, _), tilings in sorted(points.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        cfg = tiling.default_tiling(d, True, n)
+        timed = tilings[tiling_key(cfg)]
+        cells = [f"{timed[g][0]:.1f} ({timed[g][1]:.2f}×)" if g in timed else DASH for g in groups]
+        out.append(f"| {n:,} | {d} | {' | '.join(cells)} | {tiling.head_group(cfg, n, 32, 1, True)} |")
+    return "\n".join(out)
+
+
+def tiling_key(cfg) -> tuple:
+    """A tiling as the sweep keys it: (warps, row tiles, Q in smem, keys, lazy)."""
+    return cfg.WARPS, cfg.ROW_TILES, cfg.Q_IN_SMEM, cfg.BC, cfg.LAZY_RESCALE
+
+
+def backward_table(rows: list[dict], n: int = 16384) -> str:
+    """The backward pass (``backward``): TFLOP/s (2.5× the forward's FLOPs) per (d, causal) at ``n``, tinyflash
+    against SDPA's float32 efficient backward, and naive attention's time over tinyflash's at 4,096 and ``n``."""
+    lines = ["| d | causal | tinyflash f32 | SDPA efficient f32 | SDPA flash f16 | naive f32 | tinyflash / efficient | "
+             f"naive / tinyflash, N = 4096 | naive / tinyflash, N = {n} |", "|---|---|---|---|---|---|---|---|---|"]
+    for d, causal in configs(rows, "d", "causal"):
+        def get(impl, dtype="float32", at=n):
+            return find(rows, impl=impl, variant="v1" if impl == "tinyflash" else "", dtype=dtype, d=d, causal=causal,
+                        n_q=at)
+
+        ours = get("tinyflash")
+        lines.append(f"| {d} | {causal} | {cell(ours)} | {cell(get('torch_efficient'))} | "
+                     f"{cell(get('torch_flash', 'float16'))} | {cell(get('naive'))} | "
+                     f"{speed(ours, get('torch_efficient'))} | {speed(get('tinyflash', at=4096), get('naive', at=4096), '{:.1f}×')} | "
+                     f"{speed(ours, get('naive'), '{:.1f}×')} |")
+    return "\n".join(lines)
+
+
+DECODE_COLUMNS = (("split_kv", ""), ("no_split", ""), ("paged", "page_size=16"), ("torch_flash", ""),
+                  ("torch_cudnn", ""), ("copy", "device-to-device, K and V"))
+
+
+def decode_table(rows: list[dict]) -> str:
+    """Decoding (``decode``): µs per call of each implementation per (B, Nk), the split count, split-KV's K/V
+    read rate, its speed over SDPA flash (per call; and both replayed from CUDA graphs: the kernels alone),
+    its rate over a copy's, and the paged kernel's time over the contiguous one's."""
+    def us(r):
+        return f"{float(r['time_ms']) * 1e3:,.1f}" if r and r["status"] == "ok" else (r["status"] if r else DASH)
+
+    names = " | ".join(impl for impl, _ in DECODE_COLUMNS)
+    lines = [f"| B | Nk | splits | {names} | split_kv TB/s | split_kv / SDPA flash | the same, CUDA graphs | "
+             "split_kv / copy | paged / split_kv |", "|---" * (len(DECODE_COLUMNS) + 8) + "|"]
+    for b, n in configs(rows, "batch", "n_k"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, batch=b, n_k=n)
+
+        ours, copy = get("split_kv"), get(*DECODE_COLUMNS[-1])
+        share = (f"{number(ours, 'tb_per_s') / number(copy, 'tb_per_s'):.0%}"
+                 if ours and copy and ours["status"] == copy["status"] == "ok" else DASH)
+        lines.append(f"| {b} | {int(n):,} | {ours['num_splits'] if ours else DASH} | "
+                     f"{' | '.join(us(get(i, v)) for i, v in DECODE_COLUMNS)} | {cell(ours, 'tb_per_s', '{:.2f}')} | "
+                     f"{speed(ours, get('torch_flash'))} | {speed(get('split_kv', 'CUDA graph'), get('torch_flash', 'CUDA graph'))}"
+                     f" | {share} | {speed(ours, get(*DECODE_COLUMNS[2]), '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+BAR_VS_FLASH, BAR_VS_COPY, BAR_PAGED = 0.9, 0.8, 1.1  # decode's bar: of SDPA flash's speed, of a copy's, paged time
+
+
+def decode_bar_sentence(rows: list[dict]) -> str:
+    """Where the decode record stands against its bar: per call at least BAR_VS_FLASH of SDPA flash at every
+    shape, BAR_VS_COPY of a copy's rate at the largest, paged within BAR_PAGED of contiguous."""
+    def t(impl, variant, b, n):
+        r = find(rows, impl=impl, variant=variant, batch=b, n_k=n)
+        return float(r["time_ms"]) if r is not None and r["status"] == "ok" else float("nan")
+
+    shapes = configs(rows, "batch", "n_k")
+    per_call = [t("torch_flash", "", b, n) / t("split_kv", "", b, n) for b, n in shapes]
+    graphs = [t("torch_flash", "CUDA graph", b, n) / t("split_kv", "CUDA graph", b, n) for b, n in shapes]
+    paged = [t("paged", "page_size=16", b, n) / t("split_kv", "", b, n) for b, n in shapes]
+    largest = shapes[-1]
+    copy = (number(find(rows, impl="split_kv", variant="", batch=largest[0], n_k=largest[1]), "tb_per_s")
+            / number(find(rows, impl="copy", batch=largest[0], n_k=largest[1]), "tb_per_s"))
+    met = min(per_call) >= BAR_VS_FLASH and copy >= BAR_VS_COPY and max(paged) <= BAR_PAGED  # NaN: not met
+    return (f"per call, split-KV is at {min(per_call):.2f}× or more of SDPA flash at every shape, reads K and V at "
+            f"{copy:.0%} of the copy's rate at B = {largest[0]}, Nk = {int(largest[1]):,}, and the paged kernel takes "
+            f"{min(paged):.2f}–{max(paged):.2f}× the contiguous one's time: {'the bar is met' if met else 'the bar is not met'}."
+            f" The kernels alone (CUDA graphs) run at {min(graphs):.2f}–{max(graphs):.2f}× of SDPA flash's")
+
+
+TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
+          "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
+          "decode": decode_table, "vector": vector_sentence}
+
+
+def summary(rows: list[dict]) -> str:
+    """The table (or sentence) of a record file, chosen by its rows' benchmark."""
+    names = {r["benchmark"] for r in rows}
+    if len(names) != 1 or next(iter(names)) not in TABLES:
+        raise ValueError(f"no table for the benchmark(s) {sorted(names)}; tables exist for {sorted(TABLES)}")
+    return TABLES[names.pop()](rows)
