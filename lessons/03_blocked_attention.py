@@ -143,7 +143,7 @@ q, k, v = (rng.standard_normal((n, d)) for _ in range(3))  # (N, d) each, float6
 peak, (o, lse) = measure_peak_bytes(tf.blocked_attention, q, k, v, block_q=64, block_k=64)
 print(f"\nN = {n}, d = {d}, float64, 64 × 64 tiles: blocked_attention's peak is {format_bytes(peak)}")
 tiles = peak - o.nbytes - lse.nbytes  # what the loop holds besides its results
-model = blocked_workspace_bytes(64, 64, d, "float64")  # memory.py: ~4 Br × Bc tiles + 2 Br × dv accumulators
+model = blocked_workspace_bytes(64, 64, d, "float64")  # cost/memory.py: a few Br × Bc tiles and Br × dv accumulators
 print(f"  one N × N matrix would be {format_bytes(n * n * 8)}; the output O is {format_bytes(o.nbytes)}, "
       f"the tiles the rest: {format_bytes(tiles)} (model: {format_bytes(model)}, whatever N is)")
 assert 0 < tiles <= 1.25 * model

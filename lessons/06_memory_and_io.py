@@ -81,7 +81,7 @@ for n in (256, 512, 1024, 2048):
     assert 0 <= error <= 0.10  # naive: S + P + O and a few length-N vectors
 workspace_model = blocked_workspace_bytes(block, block, d, "float32")
 print(f"blocked: the same {format_bytes(workspaces[-1])} of tiles at every N "
-      f"(model: 4 tiles of Br × Bc + 2 of Br × d = {format_bytes(workspace_model)})")
+      f"(model: the larger of 3·Br·Bc + Br·d and 2·Br·Bc + 4·Br·d elements = {format_bytes(workspace_model)})")
 assert max(workspaces) - min(workspaces) <= KiB  # flat in N: no N × N array anywhere
 assert abs(workspaces[-1] / workspace_model - 1) <= 0.10
 

@@ -84,6 +84,7 @@ def test_max_sequence_length_is_the_exact_boundary():
 
 
 def test_blocked_workspace_model_inputs():
-    assert blocked_workspace_bytes(64, 64, 64, "float32") == (4 * 64 * 64 + 2 * 64 * 64) * 4
+    assert blocked_workspace_bytes(64, 64, 64, "float32") == (2 * 64 * 64 + 4 * 64 * 64) * 4  # P·V's moment
+    assert blocked_workspace_bytes(256, 256, 64, "float32") == (3 * 256 * 256 + 256 * 64) * 4  # S_ij's moment
     with pytest.raises(ValueError, match="block_k must be a positive integer"):
         blocked_workspace_bytes(64, 0, 64)

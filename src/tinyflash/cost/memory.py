@@ -130,16 +130,21 @@ def measure_peak_bytes(fn, *args, **kwargs):
 
 
 def blocked_workspace_bytes(block_q: int, block_k: int, d_v: int, dtype="float32") -> int:
-    """The tile temporaries :func:`tinyflash.blocked_attention` holds at its peak, in NumPy: about
-    4 score-sized tiles (Br × Bc) and 2 accumulators (Br × dv), whatever N is.
+    """The tile temporaries :func:`tinyflash.blocked_attention` holds at its peak, in NumPy, whatever N is:
+    the larger of two moments of its loop, in score tiles T = Br × Bc and accumulators A = Br × dv.
 
-    While the new S_ij = scale · Q_i K_jᵀ is made, the previous S_ij and P_ij are still alive (2
-    tiles) beside the product and its scaled copy (2 more); ``acc`` and the new ``alpha · acc``
-    add two Br × dv arrays. A model of NumPy's temporaries, good to about 5% without a causal mask
-    (the vectors m_i, l_i are left out; the mask of a causal call adds up to about one more tile).
-    On the GPU these tiles live in shared memory and registers instead.
+    * While the next S_ij = scale · Q_i K_jᵀ is made: the last S_ij, the product and its scaled copy (3 T),
+      beside ``acc`` (A). (P_ij of the last tile is gone: it lives inside the online-softmax update.)
+    * While ``acc = alpha · acc + P_ij V_j`` is made: S_ij and P_ij (2 T), the old ``acc``, ``alpha · acc``,
+      ``P_ij V_j`` and their sum (4 A).
+
+    So max(3 T + A, 2 T + 4 A) elements: square 64 × 64 tiles at d = 64 peak at the second moment, tiles of
+    256 × 256 at the first. A model of NumPy's temporaries: it leaves out the vectors m_i, l_i and alpha (a
+    few per cent of the total at 64 × 64 tiles, less at larger ones) and, in a causal call, the mask (up to
+    about one more tile). On the GPU these tiles live in shared memory and registers instead.
     """
     for name, value in (("block_q", block_q), ("block_k", block_k), ("d_v", d_v)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return (4 * block_q * block_k + 2 * block_q * d_v) * dtype_bytes(dtype)
+    tile, acc = block_q * block_k, block_q * d_v
+    return max(3 * tile + acc, 2 * tile + 4 * acc) * dtype_bytes(dtype)

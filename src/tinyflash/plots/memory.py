@@ -126,7 +126,7 @@ def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_n
                              progress: bool = True, remeasure: bool = True) -> Path:
     """Figure 2: tracemalloc's peak for naive_attention and blocked_attention over the model lines.
 
-    ``remeasure``: measure now (about 20 s at the default sizes) and write ``csv_path`` if given;
+    ``remeasure``: measure now (tracemalloc; the slow part of a run) and write ``csv_path`` if given;
     else draw the measurement committed in ``csv_path`` (what ``python -m tinyflash.plots`` does
     unless given ``--remeasure-cpu``, so that a run leaves the checkout as it was).
     """
@@ -172,7 +172,7 @@ def plot_memory_cpu_measured(png: Path, csv_path: Path | None = None, *, naive_n
         ax_diff.plot([r["n"] for r in stage_rows], [(r["measured_peak_bytes"] - r["outputs_bytes"]) / KiB
                                                     for r in stage_rows], marker + "-", color=color, label=label)
     ax_diff.axhline(workspace / KiB, color="tab:green", ls="--", lw=1,
-                    label="model: 4 tiles Br×Bc + 2 tiles Br×d, float32")
+                    label="model: the loop's temporaries at their peak,\nmax(3·Br·Bc + Br·d, 2·Br·Bc + 4·Br·d), float32")
     n_axis(ax_diff, ns)
     ax_diff.set_ylim(bottom=0)
     ax_diff.set_ylabel("measured peak − outputs (KiB)")
