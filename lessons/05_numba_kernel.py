@@ -82,7 +82,7 @@ print("  phases: load_kv (K_j, V_j into shared memory) -> scores (S_ij = scale·
       "(m_new) -> rescale (alpha, l_i, acc) -> store_p (P_ij) -> pv_product (acc += P_ij V_j)")
 
 # %% [3] The thread/tile map of the register-tiled kernels (v2 on), as launched in this run
-# Symbols (tiling.py; the README's notation table lists them too):
+# Symbols (tiling.py; docs/notation.md lists them too):
 #   BR, BC  Br and Bc: query rows of Q_i and keys of K_j per tile     NT   threads per block
 #   TM      rows of S_ij per thread       RG = BR/TM  row groups      CT = NT/RG  threads per row group
 #   TN = BC/CT  keys of S_ij per thread (strided by CT)               TO4 = DV/(4·CT)  groups of 4 columns of O_i
@@ -193,7 +193,7 @@ for r in ok:
     if r["n_q"] == "16384" and r["causal"] == "False":
         print(f"  {STAGE.get((r['impl'], r['variant']), r['impl']):16} {r['dtype']:8} {r['d']:>4} "
               f"{float(r['time_ms']):9.2f} {float(r['tflops']):8.1f} {int(r['peak_bytes']) / 2**20:10.1f}")
-# The claim the README makes, checked on the data: from N = 4096 up, wherever naive attention ran at
+# The claim docs/results.md makes, checked on the data: from N = 4096 up, wherever naive attention ran at
 # all, stage 2's kernel was faster and used a small fraction of its memory.
 for r in ok:
     if (r["impl"], r["variant"]) != ("tinyflash", "v5") or int(r["n_q"]) < 4096:

@@ -32,7 +32,8 @@ from numba import cuda  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
-from tinyflash.forward.kernels import v6_tensor_cores as v6  # noqa: E402
+from tinyflash.forward.kernels import tensor_core_tiling as tct  # noqa: E402
+from tinyflash.warp_tile import RESCALE_LOG2  # noqa: E402
 from tinyflash.gpu import ptx  # noqa: E402
 from tinyflash.gpu.ptx_emulation import a_fragment, b_fragment, c_fragment, draw, from_bits, to_bits  # noqa: E402
 from lib import lesson_rng, num, record  # noqa: E402
@@ -114,7 +115,7 @@ print("\nchecked for all 32 lanes: S_ij's two accumulator tiles, packed in pairs
 # memory, no barrier. Stage 2 (v5) wrote P_ij to shared memory and read it back.
 
 # %% [5] The pipeline: two buffers of K_j, V_j in shared memory, filled by cp.async
-cfg = v6.default_tiling(128, causal=False)
+cfg = tct.default_tiling(128, causal=False)
 print(f"\nd = 128 on a GPU: {cfg.WARPS} warps × {16 * cfg.ROW_TILES} rows = Br {cfg.BR}, Bc {cfg.BC}; "
       "shared memory (words):",
       cfg.smem_layout(), f"= {cfg.smem_bytes / 1024:.0f} KiB")
@@ -142,12 +143,12 @@ tile_max = S2.reshape(256, -1, 64).max(axis=-1)  # (256, 64 tiles)
 grows_any = (tile_max[:, 1:] > np.maximum.accumulate(tile_max, axis=1)[:, :-1]).mean()  # (eager: any growth)
 m_ref, lazy_rescales = tile_max[:, 0].copy(), 0  # (256,): the lazy reference after the first tile
 for j in range(1, tile_max.shape[1]):
-    grow = tile_max[:, j] > m_ref + v6.RESCALE_LOG2  # (256,)
+    grow = tile_max[:, j] > m_ref + RESCALE_LOG2  # (256,)
     lazy_rescales += grow.sum()
     m_ref = np.where(grow, np.maximum(m_ref, tile_max[:, j]), m_ref)
 print(f"\nrandom q, k (d = 128, 4096 keys, tiles of 64): the max grows in {100 * grows_any:.1f}% of (row, tile) "
-      f"after the first tile; by more than 2^{v6.RESCALE_LOG2:.0f}: in {100 * lazy_rescales / (256 * 63):.2f}%")
-lazy = {(d, c): v6.default_tiling(d, causal=c).LAZY_RESCALE for d in (64, 128) for c in (False, True)}
+      f"after the first tile; by more than 2^{RESCALE_LOG2:.0f}: in {100 * lazy_rescales / (256 * 63):.2f}%")
+lazy = {(d, c): tct.default_tiling(d, causal=c).LAZY_RESCALE for d in (64, 128) for c in (False, True)}
 print(f"v6's GPU tilings rescale lazily: d = 128 {lazy[128, False]}; d = 64 causal {lazy[64, True]}, not causal "
       f"{lazy[64, False]} (measured: there it did not pay)")
 # In the kernel each lane decides once per tile for its rows, so the common case is one branch, no
@@ -160,7 +161,7 @@ print(f"v6's GPU tilings rescale lazily: d = 128 {lazy[128, False]}; d = 64 caus
 # room; if a head's longest block is among the last started, the others sit idle while it finishes.
 # v6 orders its blocks (block_work) by groups of heads: within a group, every head's last (longest)
 # tile, then every head's next-to-last, ...; the heads of a group are those whose K, V fit in
-# L2_KV_BYTES together (v6.head_group). A model of it: blocks as long as their keys (plus one for
+# L2_KV_BYTES together (tct.head_group). A model of it: blocks as long as their keys (plus one for
 # loading Q_i and writing O_i), started in order, each on the first free slot.
 import heapq  # noqa: E402
 
@@ -173,11 +174,11 @@ def busy(lengths, slots):
     return sum(lengths) / (slots * max(free))
 
 
-cfg_c = v6.default_tiling(128, causal=True, n_q=4096)
+cfg_c = tct.default_tiling(128, causal=True, n_q=4096)
 n_tiles, heads = 4096 // cfg_c.BR, 32
 slots = 132 * 2  # the H200's 132 multiprocessors, 2 blocks each (128 threads × 255 registers, 102 KiB smem)
 length = [1 + (i + 1) * cfg_c.BR / cfg_c.BC for i in range(n_tiles)]  # key tiles of query tile i, + 1
-group = v6.head_group(cfg_c, 4096, heads, 1, True)
+group = tct.head_group(cfg_c, 4096, heads, 1, True)
 by_head = [length[i] for h in range(heads) for i in reversed(range(n_tiles))]  # one head after another
 by_group = [length[i] for g in range(0, heads, group) for i in reversed(range(n_tiles)) for h in range(group)]
 print(f"\ncausal, N = 4,096, H = {heads}, Br = {cfg_c.BR}: {n_tiles * heads} blocks on {slots} slots; busy "

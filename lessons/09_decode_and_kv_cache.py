@@ -16,9 +16,9 @@ What you will learn
 
 What changed since lesson 05: the same online softmax, but the loop over K/V tiles is cut into
 splits that run in parallel, and there is one query row instead of thousands. The kernels are
-new: one block per (split, sequence, K/V head) on the CUDA cores (src/tinyflash/decode/kernels.py),
-or one warp per block on the tensor cores (src/tinyflash/decode/tensor_cores.py, with lesson 07's
-fragments).
+new: one block per (split, sequence, K/V head) on the CUDA cores (src/tinyflash/decode/kernels/cuda_cores.py),
+or one warp per block on the tensor cores (src/tinyflash/decode/kernels/tensor_cores.py, with lesson
+07's fragments, from src/tinyflash/warp_tile.py).
 
 Run from the repository root:  python lessons/09_decode_and_kv_cache.py
 Without a GPU the kernels run on numba's CUDA simulator at a tiny size (a few seconds). The
@@ -39,7 +39,7 @@ from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # no
 from tinyflash.decode import split_kv  # noqa: E402
 from tinyflash.decode.cache_memory import attention_intensity, kv_cache_bytes  # noqa: E402
 from tinyflash.decode.paged import to_paged  # noqa: E402
-from tinyflash.decode.tensor_cores import default_tiling as default_decode_tiling  # noqa: E402
+from tinyflash.decode.kernels.tensor_cores import default_tiling as default_decode_tiling  # noqa: E402
 from tinyflash.cost.memory import format_bytes  # noqa: E402
 from lib import lesson_rng, record  # noqa: E402
 from tinyflash.hardware import H200  # noqa: E402
@@ -136,12 +136,12 @@ err = assert_close(o_gpu, o_ref, F32_TOL, "split kernel o")
 assert_close(lse_gpu, lse_ref, F32_TOL, "split kernel lse", is_lse=True)
 print(f"\nsplit kernel, B = 2, H = 4, H_kv = 2, Nq = 2 (causal), Nk = {n_k:,}, 3 splits: relative error {err:.1e}")
 
-# The same split on the tensor cores (src/tinyflash/decode/tensor_cores.py), which
+# The same split on the tensor cores (src/tinyflash/decode/kernels/tensor_cores.py), which
 # cuda_split_kv_attention picks for float16 at d = 64 or 128. One warp per block: the packed rows
 # (here 2 query heads × Nq = 2 = 4) become the 16 rows of stage 3's mma.sync, the other 12 are
 # zeros, multiplied for nothing, as decoding has tensor-core time to spare. S = Q·K_jᵀ and P·V_j are
-# mma's on tiles that a cp.async ring brings in: about 18 instructions per key at d = 128 instead
-# of 108 (benchmarks/decode_ptxas.py), which lets a few blocks read the cache near HBM's speed.
+# mma's on tiles that a cp.async ring brings in: far fewer instructions per key than the CUDA-core
+# kernel's, which lets a few blocks read the cache near HBM's speed.
 d16 = 128 if HAS_GPU else 64
 q16, k16, v16 = (rng.standard_normal(x.shape[:-1] + (d16,)).astype(np.float16) for x in (q32, k32, v32))
 o16, _ = tf.cuda_split_kv_attention(q16, k16, v16, num_splits=3, causal=True)

@@ -189,11 +189,15 @@ def test_launch_slices_the_heads(monkeypatch):
     calls = []
 
     class Kernel:  # records each launch's grid and the first element of each array it is given
+        @staticmethod
+        def py_func(A, B, n, flag):  # the kernel's parameters, by which the launch orders its arguments
+            pass
+
         def __getitem__(self, config):
             return lambda *args: calls.append((config[0], [int(a[0]) for a in args[:2]], args[2:]))
 
-    per_head = ((np.arange(7 * 4), 4), (np.arange(7 * 3), 3))  # two arrays: 4 and 3 elements per head
-    launch.launch(Kernel(), 5, 16, 1024, launch.LaunchArgs(per_head=per_head, scalars=(9, True), n_heads=7))
+    arrays = {"B": (np.arange(7 * 3), 3), "A": (np.arange(7 * 4), 4)}  # two arrays: 3 and 4 elements per head
+    launch.launch(Kernel(), 5, 16, 1024, launch.LaunchArgs(arrays=arrays, scalars={"flag": True, "n": 9}, n_heads=7))
     assert calls == [((5, 2), [0, 0], (9, True)), ((5, 2), [8, 6], (9, True)), ((5, 2), [16, 12], (9, True)),
                      ((5, 1), [24, 18], (9, True))]
 
@@ -237,8 +241,10 @@ def test_shared_memory_layout_is_the_one_description():
 
 
 def test_vector_width():
-    """float16 tiles are read 4 elements (8 bytes) per thread and load, float32 ones 1 (README)."""
-    assert v5_branch_free.vector_width(np.float16) == 4 and v5_branch_free.vector_width(np.float32) == 1
+    """float16 tiles are read 4 elements (8 bytes) per thread and load, float32 ones 1 (docs/results.md)."""
+    from tinyflash.gpu.loads import vector_width
+
+    assert vector_width(np.float16) == 4 and vector_width(np.float32) == 1 and vector_width(np.float16, 1) == 1
     with pytest.raises(ValueError, match="vector must be 1 or 4; got 2"):
         v5_branch_free.make_kernel(tiling.simulator_config(8, 8), 2)
     with pytest.raises(ValueError, match=r"vector must be 1 or 4 \(or None: the dtype's default\); got 3"):
@@ -302,3 +308,16 @@ def test_simulator_flag_matches_the_machine():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tiling.default_config(64, 64).BC == 128
+
+
+def test_launch_arguments_go_by_name():
+    """A kernel is given its parameters by name, whatever order or extra values the host passes; a missing one
+    is a TypeError that names it."""
+    def flash_fwd(Q, K, n_q, causal):
+        pass
+
+    kernel = type("K", (), {"py_func": staticmethod(flash_fwd)})()
+    assert launch.parameters(kernel) == ("Q", "K", "n_q", "causal")
+    assert launch.by_name(kernel, {"causal": True, "d": 64, "K": "k", "n_q": 3, "Q": "q"}) == ("q", "k", 3, True)
+    with pytest.raises(TypeError, match="flash_fwd takes Q, K, n_q, causal; no value for n_q"):
+        launch.by_name(kernel, {"Q": "q", "K": "k", "causal": False})

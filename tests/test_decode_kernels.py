@@ -10,7 +10,7 @@ import pytest
 
 import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
-from tinyflash.decode import kernels
+from tinyflash.decode.kernels import cuda_cores as kernels
 from tinyflash.decode.cuda import prepare_paged, prepare_split_kv
 from tinyflash.gpu import arrays
 from tinyflash.decode.paged import to_paged

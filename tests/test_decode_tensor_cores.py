@@ -11,8 +11,9 @@ import pytest
 import tinyflash as tf
 from tinyflash.core.checks import check_attention_inputs
 from tinyflash.core.tolerance import F32_TOL, assert_close
-from tinyflash.decode import tensor_cores as tc
-from tinyflash.decode.cuda import SUPPORTED as F16_F32, prepare_paged, prepare_split_kv, use_tensor_cores
+from tinyflash.decode import kernels
+from tinyflash.decode.cuda import SUPPORTED as F16_F32, prepare_paged, prepare_split_kv
+from tinyflash.decode.kernels import tensor_cores as tc
 from tinyflash.decode.paged import to_paged
 from tinyflash.gpu import arrays
 
@@ -63,16 +64,19 @@ def test_tensor_core_paged_kernel_on_the_simulator(rng, page_size):
 
 def test_which_split_kernel(rng):
     """float16 at d = 64 or 128 runs on the tensor cores (16 packed rows per block, one warp), other
-    inputs on the CUDA cores; forcing the tensor cores where they do not apply is a clear error."""
+    inputs on the CUDA cores (the registry's first kernel that takes them); asking for the tensor cores where
+    they do not apply is a clear error."""
     q, k, v = decode_inputs(rng, 1, 4, 2, 1, 8, 64, np.float16)
     prob = check_attention_inputs(q, k, v, causal=False, scale=None, allowed=F16_F32)
-    assert use_tensor_cores(prob) and not use_tensor_cores(prob, False)
+    assert kernels.choose(prob).name == "tensor_cores" and kernels.choose(prob, "cuda_cores").name == "cuda_cores"
     for dtype, d in ((np.float32, 64), (np.float16, 32)):
         other = check_attention_inputs(*decode_inputs(rng, 1, 4, 2, 1, 8, d, dtype), causal=False, scale=None,
                                        allowed=F16_F32)
-        assert not use_tensor_cores(other)
-        with pytest.raises(ValueError, match="tensor-core decode kernel takes float16 with d = dv in"):
-            use_tensor_cores(other, True)
+        assert kernels.choose(other).name == "cuda_cores"
+        with pytest.raises(ValueError, match="the tensor_cores decode kernel takes float16 or bfloat16 with d = dv in"):
+            kernels.choose(other, "tensor_cores")
+    with pytest.raises(ValueError, match="kernel must be one of tensor_cores, cuda_cores"):
+        kernels.choose(prob, "tensor cores")
 
 
 def test_tensor_core_decode_bad_settings(rng):
@@ -85,10 +89,10 @@ def test_tensor_core_decode_bad_settings(rng):
         tc.DecodeTiling(96, 16, 2).validate()
     with pytest.raises(ValueError, match="tiling .* is for d = 128; got d = 64"):
         prepare_split_kv(q, k, v, tiling=tc.DecodeTiling(128, 16, 2))
-    with pytest.raises(ValueError, match="tune the CUDA-core kernel"):
+    with pytest.raises(ValueError, match=r"the tensor_cores decode kernel takes the options \['tiling'\]; got \['unroll'\]"):
         prepare_split_kv(q, k, v, unroll=2)
-    with pytest.raises(ValueError, match="tiling= tunes the tensor-core kernel"):
-        prepare_split_kv(q, k, v, tensor_cores=False, tiling=tc.DecodeTiling(64, 16, 2))
+    with pytest.raises(ValueError, match=r"the cuda_cores decode kernel takes the options .*; got \['tiling'\]"):
+        prepare_split_kv(q, k, v, kernel="cuda_cores", tiling=tc.DecodeTiling(64, 16, 2))
 
 
 def test_blocks_per_sm():
@@ -137,9 +141,9 @@ def test_tensor_core_paged_kernel_with_device_pages(rng, batch, n_k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch, n_k", [(1, 32_768), (4, 4_099)])
 def test_cuda_core_kernel_still_on_the_gpu(rng, batch, n_k):
-    """The CUDA-core split kernel (tensor_cores=False) at the shapes the tensor cores now take."""
+    """The CUDA-core split kernel (kernel="cuda_cores") at the shapes the tensor cores take."""
     for n_q, causal in ((1, False), (4, True)):
         q, k, v = decode_inputs(rng, batch, 32, 8, n_q, n_k, 128, np.float16)
-        o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal, tensor_cores=False))
+        o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal, kernel="cuda_cores"))
         check(o, lse, q, k, v, causal, f"CUDA cores, B={batch} Nk={n_k} Nq={n_q}")
 

@@ -21,11 +21,11 @@ def signatures() -> dict:
     """name -> argument types: the signatures the wrappers launch, and scalars of every other width."""
     from numba.cuda import types
 
-    from tinyflash.decode import kernels
+    from tinyflash.decode.kernels import combine, cuda_cores
     from tinyflash.forward.kernels import v6_tensor_cores as v6
 
-    return {"v6": v6.SIGNATURE, "split f16": kernels.split_signature("float16", True),
-            "split f32": kernels.split_signature("float32", False), "combine": kernels.combine_signature("float16"),
+    return {"v6": v6.SIGNATURE, "split f16": cuda_cores.split_signature("float16", True),
+            "split f32": cuda_cores.split_signature("float32", False), "combine": combine.combine_signature("float16"),
             "scalars": (types.int32, types.uint32, types.int16, types.uint8, types.float64, types.boolean)}
 
 

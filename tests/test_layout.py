@@ -1,40 +1,52 @@
-"""The package's layout rules, checked on its source: one home for each idea.
+"""The repository's layout rules, checked on its source: one home for each idea, the book apart from the tooling.
 
-* ``core`` imports nothing else of tinyflash: it is the bottom layer, the rules of the mathematics.
-* ``gpu`` imports nothing of ``core``, ``forward`` or ``measure``: a runtime, no attention math.
-* a kernel version imports ``core``, ``gpu`` and its folder's tiling modules (``tiling.py`` for v2 to v5,
-  ``tensor_core_tiling.py`` for v6), never a sibling version.
-* teaching code (``core``, ``forward``) never imports the tooling in ``measure``.
+* ``core`` imports nothing else of tinyflash: it is the bottom layer, the rules of the mathematics;
+  ``hardware`` imports nothing of tinyflash at all.
+* ``gpu`` imports nothing but itself and ``hardware``: a runtime, no attention mathematics.
+* a kernel version (``v<N>_*.py`` in forward/kernels and backward/kernels, the split kernels in decode/kernels)
+  imports ``core``, ``gpu``, ``hardware``, ``warp_tile`` and its folder's shared modules, never a sibling
+  version; and no module imports a kernel version's file but its folder's registry (``__init__.py``).
+* the book (every module but ``bench`` and ``plots``) never imports the tooling.
+* lessons import the package and their helper (``lessons/lib.py``), never the tooling.
+* the record is data: no test or lesson reads a log, no numbered run is kept, few logs at all.
 * no source file is much over 450 lines, and no kernel body reaches 100.
+* compiled code reads numbers, not Python objects: no ``@cuda.jit`` function reads an attribute of a
+  tiling or spec (numba cannot type a dataclass or namespace; the simulator can, so only a GPU would see it).
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "src" / "tinyflash"
-KERNELS = PACKAGE / "forward" / "kernels"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "tinyflash"
+KERNEL_FOLDERS = {PACKAGE / "forward" / "kernels": "v[0-9]*_*.py", PACKAGE / "backward" / "kernels": "v[0-9]*_*.py",
+                  PACKAGE / "decode" / "kernels": "*_cores.py"}
+TOOLING = ("bench", "plots")
 MAX_FILE_LINES = 460
 MAX_KERNEL_LINES = 100
+MAX_LOGS = 15
 
 
-def tinyflash_imports(path: Path) -> set[str]:
+def tinyflash_imports(path: Path, package: Path = PACKAGE) -> set[str]:
     """What a file imports from tinyflash, as dotted names below the package ('core.masks.key_stop')."""
-    package = path.relative_to(PACKAGE).parent.parts  # e.g. ('forward', 'kernels')
+    parts = path.relative_to(package).parent.parts if path.is_relative_to(package) else ()  # e.g. ('forward', 'kernels')
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             module = node.module.split(".") if node.module else []
             if node.level:  # from ..core.masks import key_stop: level 1 is this file's package
-                target = [*package[:len(package) - node.level + 1], *module]
+                target = [*parts[:len(parts) - node.level + 1], *module]
             elif module[:1] == ["tinyflash"]:
                 target = module[1:]
             else:
                 continue
             found |= {".".join([*target, alias.name]) for alias in node.names}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("tinyflash.")}
+            found |= {a.name.split(".", 1)[1] if "." in a.name else "" for a in node.names
+                      if a.name.split(".")[0] == "tinyflash"}
     return found
 
 
@@ -42,9 +54,22 @@ def sources(folder: Path):
     return sorted(p for p in folder.rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", sources(PACKAGE / "core"), ids=lambda p: p.name)
-def test_core_is_the_bottom_layer(path):
-    assert all(m.startswith("core") for m in tinyflash_imports(path)), tinyflash_imports(path)
+def kernel_versions() -> list[Path]:
+    return sorted(p for folder, pattern in KERNEL_FOLDERS.items() for p in folder.glob(pattern))
+
+
+def module_of(path: Path) -> str:
+    """'forward.kernels.v6_tensor_cores' for src/tinyflash/forward/kernels/v6_tensor_cores.py."""
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+BOOK = [p for p in sources(PACKAGE) if p.relative_to(PACKAGE).parts[0] not in TOOLING]
+
+
+@pytest.mark.parametrize("path", sources(PACKAGE / "core") + [PACKAGE / "hardware.py"], ids=lambda p: p.name)
+def test_core_and_hardware_are_the_bottom_layer(path):
+    allowed = () if path.name == "hardware.py" else ("core",)
+    assert all(m.startswith(allowed) for m in tinyflash_imports(path)) if allowed else not tinyflash_imports(path)
 
 
 @pytest.mark.parametrize("path", sources(PACKAGE / "gpu"), ids=lambda p: p.name)
@@ -52,16 +77,57 @@ def test_gpu_is_runtime_only(path):
     assert all(m.startswith(("gpu", "hardware")) for m in tinyflash_imports(path)), tinyflash_imports(path)
 
 
-@pytest.mark.parametrize("path", sorted(KERNELS.glob("v[0-9]*_*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", kernel_versions(), ids=lambda p: module_of(p))
 def test_a_kernel_version_never_imports_a_sibling(path):
-    allowed = ("core.", "gpu.", "hardware.", "forward.kernels.tiling.", "forward.kernels.tensor_core_tiling.")
+    folder = module_of(path).rsplit(".", 1)[0]
+    shared = [f"{folder}.{p.stem}." for p in path.parent.glob("*.py")
+              if p not in kernel_versions() and p.name != "__init__.py"]
+    allowed = ("core.", "gpu.", "hardware.", "warp_tile.", *shared)
     imports = tinyflash_imports(path)
     assert imports and all(m.startswith(allowed) for m in imports), imports
 
 
-@pytest.mark.parametrize("path", sources(PACKAGE / "core") + sources(PACKAGE / "forward"), ids=lambda p: p.name)
-def test_teaching_code_does_not_import_the_tooling(path):
-    assert not any(m.startswith("measure") for m in tinyflash_imports(path)), tinyflash_imports(path)
+def test_only_a_registry_imports_a_kernel_version():
+    versions = {module_of(p) for p in kernel_versions()}
+    for path in BOOK:
+        registry = path.name == "__init__.py" and path.parent in KERNEL_FOLDERS
+        reached = {v for v in versions for m in tinyflash_imports(path) if m == v or m.startswith(v + ".")}
+        assert registry or not reached, (module_of(path), reached)
+
+
+@pytest.mark.parametrize("path", BOOK, ids=lambda p: module_of(p))
+def test_the_book_does_not_import_the_tooling(path):
+    assert not any(m.startswith(TOOLING) for m in tinyflash_imports(path)), tinyflash_imports(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "lessons").glob("*.py")), ids=lambda p: p.name)
+def test_lessons_import_the_package_and_their_helper(path):
+    """A lesson imports tinyflash (the book) and lessons/lib.py; no tooling, no other file of the repository."""
+    imports = tinyflash_imports(path)
+    assert not any(m.startswith(TOOLING) for m in imports), imports
+    local = {node.module for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and not node.level and node.module
+             and node.module.split(".")[0] not in ("tinyflash", "numpy", "numba", "torch", "__future__")
+             and node.module.split(".")[0] not in __import__("sys").stdlib_module_names}
+    assert local <= {"lib"}, local
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "lessons").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_no_test_or_lesson_reads_a_log(path):
+    """The record is figures/data/*.csv: a test or a lesson that names a '.log' file would be reading the lab notebook."""
+    text = path.read_text()
+    if path.name == "test_layout.py":
+        text = text.replace('".log"', "").replace("'.log'", "")  # this rule's own words
+    assert not re.search(r"\w\.log\b(?!\()", text), path.name  # a file name, not a logarithm call
+
+
+def test_the_record_is_data_not_logs():
+    """No numbered run (``_run3``) is kept; at most MAX_LOGS .log files in the repository (history is in git)."""
+    files = [p for p in ROOT.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                   p.relative_to(ROOT).parts)]
+    assert not [p for p in files if re.search(r"_run\d", p.name)]
+    assert len([p for p in files if p.suffix == ".log"]) <= MAX_LOGS
 
 
 @pytest.mark.parametrize("path", sources(PACKAGE), ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -69,7 +135,7 @@ def test_no_file_is_too_long(path):
     assert len(path.read_text().splitlines()) <= MAX_FILE_LINES
 
 
-@pytest.mark.parametrize("path", sorted(KERNELS.glob("v[0-9]*_*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", kernel_versions(), ids=lambda p: module_of(p))
 def test_kernel_bodies_are_short(path):
     """Every function decorated with ``@cuda.jit`` or ``@cuda.jit(...)`` without device=True (a kernel)."""
     kernels = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
@@ -80,13 +146,42 @@ def test_kernel_bodies_are_short(path):
         assert fn.end_lineno - fn.lineno + 1 < MAX_KERNEL_LINES, (fn.name, fn.end_lineno - fn.lineno + 1)
 
 
+HOST_OBJECTS = {"spec", "cfg", "tile", "tiling", "prob", "self"}  # the names the kernel factories give them
+
+
+def host_attribute_reads(source: str) -> list[str]:
+    """``spec.S_TILES`` and the like inside any function decorated with ``cuda.jit`` (kernel or device)."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.FunctionDef) and any(ast.unparse(d).startswith("cuda.jit") for d in fn.decorator_list):
+            found += [f"{fn.name}: {ast.unparse(node)}" for stmt in fn.body for node in ast.walk(stmt)
+                      if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name) and node.value.id in HOST_OBJECTS]
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in BOOK if "cuda.jit" in p.read_text()], ids=lambda p: module_of(p))
+def test_compiled_code_reads_no_host_objects(path):
+    assert host_attribute_reads(path.read_text()) == []
+
+
+def test_the_host_object_checker_sees_a_spec_read():
+    source = "@cuda.jit(device=True)\ndef f(a):\n    s = cuda.local.array((1, spec.S_TILES, 4), float32)\n"
+    assert host_attribute_reads(source) == ["f: spec.S_TILES"]
+
+
 def test_the_import_rule_checker_sees_relative_imports():
     """The checker itself: v5 imports core, gpu and tiling, through relative imports."""
-    imports = tinyflash_imports(KERNELS / "v5_branch_free.py")
+    imports = tinyflash_imports(PACKAGE / "forward" / "kernels" / "v5_branch_free.py")
     assert {"core.masks.key_stop", "gpu.smem.shared_floats", "forward.kernels.tiling.TileConfig"} <= imports
 
 
 def test_every_registered_version_has_its_file():
-    from tinyflash.forward.kernels import VERSIONS
+    from tinyflash.backward.kernels import VERSIONS as BACKWARD
+    from tinyflash.decode.kernels import VERSIONS as DECODE
+    from tinyflash.forward.kernels import VERSIONS as FORWARD
 
-    assert sorted(v.module for v in VERSIONS.values()) == sorted(p.name for p in KERNELS.glob("v[0-9]*_*.py"))
+    for registry, folder in ((FORWARD, "forward"), (BACKWARD, "backward"), (DECODE, "decode")):
+        pattern = KERNEL_FOLDERS[PACKAGE / folder / "kernels"]
+        assert sorted(v.module for v in registry.values()) == sorted(
+            p.name for p in (PACKAGE / folder / "kernels").glob(pattern)), folder

@@ -15,9 +15,10 @@ from tinyflash.core.checks import check_attention_inputs
 from tinyflash.core.online_softmax import LOG2E
 from tinyflash.core.tolerance import F32_TOL, RuleCheck, assert_close, assert_fa_rule
 from tinyflash.forward.kernels import VERSIONS
-from tinyflash.forward.kernels import v6_tensor_cores as v6
+from tinyflash.forward.kernels import tensor_core_tiling as tct
 from tinyflash.gpu.launch import LaunchArgs
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
+from tinyflash.warp_tile import RESCALE_LOG2
 
 pytestmark = pytest.mark.simulator
 
@@ -46,7 +47,7 @@ def test_float16_ragged(rng, n_q, n_k, causal):
 def two_row_tiles(d, warps=1):
     """ROW_TILES = 2 at the simulator's sizes: each warp owns 32 query rows (two 16-row tiles that share
     every K_j, V_j fragment), 16 keys per tile; Br = 32 · warps."""
-    return v6.TensorCoreTiling(D=d, WARPS=warps, BC=16, ROW_TILES=2).validate()
+    return tct.TensorCoreTiling(D=d, WARPS=warps, BC=16, ROW_TILES=2).validate()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -81,7 +82,7 @@ def test_two_row_tiles_head_dim_128(rng):
 def q_in_smem(d, row_tiles):
     """Q_IN_SMEM at the simulator's sizes: Q_i's A operands read from shared memory for every key tile,
     two mma steps at a time, instead of held in registers; one warp, 16 keys per tile."""
-    return v6.TensorCoreTiling(D=d, WARPS=1, BC=16, ROW_TILES=row_tiles, Q_IN_SMEM=True).validate()
+    return tct.TensorCoreTiling(D=d, WARPS=1, BC=16, ROW_TILES=row_tiles, Q_IN_SMEM=True).validate()
 
 
 @pytest.mark.parametrize("row_tiles", [1, 2])
@@ -110,7 +111,7 @@ def test_q_in_smem_head_dim_128(rng):
 def lazy(d, row_tiles=1):
     """LAZY_RESCALE at the simulator's sizes: acc and l_i rescaled only when a row's max grows by more than
     2^RESCALE_LOG2; one warp, 16 keys per tile."""
-    return v6.TensorCoreTiling(D=d, WARPS=1, BC=16, ROW_TILES=row_tiles, LAZY_RESCALE=True).validate()
+    return tct.TensorCoreTiling(D=d, WARPS=1, BC=16, ROW_TILES=row_tiles, LAZY_RESCALE=True).validate()
 
 
 @pytest.mark.parametrize("row_tiles", [1, 2])
@@ -123,13 +124,13 @@ def test_lazy_rescale(rng, causal, row_tiles):
     k = (k + 3.0 * growth[:, None] * q[:, :1, :]).astype(np.float16)  # scores against q's first row grow
     q = (q + q[:, :1, :]).astype(np.float16)  # every row shares part of row 0, so every row's scores grow
     scale = 0.5  # scaled scores reach hundreds: a rise of 2^8 in exp2 units within one tile of 16 keys
-    reference = v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles).validate()
+    reference = tct.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles).validate()
     o_lazy, lse_lazy = tf.cuda_attention(q, k, v, causal=causal, scale=scale, kernel="v6", config=lazy(64, row_tiles))
     o, lse = tf.cuda_attention(q, k, v, causal=causal, scale=scale, kernel="v6", config=reference)
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal, scale=scale)
     s = scale * LOG2E * np.einsum("hqd,hkd->hqk", q.astype(np.float64), k.astype(np.float64))  # (2, Nq, Nk) base 2
     first = s[..., :16].max(-1)  # (2, Nq): each row's max over the first tile
-    assert (s.max(-1) - first > 2 * v6.RESCALE_LOG2).mean() > 0.5  # most rows are rescaled again later
+    assert (s.max(-1) - first > 2 * RESCALE_LOG2).mean() > 0.5  # most rows are rescaled again later
     assert_fa_rule(o_lazy, tf.naive_attention(q, k, v, causal=causal, scale=scale)[0], ref_o, np.float16,
                    what=f"lazy rescale o causal={causal}")
     assert_close(lse_lazy, ref_lse, F32_TOL, "lazy rescale lse", is_lse=True)
@@ -150,9 +151,11 @@ def bf16_attention(q, k, v, causal, config=None):
                                   causal=causal, scale=None, allowed=(np.dtype(np.float16),))
     bits = [to_bits(x, "bfloat16").reshape(-1) for x in (q, k, v)]  # (Nq·d,), (Nk·d,), (Nk·d,) uint16
     o, lse = np.zeros(prob.n_q * prob.d, np.uint16), np.zeros(prob.n_q, np.float32)  # (Nq·d,), (Nq,)
-    args = LaunchArgs(per_head=((bits[0], q.size), (bits[1], k.size), (bits[2], v.size), (o, o.size), (lse, lse.size)),
-                      scalars=(prob.n_q, prob.n_k, prob.d, prob.d, np.float32(prob.scale * LOG2E), causal), n_heads=1)
-    v6.launch(args, prob, element="bfloat16", config=config)
+    args = LaunchArgs(arrays={"Q": (bits[0], q.size), "K": (bits[1], k.size), "V": (bits[2], v.size), "O": (o, o.size),
+                              "LSE": (lse, lse.size)},
+                      scalars={"n_q": prob.n_q, "n_k": prob.n_k, "scale_log2": np.float32(prob.scale * LOG2E),
+                               "causal": causal, "kv_group": 1}, n_heads=1)
+    VERSIONS["v6"].launch(args, prob, element="bfloat16", config=config)
     return from_bits(o, "bfloat16").reshape(prob.n_q, prob.d), lse
 
 
@@ -161,7 +164,7 @@ def bf16_attention(q, k, v, causal, config=None):
 def test_bfloat16(rng, causal, row_tiles):
     """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
     q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
-    o, lse = bf16_attention(q, k, v, causal, config=v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles))
+    o, lse = bf16_attention(q, k, v, causal, config=tct.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles))
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
     naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
 
@@ -206,50 +209,50 @@ def test_block_order(rng, group):
     another (1), groups of 2 with a last group of 1 (5 heads), and the rule's (all 5: tiny K, V), causal, where
     the order runs longest tiles first; the same bits in every order."""
     q, k, v = make_qkv(rng, (5,), 40, 40, d=64, dtype=np.float16)
-    cfg = v6.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=group).validate()
+    cfg = tct.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=group).validate()
     o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v6", config=cfg)
     check(o, lse, q, k, v, True, f"v6 head group {group}")
-    o1, lse1 = tf.cuda_attention(q, k, v, causal=True, kernel="v6", config=v6.simulator_tiling(64))
+    o1, lse1 = tf.cuda_attention(q, k, v, causal=True, kernel="v6", config=tct.simulator_tiling(64))
     assert np.array_equal(o, o1) and np.array_equal(lse, lse1)
 
 
 def test_head_group_rule():
     """Not causal: one head after another. Causal: the heads whose K and V fit in L2_KV_BYTES, whole K/V heads
     (kv_group query heads each), at most all of them; HEAD_GROUP overrides the rule."""
-    cfg = v6.default_tiling(128, True, 4096)
+    cfg = tct.default_tiling(128, True, 4096)
     kv_bytes = 2 * 4096 * 128 * 2
-    assert v6.head_group(cfg, 4096, 32, 1, False) == 1
-    assert v6.head_group(cfg, 4096, 64, 1, True) == v6.L2_KV_BYTES // kv_bytes > 1
-    assert v6.head_group(cfg, 4096, 64, 4, True) == min(64, 4 * (v6.L2_KV_BYTES // kv_bytes))
-    assert v6.head_group(cfg, 4096, 3, 1, True) == 3  # fewer heads than the rule's
-    assert v6.head_group(cfg, 10**7, 32, 2, True) == 2  # K, V larger than L2: still one K/V head
-    forced = v6.TensorCoreTiling(D=128, WARPS=4, BC=64, ROW_TILES=2, HEAD_GROUP=5)
-    assert v6.head_group(forced, 4096, 32, 1, False) == 5 and v6.head_group(forced, 4096, 3, 1, True) == 3
+    assert tct.head_group(cfg, 4096, 32, 1, False) == 1
+    assert tct.head_group(cfg, 4096, 64, 1, True) == tct.L2_KV_BYTES // kv_bytes > 1
+    assert tct.head_group(cfg, 4096, 64, 4, True) == min(64, 4 * (tct.L2_KV_BYTES // kv_bytes))
+    assert tct.head_group(cfg, 4096, 3, 1, True) == 3  # fewer heads than the rule's
+    assert tct.head_group(cfg, 10**7, 32, 2, True) == 2  # K, V larger than L2: still one K/V head
+    forced = tct.TensorCoreTiling(D=128, WARPS=4, BC=64, ROW_TILES=2, HEAD_GROUP=5)
+    assert tct.head_group(forced, 4096, 32, 1, False) == 5 and tct.head_group(forced, 4096, 3, 1, True) == 3
     with pytest.raises(ValueError, match="HEAD_GROUP"):
-        v6.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=0).validate()
+        tct.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=0).validate()
 
 
 def test_tiling_rules():
-    assert v6.default_tiling(128, False).smem_bytes > 48 * 1024  # asks the driver for more (gpu/smem.py)
-    assert v6.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
+    assert tct.default_tiling(128, False).smem_bytes > 48 * 1024  # asks the driver for more (gpu/smem.py)
+    assert tct.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
     with pytest.raises(ValueError, match="D must be one of"):
-        v6.TensorCoreTiling(D=96, WARPS=1, BC=16).validate()
+        tct.TensorCoreTiling(D=96, WARPS=1, BC=16).validate()
     for rows in (0, 3):
         with pytest.raises(ValueError, match="ROW_TILES"):
-            v6.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=rows).validate()
-    two = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2).validate()  # 32 query rows per warp
+            tct.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=rows).validate()
+    two = tct.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2).validate()  # 32 query rows per warp
     assert two.BR == 128 and two.NT == 128 and two.smem_layout()["stage 0"] == 128 * two.ROW_WORDS  # Q_i: Br rows
-    in_smem = v6.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2, Q_IN_SMEM=True).validate()
+    in_smem = tct.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2, Q_IN_SMEM=True).validate()
     assert in_smem.smem_layout() == two.smem_layout()  # Q_i's region is there either way; only its readers differ
-    for d in v6.HEAD_DIMS:  # the simulator's smallest tiling; the GPU's from the H200 sweep
-        assert v6.simulator_tiling(d).ROW_TILES == 1 and not v6.simulator_tiling(d).Q_IN_SMEM
+    for d in tct.HEAD_DIMS:  # the simulator's smallest tiling; the GPU's from the H200 sweep
+        assert tct.simulator_tiling(d).ROW_TILES == 1 and not tct.simulator_tiling(d).Q_IN_SMEM
         for causal in (False, True):  # 32 rows per warp at both head dims; Q_i read from shared memory at d = 128
-            assert v6.default_tiling(d, causal).ROW_TILES == 2
-            assert v6.default_tiling(d, causal).Q_IN_SMEM == (d == 128)
-            assert v6.default_tiling(d, causal).LAZY_RESCALE == (d == 128 or causal)  # measured: where it paid
+            assert tct.default_tiling(d, causal).ROW_TILES == 2
+            assert tct.default_tiling(d, causal).Q_IN_SMEM == (d == 128)
+            assert tct.default_tiling(d, causal).LAZY_RESCALE == (d == 128 or causal)  # measured: where it paid
     # 128-row blocks for short causal sequences at d = 128 only; the long-sequence tiling when Nq is not given
-    assert v6.default_tiling(128, True, v6.SHORT_CAUSAL - 1).WARPS == 4 and v6.default_tiling(128, True).WARPS == 8
-    assert v6.default_tiling(128, False, 16).WARPS == 8 and v6.default_tiling(64, True, 16).WARPS == 4
+    assert tct.default_tiling(128, True, tct.SHORT_CAUSAL - 1).WARPS == 4 and tct.default_tiling(128, True).WARPS == 8
+    assert tct.default_tiling(128, False, 16).WARPS == 8 and tct.default_tiling(64, True, 16).WARPS == 4
 
 
 def test_call_key(rng):

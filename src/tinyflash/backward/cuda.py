@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_backward_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
+from ..gpu.arrays import empty, is_device_array, numba_flat, result
 from ..gpu.launch import LaunchArgs, launch
 from ..gpu.runtime import require_gpu
 from . import kernels
@@ -64,21 +64,23 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
 
     # 3. size the grids and launch the three kernels
     if heads > 0:
-        Qf, Kf, Vf, Of, Lf, dOf = (to_device_flat(x) for x in (q, k, v, o, lse, do))
-        Dv, dQa = kernel_view(D), kernel_view(dq_acc)
+        Qf, Kf, Vf, Of, Lf, dOf, Dv, dQa = (numba_flat(x) for x in (q, k, v, o, lse, do, D, dq_acc))
         if n_q > 0:
-            row_args = LaunchArgs(per_head=((dOf, n_q * d_v), (Of, n_q * d_v), (Dv, n_q), (dQa, n_q * d)),
-                                  scalars=(n_q, d, d_v), n_heads=heads)
+            row_args = LaunchArgs(arrays={"dO": (dOf, n_q * d_v), "O": (Of, n_q * d_v), "D": (Dv, n_q),
+                                          "dQ_acc": (dQa, n_q * d)}, scalars={"n_q": n_q, "d": d, "d_v": d_v},
+                                  n_heads=heads)
             launch(row_dot, -(-n_q // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0, row_args)
-        main_args = LaunchArgs(per_head=((Qf, n_q * d), (Kf, n_k * d), (Vf, n_k * d_v), (dOf, n_q * d_v), (Lf, n_q),
-                                         (Dv, n_q), (dQa, n_q * d), (kernel_view(dk), n_k * d),
-                                         (kernel_view(dv), n_k * d_v)),
-                               scalars=(n_q, n_k, d, d_v, np.float32(prob.scale), np.float32(prob.scale * LOG2E),
-                                        prob.causal), n_heads=heads)
+        main_args = LaunchArgs(arrays={"Q": (Qf, n_q * d), "K": (Kf, n_k * d), "V": (Vf, n_k * d_v),
+                                       "dO": (dOf, n_q * d_v), "LSE": (Lf, n_q), "Dvec": (Dv, n_q),
+                                       "dQ_acc": (dQa, n_q * d), "dK": (numba_flat(dk), n_k * d),
+                                       "dV": (numba_flat(dv), n_k * d_v)},
+                               scalars={"n_q": n_q, "n_k": n_k, "d": d, "d_v": d_v, "scale": np.float32(prob.scale),
+                                        "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal},
+                               n_heads=heads, kv_arrays=("K", "V", "dK", "dV"))
         version.launch(main_args, prob, **options)
         if n_q > 0:
-            finish_args = LaunchArgs(per_head=((dQa, n_q * d), (kernel_view(dq), n_q * d)),
-                                     scalars=(n_q * d, np.float32(prob.scale)), n_heads=heads)
+            finish_args = LaunchArgs(arrays={"dQ_acc": (dQa, n_q * d), "dQ": (numba_flat(dq), n_q * d)},
+                                     scalars={"n": n_q * d, "scale": np.float32(prob.scale)}, n_heads=heads)
             launch(finish_dq, -(-(n_q * d) // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0, finish_args)
     to_host = not on_device
     return (result(dq, q.shape, to_host), result(dk, k.shape, to_host), result(dv, v.shape, to_host))

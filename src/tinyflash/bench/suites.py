@@ -127,10 +127,10 @@ DECODE_TILINGS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys":
 def decode_peers(point) -> list:
     """Split-KV (prepared, replayed from a graph, called whole), one split, the CUDA-core kernel, the paged
     cache, SDPA with grouped-query heads (and from a graph), a copy; at the longest cache, other tilings."""
-    from ..decode.tensor_cores import DecodeTiling
+    from ..decode.kernels.tensor_cores import DecodeTiling
 
     found = [p.split_kv(), p.split_kv_graph(), p.split_kv_whole_call(), p.split_kv(impl="no_split", num_splits=1),
-             p.split_kv("CUDA cores", tensor_cores=False), p.paged()]
+             p.split_kv("CUDA cores", kernel="cuda_cores"), p.paged()]
     if point["n_k"] == max(DECODE.axes["n_k"]):
         found += [p.split_kv(f"keys={t['keys']} stages={t['stages']}",
                              tiling=DecodeTiling(D=point["d"], BC=t["keys"], STAGES=t["stages"])) for t in DECODE_TILINGS]

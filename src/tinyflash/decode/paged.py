@@ -13,8 +13,8 @@ so key j of sequence b lives at k_pages[block_table[b, j // page_size], :, j % p
 sequence wastes at most one partly filled page; pages need not be in order or adjacent.
 
 :func:`paged_attention` is the NumPy version: it gathers each sequence's pages into a contiguous
-array and calls :func:`~tinyflash.decode.split_kv.split_kv_attention`. The kernel
-(``decode/kernels.py``) never gathers: it reads every key through the block table.
+array and calls :func:`~tinyflash.decode.split_kv.split_kv_attention`. The split kernels
+(``decode/kernels/``) never gather: it reads every key through the block table.
 """
 
 from __future__ import annotations

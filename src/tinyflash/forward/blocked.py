@@ -32,7 +32,7 @@ from ..core.masks import causal_mask, key_stop
 from ..core.online_softmax import online_softmax_finish, online_softmax_update
 
 
-@np.errstate(invalid="ignore")  # NaN and ±inf inputs: NaN rows as in stage 0, no warnings (README "NaN and ±inf")
+@np.errstate(invalid="ignore")  # NaN and ±inf inputs: NaN rows as in stage 0, no warnings (docs/using.md)
 def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = None, block_q: int = 64,
                       block_k: int = 64, io=None):
     """Stage 1: FlashAttention's tiled loop with the online softmax, in NumPy. Returns ``(o, lse)``.

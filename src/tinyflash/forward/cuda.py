@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, kernel_view, result, to_device_flat
+from ..gpu.arrays import empty, is_device_array, numba_flat, result
 from ..gpu.launch import LaunchArgs
 from ..gpu.runtime import require_gpu
 from . import kernels
@@ -66,10 +66,11 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     # 3. size the grid and launch: the version's launch function does both
     if prob.n_q > 0 and heads > 0:
         n_q, n_k, d, d_v = prob.n_q, prob.n_k, prob.d, prob.d_v
-        args = LaunchArgs(per_head=((to_device_flat(q), n_q * d), (to_device_flat(k), n_k * d),
-                                    (to_device_flat(v), n_k * d_v), (kernel_view(o), n_q * d_v),
-                                    (kernel_view(lse), n_q)),
-                          scalars=(n_q, n_k, d, d_v, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group),
-                          n_heads=heads, kv_group=prob.kv_group)  # k and v: one matrix per K/V head (GQA)
+        args = LaunchArgs(arrays={"Q": (numba_flat(q), n_q * d), "K": (numba_flat(k), n_k * d),
+                                  "V": (numba_flat(v), n_k * d_v), "O": (numba_flat(o), n_q * d_v),
+                                  "LSE": (numba_flat(lse), n_q)},  # K and V: one matrix per K/V head (GQA)
+                          scalars={"n_q": n_q, "n_k": n_k, "d": d, "d_v": d_v, "scale_log2": np.float32(prob.scale * LOG2E),
+                                   "causal": prob.causal, "kv_group": prob.kv_group},
+                          n_heads=heads, kv_group=prob.kv_group)
         version.launch(args, prob, **options)
     return result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)

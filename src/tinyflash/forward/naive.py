@@ -27,7 +27,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     o: (..., Nq, dv) in the input dtype; lse: (..., Nq), the natural-log logsumexp of each row of
     the scaled, masked scores, in float32 (float64 for float64 inputs). float16 inputs are
     computed in float32. ``scale=None`` means 1/sqrt(d). Rows that may attend no key (causal with
-    Nq > Nk) give o = 0 and lse = -inf. NaN and ±inf inputs: see the README's "NaN and ±inf"
+    Nq > Nk) give o = 0 and lse = -inf. NaN and ±inf inputs: see docs/using.md, "NaN and ±inf"
     (a NaN or +inf score makes its row NaN; a -inf score gives its key weight 0).
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -35,7 +35,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     return _textbook(q, k, v, prob, rows=np.arange(prob.n_q))
 
 
-@np.errstate(invalid="ignore")  # NaN and ±inf inputs give NaN rows, as README "NaN and ±inf" says: no warnings
+@np.errstate(invalid="ignore")  # NaN and ±inf inputs give NaN rows, as docs/using.md says: no warnings
 def _textbook(q, k, v, prob, rows):
     """The formula for the query ``rows`` (indices into Nq, which the causal mask needs) of q.
 

@@ -22,11 +22,12 @@ import numpy as np
 
 from ..core.checks import AttentionProblem, as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import dense, empty, flat_device, is_device_array, library, result, to_device_flat
+from ..gpu.arrays import dense, empty, is_device_array, library, numba_flat, result
 from ..gpu.driver_launch import GridLaunch
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs
 from ..gpu.runtime import require_gpu, simulator_enabled
-from .kernels import v6_tensor_cores as v6
+from .kernels import get as kernel_version
+from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
 FLOAT16, FLOAT32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -57,14 +58,14 @@ def _flat16(x):
             x = x.detach().view(torch.int16)
         else:  # a NumPy (or CuPy) array of ml_dtypes.bfloat16
             x = x.view(np.int16)
-    return flat_device(x) if is_device_array(x) else to_device_flat(x)
+    return dense(x) if is_device_array(x) else numba_flat(x)
 
 
 @dataclass(frozen=True)
 class CallPlan:
     """What :func:`tensor_core_attention` learns from its inputs' shapes, dtypes and library, ``causal`` and
     ``scale``, and nothing else: the checked problem, the 16-bit type, and, for device arrays on a GPU, the
-    kernel sized for them (``v6.driver_launch``; None: the general path below)."""
+    kernel sized for them (v6's ``sized_launch``; None: the general path below)."""
 
     prob: AttentionProblem
     element: str  # 'float16' or 'bfloat16'
@@ -91,7 +92,7 @@ def call_key(q, k, v, causal, scale):
 
 def plan_call(q, k, v, causal, scale) -> CallPlan:
     """Check the inputs (every rule of :func:`tinyflash.core.checks.check_attention_inputs`, and the
-    tensor cores' own: 16-bit, d = dv in v6.HEAD_DIMS) and size the launch."""
+    tensor cores' own: 16-bit, d = dv in HEAD_DIMS) and size the launch."""
     on_device = is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -105,16 +106,16 @@ def plan_call(q, k, v, causal, scale) -> CallPlan:
     except TypeError as exc:
         raise TypeError(f"tensor_core_attention takes float16 or bfloat16: {exc} (for float32 inputs use "
                         "tinyflash.cuda_attention)") from None
-    if prob.d != prob.d_v or prob.d not in v6.HEAD_DIMS:
-        raise ValueError(f"tensor_core_attention supports d = dv in {v6.HEAD_DIMS}; got q {tuple(q.shape)}, "
+    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
+        raise ValueError(f"tensor_core_attention supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
     if on_device != is_device_array(k) or on_device != is_device_array(v):
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
     heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
     launch = None
     if on_device and not simulator_enabled() and 0 < heads <= MAX_GRID_Y and prob.n_q > 0:
-        cfg = v6.default_tiling(prob.d, prob.causal, prob.n_q)
-        launch = v6.driver_launch(prob.n_q, prob.n_k, heads, prob.scale * LOG2E, prob.causal, prob.kv_group,
+        cfg = default_tiling(prob.d, prob.causal, prob.n_q)
+        launch = kernel_version("v6").sized_launch(prob.n_q, prob.n_k, heads, prob.scale * LOG2E, prob.causal, prob.kv_group,
                                   element, cfg)
     return CallPlan(prob, element, launch)
 
@@ -155,7 +156,7 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
 
 def _general_call(q, k, v, plan: CallPlan):
     """NumPy arrays (copied to the GPU and back), numba device arrays, numba's simulator, more heads
-    than one grid holds, empty inputs: steps 2 and 3 through ``v6.launch``."""
+    than one grid holds, empty inputs: steps 2 and 3 through v6's ``launch``."""
     prob, on_device = plan.prob, is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -165,14 +166,15 @@ def _general_call(q, k, v, plan: CallPlan):
     o = empty(like, heads * prob.n_q * prob.d, FLOAT16)  # (BH·Nq·d,) flat: 16-bit elements
     lse = empty(like, heads * prob.n_q, np.float32)  # (BH·Nq,)
 
-    # 3. size the grid and launch (v6.launch)
+    # 3. size the grid and launch (v6's launch)
     if prob.n_q > 0 and heads > 0:
         n_q, n_k, d = prob.n_q, prob.n_k, prob.d
-        args = LaunchArgs(per_head=((_flat16(q), n_q * d), (_flat16(k), n_k * d), (_flat16(v), n_k * d),
-                                    (o, n_q * d), (lse, n_q)),
-                          scalars=(n_q, n_k, d, d, np.float32(prob.scale * LOG2E), prob.causal, prob.kv_group),
-                          n_heads=heads, kv_group=prob.kv_group)  # k and v: one matrix per K/V head (GQA)
-        v6.launch(args, prob, element=plan.element)
+        args = LaunchArgs(arrays={"Q": (_flat16(q), n_q * d), "K": (_flat16(k), n_k * d), "V": (_flat16(v), n_k * d),
+                                  "O": (o, n_q * d), "LSE": (lse, n_q)},  # K and V: one matrix per K/V head (GQA)
+                          scalars={"n_q": n_q, "n_k": n_k, "scale_log2": np.float32(prob.scale * LOG2E),
+                                   "causal": prob.causal, "kv_group": prob.kv_group},
+                          n_heads=heads, kv_group=prob.kv_group)
+        kernel_version("v6").launch(args, prob, element=plan.element)
     o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
     if plan.element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
         o = o.view(q.dtype)  # torch.bfloat16, or ml_dtypes.bfloat16

@@ -1,20 +1,22 @@
 """The GPU runtime: everything a kernel needs that is not attention.
 
-    runtime.py   require_gpu() (every GPU entry point's first call), the simulator switch and its cost,
-                 compiling a plain function as a device function, unsigned constants
+    where.py     the choice made before numba is imported: a GPU, or numba's simulator
+    runtime.py   require_gpu() (every GPU entry point's first call), the simulator's cost, compiling a
+                 plain function as a device function, unsigned constants
     arrays.py    device arrays in and out: NumPy, CuPy, numba and PyTorch inputs, outputs of the same kind
     smem.py      the block's dynamic shared memory, and the permission to use more than 48 KiB of it
     loads.py     copying a tile of a (heads, N, d) array from global into shared memory (vector loads)
-    launch.py    sizing the grid and launching, more than 65,535 heads included; on the simulator a
-                 warning before a long launch and a progress bar
+    launch.py    a kernel's arguments by name, the checks every tiling shares, sizing the grid and
+                 launching (more than 65,535 heads included); on the simulator a warning before a long
+                 launch and a progress bar
     driver_launch.py   a compiled kernel launched through the driver's cuLaunchKernel, without numba's
                  per-call work (the host's time counts where kernels are short)
     ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
 
-Nothing here knows the softmax, the mask or the tiles of attention: the kernels in
-``tinyflash.forward.kernels`` import these pieces, and the attention mathematics from
-``tinyflash.core``.
+Nothing here knows the softmax, the mask or the tiles of attention: the kernels import these pieces,
+and the attention mathematics from ``tinyflash.core`` (and, on the tensor cores, ``tinyflash.warp_tile``).
+The GPU's facts are ``tinyflash.hardware``'s.
 
 Importing this package checks first that numba-cuda can work with the installed NumPy.
 """

@@ -1,14 +1,19 @@
 """Device arrays in and out of the kernels.
 
-A kernel reads each input as one flat, C-contiguous 1-D array on the GPU and writes its outputs
-to flat arrays. The host wrapper of a stage accepts:
+A kernel reads each input as one flat, C-contiguous array on the GPU and writes its outputs to flat
+arrays. The host wrapper of a stage accepts:
 
 * NumPy arrays: copied to the GPU, results copied back (NumPy in, NumPy out);
 * CuPy arrays, numba device arrays, PyTorch CUDA tensors, or anything else with
   ``__cuda_array_interface__``: used where they are, results allocated by the same library
   (CuPy in, CuPy out; PyTorch in, PyTorch out; anything else: numba device arrays).
 
-PyTorch is never imported unless the caller passed a tensor.
+PyTorch is never imported unless the caller passed a tensor. The ways in and out:
+
+* :func:`numba_flat`: an input or output as a launch through numba takes it;
+* :func:`dense`: an array as a launch through the driver reads it (its address and size);
+* :func:`to_device`: a host array copied to the GPU in the caller's library;
+* :func:`empty`: an output, allocated in the caller's library; :func:`result`: an output in the caller's form.
 """
 
 from __future__ import annotations
@@ -44,33 +49,36 @@ def library(x) -> str:
     return lib
 
 
-def to_device_flat(x):
-    """A C-contiguous 1-D view of ``x`` on the GPU, its data 16-byte aligned, that numba's launches
-    take: a view of a device array, a copy of a host one (or of a device array that is not
-    contiguous or not aligned); CuPy arrays stay CuPy arrays, others become numba device arrays.
+def numba_flat(x):
+    """What a launch through numba takes: a C-contiguous, 16-byte-aligned 1-D array on the GPU. A host array is
+    copied to the GPU (a numba device array); a device array is viewed flat (CuPy stays CuPy, a PyTorch tensor
+    becomes a numba view of its memory), copied only if it is not contiguous or not aligned.
 
-    The kernels index each head's (N × d) matrix inside this flat array themselves, and read
-    float16 tiles 4 elements (8 bytes) at a time, which needs aligned addresses.
-    """
+    The kernels index each head's (N × d) matrix inside this flat array themselves, and read tiles several
+    elements at a time, which needs aligned addresses."""
     if not is_device_array(x):
         return cuda.to_device(np.ascontiguousarray(x).reshape(-1))
-    flat = flat_device(x)
-    return cuda.as_cuda_array(flat) if library(flat) == "torch" else flat
+    flat = dense(x)
+    return cuda.as_cuda_array(flat.detach().reshape(-1)) if library(flat) == "torch" else flat.reshape(flat.size)
 
 
-def flat_device(x):
-    """A C-contiguous, 16-byte-aligned 1-D view of the device array ``x``, of the same library
-    (PyTorch in, PyTorch out): what a launch through the driver (``gpu/driver_launch.py``) reads.
-    A copy only if ``x`` is not contiguous or not aligned."""
+def dense(x):
+    """What a launch through the driver reads (``gpu/driver_launch.py``: the address and the size): the device
+    array ``x`` itself when it is C-contiguous and 16-byte aligned (PyTorch and CuPy asked directly, in well
+    under a µs), else a flat copy of it in the same library. A numba device array must be contiguous."""
     lib = library(x)
+    if lib == "torch":
+        if x.is_contiguous() and x.data_ptr() % 16 == 0:
+            return x
+        flat = x.detach().reshape(-1)  # copies only a non-contiguous tensor
+        return flat if flat.data_ptr() % 16 == 0 else flat.clone()
     if lib == "cupy":
+        if x.flags.c_contiguous and x.data.ptr % 16 == 0:
+            return x
         import cupy
 
         flat = cupy.ascontiguousarray(x).reshape(-1)  # copies only a non-contiguous array
         return flat if _aligned(flat) else flat.copy()
-    if lib == "torch":
-        flat = x.detach().reshape(-1)  # copies only a non-contiguous tensor
-        return flat if flat.data_ptr() % 16 == 0 else flat.clone()
     if not hasattr(x, "is_c_contiguous"):  # another library's array
         x = cuda.as_cuda_array(x)
     if not x.is_c_contiguous():
@@ -84,12 +92,10 @@ def flat_device(x):
     return flat
 
 
-def to_device_like(like, x):
-    """The host array ``x`` copied to the GPU by the library of ``like`` (a device array; None: numba's).
-
-    A small array that a kernel reads (a block table, the sequences' lengths) then lives where the
-    call's outputs live (:func:`empty`): in that library's memory pool, without a numba allocation
-    in every call."""
+def to_device(x, like=None):
+    """The host array ``x``, flat, copied to the GPU by the library of ``like`` (a device array; None: numba's).
+    A small array that a kernel reads (a block table, the sequences' lengths) then lives where the call's
+    outputs live (:func:`empty`): in that library's memory pool, without a numba allocation in every call."""
     lib = None if like is None else library(like)
     if lib == "cupy":
         import cupy
@@ -99,7 +105,7 @@ def to_device_like(like, x):
         import torch
 
         return torch.from_numpy(np.ascontiguousarray(x).reshape(-1)).to(like.device)
-    return to_device_flat(x)
+    return cuda.to_device(np.ascontiguousarray(x).reshape(-1))
 
 
 def _aligned(x) -> bool:
@@ -125,23 +131,6 @@ def empty(like, shape, dtype=None):
         dtype = like.dtype if dtype is None else getattr(torch, _TORCH_NAMES.get(dtype) or np.dtype(dtype).name)
         return like.new_empty(shape, dtype=dtype)
     return cuda.device_array(shape, dtype=dtype)
-
-
-def dense(x):
-    """The device array ``x`` itself if it is C-contiguous and 16-byte aligned (PyTorch and CuPy asked
-    directly, in well under a µs), else :func:`flat_device`'s copy: what a driver launch reads."""
-    lib = library(x)
-    if lib == "torch" and x.is_contiguous() and x.data_ptr() % 16 == 0:
-        return x
-    if lib == "cupy" and x.flags.c_contiguous and x.data.ptr % 16 == 0:
-        return x
-    return flat_device(x)
-
-
-def kernel_view(x):
-    """What a kernel launch takes for an output made by :func:`empty`: numba reads CuPy and numba
-    arrays as they are; a PyTorch tensor becomes a numba view of the same memory."""
-    return cuda.as_cuda_array(x) if library(x) == "torch" else x
 
 
 def result(x, shape: tuple, to_host: bool):

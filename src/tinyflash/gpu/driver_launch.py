@@ -38,8 +38,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import library
+from .launch import by_name, parameters
 
 SLOT = 8  # bytes per parameter slot: every parameter here is at most 8 bytes
+
+
+def flat_type(dtype):
+    """numba's type of a flat, C-contiguous array of ``dtype`` (a kernel signature's array argument)."""
+    from numba.cuda import types
+
+    return types.Array(getattr(types, np.dtype(dtype).name), 1, "C")  # types.float16, types.uint32, ...
 
 
 def slot_codes(ty) -> list[str]:
@@ -140,6 +148,7 @@ class DriverKernel:
         from .smem import allow_large_shared_memory_compiled
 
         self._driver = driver
+        self.dispatcher = dispatcher
         self.signature = signature
         self.compiled = dispatcher.compile(tuple(signature))  # numba's compiled kernel (types, code, registers)
         allow_large_shared_memory_compiled(self.compiled, smem_bytes)
@@ -166,6 +175,10 @@ class DriverKernel:
             _, name = self._driver.cuGetErrorName(err)
             raise RuntimeError(f"cuLaunchKernel failed: {name.decode() if name else err} (grid {grid}, block {block}, "
                                f"{smem_bytes} bytes of shared memory)")
+
+    def arguments(self, values: dict) -> tuple:
+        """The kernel's arguments in the order of its parameters, taken from ``values`` by name."""
+        return by_name(self.dispatcher, values)
 
     def __call__(self, grid, block, smem_bytes: int, *args) -> None:
         values = param_values(self.argument_types, args, self._sizes)
@@ -204,7 +217,18 @@ class GridLaunch:
     grid: tuple
     threads: int
     smem_bytes: int
-    scalars: tuple  # the arguments after the arrays
+    scalars: tuple  # the arguments after the arrays, in the kernel's order
+
+    @classmethod
+    def sized(cls, kernel: DriverKernel, grid, threads: int, smem_bytes: int, **scalars) -> "GridLaunch":
+        """A launch whose calls pass the kernel's leading array parameters; its other parameters, ``scalars``
+        by name, fixed now."""
+        names = parameters(kernel.dispatcher)
+        trailing = names[len(names) - len(scalars):]
+        if set(trailing) != set(scalars):
+            raise TypeError(f"{kernel.dispatcher.py_func.__name__}'s parameters after its arrays are "
+                            f"{', '.join(trailing)}; got {', '.join(scalars)}")
+        return cls(kernel, tuple(grid), threads, smem_bytes, tuple(scalars[n] for n in trailing))
 
     def __call__(self, *arrays) -> None:
         self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars)

@@ -7,6 +7,10 @@ B × H can be more (B = 1024, H = 128 is 131,072). :func:`launch` then launches 
 heads, on views of the flat arrays that start at the first head of the slice: a kernel never
 needs to know.
 
+A kernel's arguments travel by name (:class:`LaunchArgs`): the host wrapper names each value once and a
+kernel takes those of its parameters (:func:`by_name`). :class:`Tiling` is what every kernel's tiling
+shares (its checks, and the shared memory a block may have), :func:`tiling_for` picks and checks one.
+
 On numba's simulator, where one Python thread runs each CUDA thread, :func:`launch` also says what a
 launch will cost before it starts: a warning (once per process) before a long one, with the
 expected order of time, and a progress bar of finished thread blocks while it runs (see
@@ -20,6 +24,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..hardware import current
 from .runtime import SIMULATOR_PROGRESS_WORK, SIMULATOR_WARN_WORK, simulator_cost, simulator_enabled
 from .smem import allow_large_shared_memory
 
@@ -39,13 +44,63 @@ _warned_slow = False  # the slow-simulator warning is given once per process
 
 @dataclass(frozen=True)
 class LaunchArgs:
-    """A kernel's arguments: flat arrays with their elements per head, then scalars."""
+    """A kernel's arguments by the names of its parameters: flat arrays with their elements per head, and
+    scalars. A kernel is given those of its parameters (:func:`by_name`): the host wrappers name every value
+    once, whatever a kernel version takes of them."""
 
-    per_head: tuple  # ((flat device array, elements per head), ...), in the kernel's argument order
-    scalars: tuple  # the arguments after the arrays (for attention kernels, kv_group last)
+    arrays: dict  # parameter name -> (flat device array, elements per head)
+    scalars: dict  # parameter name -> value
     n_heads: int  # batch · heads: the blocks along y
     kv_group: int = 1  # query heads per K/V head (GQA); kernels read K/V head `head // kv_group`
-    kv_arrays: tuple = (1, 2)  # positions in per_head of the arrays with one matrix per K/V head (K, V)
+    kv_arrays: tuple = ("K", "V")  # the arrays with one matrix per K/V head
+
+
+def parameters(kernel) -> tuple:
+    """The names of a numba kernel's parameters, in order (those of its Python function)."""
+    code = kernel.py_func.__code__
+    return code.co_varnames[:code.co_argcount]
+
+
+def by_name(kernel, values: dict) -> tuple:
+    """The arguments of ``kernel`` in the order of its parameters, taken from ``values`` by name."""
+    names = parameters(kernel)
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise TypeError(f"{kernel.py_func.__name__} takes {', '.join(names)}; no value for {', '.join(missing)}")
+    return tuple(values[n] for n in names)
+
+
+class Tiling:
+    """What every tiling of a kernel shares: ``validate()`` returns it when it has no problems, else raises a
+    ValueError naming them; a tiling's own ``shape_problems()``, and shared memory beyond what a block may have
+    on this GPU (``tinyflash.hardware``). A subclass is a frozen dataclass with ``smem_bytes`` and ``WHAT``."""
+
+    WHAT = "tiling"
+
+    def shape_problems(self) -> list:
+        return []
+
+    def problems(self) -> list:
+        problems = list(self.shape_problems())
+        if self.smem_bytes > current().smem_per_block:
+            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have "
+                            f"{current().smem_per_block}")
+        return problems
+
+    def validate(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError(f"invalid {self.WHAT} {self}: {'; '.join(problems)}")
+        return self
+
+
+def tiling_for(config, default, simulator, d: int, d_v: int):
+    """``config``, or else the tiling ``default(d, dv)`` on a GPU and ``simulator(d, dv)`` on the simulator:
+    validated, and checked to cover head dims d and dv (its D and DV)."""
+    cfg = (config or (simulator if simulator_enabled() else default)(d, d_v)).validate()
+    if cfg.D < d or cfg.DV < d_v:
+        raise ValueError(f"config {cfg} is too small for d={d}, dv={d_v}")
+    return cfg
 
 
 def simulator_aware(launch_heads):
@@ -64,15 +119,15 @@ def simulator_aware(launch_heads):
 
 @simulator_aware  # on the simulator: a warning before a long launch, a progress bar, IEEE NaN/inf without warnings
 def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs) -> None:
-    """Run ``kernel[(n_tiles, heads), threads, 0, smem_bytes](*arrays, *scalars)`` for all heads.
+    """Run ``kernel[(n_tiles, heads), threads, 0, smem_bytes](...)`` for all heads, its arguments by name.
 
     The kernel finds head ``blockIdx.y`` of each flat array at ``blockIdx.y · elements per head``.
     More than 48 KiB of shared memory is asked for first; if the driver refuses,
     :class:`SharedMemoryRefused` is raised before anything runs.
     """
-    arrays = [a for a, _ in args.per_head]
+    whole = by_name(kernel, {**{name: a for name, (a, _) in args.arrays.items()}, **args.scalars})
     try:
-        allow_large_shared_memory(kernel, (*arrays, *args.scalars), smem_bytes)
+        allow_large_shared_memory(kernel, whole, smem_bytes)
     except Exception as exc:
         raise SharedMemoryRefused(f"could not enable {smem_bytes} bytes of shared memory ({exc})") from exc
     g = args.kv_group
@@ -81,11 +136,11 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
     step = MAX_GRID_Y - MAX_GRID_Y % g  # heads per launch: a multiple of kv_group
     for h0 in range(0, args.n_heads, step):
         heads = min(step, args.n_heads - h0)
-        views = []  # heads h0 .. h0 + heads - 1 of each array (K/V heads h0 / g .. (h0 + heads) / g - 1)
-        for i, (a, size) in enumerate(args.per_head):
-            first, count = (h0 // g, heads // g) if i in args.kv_arrays else (h0, heads)
-            views.append(a[first * size:(first + count) * size])
-        kernel[(n_tiles, heads), threads, 0, smem_bytes](*views, *args.scalars)
+        views = {}  # heads h0 .. h0 + heads - 1 of each array (K/V heads h0 / g .. (h0 + heads) / g - 1)
+        for name, (a, size) in args.arrays.items():
+            first, count = (h0 // g, heads // g) if name in args.kv_arrays else (h0, heads)
+            views[name] = a[first * size:(first + count) * size]
+        kernel[(n_tiles, heads), threads, 0, smem_bytes](*by_name(kernel, {**views, **args.scalars}))
 
 
 @contextmanager

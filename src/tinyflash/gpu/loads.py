@@ -18,11 +18,27 @@ the branches on them vanish when the kernel is compiled.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import cuda, float32
 
 from .runtime import simulator_enabled, u
 
 ZERO, ONE = u(0), u(1)
+
+
+def vector_width(dtype, vector: int | None = None) -> int:
+    """W, the elements each thread reads per global load of a full tile: ``vector`` if given (1 or 4), else
+    4 for 2-byte elements (float16: 8 bytes a load) and 1 for 4-byte ones.
+
+    With one float16 per thread a warp's load covers only 64 bytes, half of a 128-byte cache line; one
+    float32 per thread already covers a whole line. On an H200, 4 per thread made the float16 kernels
+    faster and the float32 ones slower (``python -m tinyflash.bench vector``; docs/results.md quotes it).
+    """
+    if vector is None:
+        return 4 if np.dtype(dtype).itemsize == 2 else 1
+    if vector not in (1, 4):
+        raise ValueError(f"vector must be 1 or 4 (or None: the dtype's default); got {vector!r}")
+    return vector
 
 
 def vector_load(n: int):

@@ -1,4 +1,5 @@
-"""Where kernels run, and two small conventions every kernel shares.
+"""The runtime every kernel shares, once numba is imported: is there a GPU, what does the simulator cost, two
+small conventions.
 
 * :func:`require_gpu`: the first call of every GPU entry point. It returns at once when a CUDA GPU
   is there or numba's simulator is on, and otherwise raises :class:`NoGPUError`, one message that

@@ -1,7 +1,8 @@
-"""Where kernels run: a real CUDA GPU, or numba's CUDA simulator. Imports no numba.
+"""The choice made before numba is imported: a real CUDA GPU, or numba's CUDA simulator. Imports no numba.
 
-numba reads ``NUMBA_ENABLE_CUDASIM`` once, when it is imported: the choice must be made before
-anything imports numba. :func:`use_gpu_or_simulator` makes it the way the tests and lessons do.
+numba reads ``NUMBA_ENABLE_CUDASIM`` once, when it is imported, so a script that wants the simulator
+when there is no GPU must decide first: :func:`use_gpu_or_simulator` decides the way the tests and the
+lessons do. (``runtime.py`` asks, once numba is there, which of the two it got.)
 """
 
 from __future__ import annotations

@@ -20,15 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...gpu.launch import launch
-from ...gpu.runtime import simulator_enabled
+from ...gpu.launch import Tiling, launch, tiling_for
 from ...gpu.smem import Region, layout, layout_bytes
-from ...hardware import current
 
 
 @dataclass(frozen=True)
-class BackwardTileConfig:
+class BackwardTileConfig(Tiling):
     """Compile-time shape of one thread block of the backward (see the module docstring)."""
+
+    WHAT = "backward tile configuration"
 
     BR: int  # query rows per tile (Br)
     BC: int  # keys per tile (Bc)
@@ -62,8 +62,8 @@ class BackwardTileConfig:
     def smem_bytes(self) -> int:
         return layout_bytes(self.smem_layout())
 
-    def problems(self) -> list[str]:
-        """What makes this tiling invalid (empty if nothing)."""
+    def shape_problems(self) -> list[str]:
+        """What makes this tiling's shape invalid (empty if nothing)."""
         if self.BR % self.TM or self.NT % self.RG or self.BC % self.CT:
             return ["BR must be a multiple of TM, NT of BR/TM, BC of CT = NT·TM/BR"]
         if self.BC % self.TK or self.NT % self.KG:
@@ -71,12 +71,6 @@ class BackwardTileConfig:
         if self.D % (4 * self.CT) or self.D % (4 * self.CC) or self.DV % (4 * self.CC):
             return ["D must be a multiple of 4·CT and 4·CC, DV of 4·CC"]
         return []
-
-    def validate(self) -> BackwardTileConfig:
-        problems = self.problems()
-        if problems:
-            raise ValueError(f"invalid backward tile configuration {self}: {'; '.join(problems)}")
-        return self
 
     def padded(self, d: int, d_v: int) -> BackwardTileConfig:
         """This tiling with D and DV the smallest valid padding of d and dv."""
@@ -90,7 +84,7 @@ def default_config(d: int, d_v: int) -> BackwardTileConfig:
     64, 128 threads with 8 rows of S_ij each (8 × 4 scores); up to 128, 256 threads with 4 rows each
     (4 × 4 scores: a warp then spans two row groups, which reads fewer bytes of shared memory per
     multiply-add than 8 × 2); beyond, up to 256, 32 × 32 tiles. Chosen by counting shared-memory
-    reads and registers (``benchmarks/backward_ptx.py``), not yet by a measured sweep."""
+    reads and registers (``benchmarks/ptxas_report.py`` reports the registers), not by a measured sweep."""
     if max(d, d_v) <= 64:
         return BackwardTileConfig(BR=64, BC=64, NT=128, TM=8, TK=8, D=0, DV=0).padded(d, d_v)
     if max(d, d_v) <= 128:
@@ -106,12 +100,5 @@ def simulator_config(d: int, d_v: int) -> BackwardTileConfig:
 def launch_backward(make_kernel, args, prob, config: BackwardTileConfig | None = None, **kernel_options):
     """One block of cfg.NT threads per (key tile of cfg.BC keys, head); ``config=None`` takes
     :func:`default_config` (:func:`simulator_config` on the simulator)."""
-    d, d_v = prob.d, prob.d_v
-    cfg = config or (simulator_config(d, d_v) if simulator_enabled() else default_config(d, d_v))
-    cfg.validate()
-    if cfg.D < d or cfg.DV < d_v:
-        raise ValueError(f"config {cfg} is too small for d={d}, dv={d_v}")
-    if cfg.smem_bytes > current().smem_per_block:
-        raise ValueError(f"config {cfg} needs {cfg.smem_bytes} bytes of shared memory; a block may have "
-                         f"at most {current().smem_per_block}")
+    cfg = tiling_for(config, default_config, simulator_config, prob.d, prob.d_v)
     launch(make_kernel(cfg, **kernel_options), -(-prob.n_k // cfg.BC), cfg.NT, cfg.smem_bytes, args)

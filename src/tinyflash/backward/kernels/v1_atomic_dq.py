@@ -31,7 +31,7 @@ from numba import cuda, float32, uint64
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
-from ...gpu.loads import load_tile
+from ...gpu.loads import load_tile, vector_width
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
 from .tiling import BackwardTileConfig, launch_backward
@@ -39,11 +39,6 @@ from .tiling import BackwardTileConfig, launch_backward
 POS_INF = float32(np.inf)
 ZERO, ONE, FOUR = u(0), u(1), u(4)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
-
-
-def vector_width(dtype) -> int:
-    """Elements per thread and global load of a full tile: 4 for float16, 1 for float32 (as the forward v5)."""
-    return 4 if np.dtype(dtype).itemsize == 2 else 1
 
 
 @cache
@@ -233,6 +228,4 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1):
 def launch(args, prob, *, config: BackwardTileConfig | None = None, vector: int | None = None) -> None:
     """Launch v1 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling,
     ``vector`` the elements per thread and global load (default: :func:`vector_width` of the dtype)."""
-    if vector not in (None, 1, 4):
-        raise ValueError(f"vector must be 1 or 4 (or None: the dtype's default); got {vector!r}")
-    launch_backward(make_kernel, args, prob, config, vector=vector_width(prob.dtype) if vector is None else vector)
+    launch_backward(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector))

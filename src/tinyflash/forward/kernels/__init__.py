@@ -10,7 +10,7 @@ a learner can read, diff, run and time any of them:
     python -m tinyflash.bench versions       # check each version, then time them side by side
 
 :data:`VERSIONS` registers each version once; ``cuda_attention(kernel=...)``, the tests, the
-benchmark, lesson 05 and the README's version table all iterate over it. The later stages go
+benchmark, lesson 05 and the version table of docs/results.md all iterate over it. The later stages go
 beside these: v6 is stage 3, the tensor cores (``tinyflash.tensor_core_attention``), which takes
 float16 and bfloat16 and two head dims only (:meth:`KernelVersion.accepts` says what each version
 takes); ``tinyflash/backward/`` the backward pass, ``tinyflash/decode/`` split-KV decoding.
@@ -23,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import (v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered, v5_branch_free,
-               v6_tensor_cores)
+from . import (tensor_core_tiling, v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered,
+               v5_branch_free, v6_tensor_cores)
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ class KernelVersion:
     dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes (computed in float32)
     max_head_dim: int = 256  # largest d and dv
     head_dims: tuple | None = None  # the only d (= dv) it takes, if it does not take every d up to max_head_dim
+    sized_launch: Callable | None = None  # sized_launch(n_q, n_k, heads, scale·log2(e), causal, kv_group, element,
+    # tiling) -> a launch through the driver that takes only the arrays (v6: the host's fast path)
 
     def accepts(self, dtype, d: int, d_v: int) -> bool:
         """Whether this version computes inputs of ``dtype`` (a NumPy dtype or 'bfloat16') and head dims d, dv."""
@@ -48,7 +50,8 @@ class KernelVersion:
 
 
 def _version(name, module, changed, options=(), **limits):
-    return KernelVersion(name, module.__name__.rsplit(".", 1)[-1] + ".py", changed, module.launch, options, **limits)
+    return KernelVersion(name, module.__name__.rsplit(".", 1)[-1] + ".py", changed, module.launch, options, **limits,
+                         sized_launch=getattr(module, "driver_launch", None))
 
 
 VERSIONS = {v.name: v for v in (
@@ -64,7 +67,7 @@ VERSIONS = {v.name: v for v in (
     _version("v6", v6_tensor_cores, "tensor cores (stage 3): mma.sync on 16-bit inputs, P_ij kept in registers, "
              "ldmatrix fragment loads, K_j, V_j double-buffered with cp.async; float16 and bfloat16, d = 64 or 128",
              ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
-             head_dims=v6_tensor_cores.HEAD_DIMS),
+             head_dims=tensor_core_tiling.HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 
@@ -79,7 +82,7 @@ def get(name: str | None = None) -> KernelVersion:
 
 
 def version_table() -> str:
-    """The README's table of kernel versions, as Markdown."""
+    """The table of kernel versions, as Markdown: each version's file and what it changed (lesson 05 prints it)."""
     lines = ["| version | file | what changed |", "|---|---|---|"]
     lines += [f"| {v.name} | `{v.module}` | {v.changed} |" for v in VERSIONS.values()]
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The tiling of the tensor-core kernel v6 and its host side: who computes what, where tiles live, how
-a problem is launched. (``tiling.py`` beside this is the same for the CUDA-core kernels v2 to v5.)
+a problem is launched. (``tiling.py`` beside this is the same for the CUDA-core kernels v2 to v5; what a
+warp owns and how its fragments are laid out is ``tinyflash.warp_tile``.)
 
 A block of WARPS warps owns Br = 16 · ROW_TILES · WARPS query rows: warp w the rows
 32w .. 32w + 31 (two row tiles of 16) or 16w .. 16w + 15 (one); it walks the keys in tiles K_j, V_j of
@@ -16,21 +17,17 @@ from functools import lru_cache
 
 import numpy as np
 
-from ...gpu.arrays import is_device_array, kernel_view
+from ...gpu.arrays import is_device_array, numba_flat
 from ...gpu.driver_launch import GridLaunch, driver_kernel
-from ...gpu.launch import MAX_GRID_Y, LaunchArgs, launch as launch_grid
+from ...gpu.launch import MAX_GRID_Y, LaunchArgs, Tiling, launch as launch_grid
 from ...gpu.runtime import simulator_enabled
-from ...hardware import current
+from ...warp_tile import ELEMENTS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile
 
 HEAD_DIMS = (64, 128)  # d = dv supported
-ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
-WARP = 32  # lanes per warp
-MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
-PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
 
 
 @dataclass(frozen=True)
-class TensorCoreTiling:
+class TensorCoreTiling(Tiling):
     """Who computes what: WARPS warps of 16 · ROW_TILES query rows each, key tiles of BC keys, head dim D;
     and where Q_i's A operands are held: in registers, loaded once (Q_IN_SMEM False), or read from Q_i in
     shared memory for every key tile, two mma steps over d at a time (True: fewer registers, more ldmatrix)."""
@@ -43,6 +40,7 @@ class TensorCoreTiling:
     Q_IN_SMEM: bool = False  # read Q_i's A operands from shared memory per key tile instead of holding them
     LAZY_RESCALE: bool = False  # rescale acc and l_i only when a row's max grows by more than 2^RESCALE_LOG2
     HEAD_GROUP: int | None = None  # heads whose blocks are ordered together (v6's block_work); None: head_group's rule
+    WHAT = "tensor-core tiling"
 
     @property
     def BR(self) -> int:  # query rows per block (Br): 16 per row tile
@@ -60,6 +58,10 @@ class TensorCoreTiling:
     def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
         return self.D // 8
 
+    def warp_tile(self, element: str) -> WarpTile:
+        """What each warp of this tiling owns, for inputs of ``element`` (``tinyflash.warp_tile``)."""
+        return WarpTile(element, self.D, self.BC, self.ROW_TILES, self.Q_IN_SMEM, self.LAZY_RESCALE)
+
     def smem_layout(self) -> dict:
         """Word offsets in shared memory: Q_i, then two stages of (K_j, V_j)."""
         tile = self.BC * self.ROW_WORDS
@@ -70,7 +72,7 @@ class TensorCoreTiling:
     def smem_bytes(self) -> int:
         return 4 * self.smem_layout()["end"]
 
-    def problems(self) -> list[str]:
+    def shape_problems(self) -> list[str]:
         problems = []
         if self.D not in HEAD_DIMS:
             problems.append(f"D must be one of {HEAD_DIMS}")
@@ -80,14 +82,7 @@ class TensorCoreTiling:
             problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
         if self.HEAD_GROUP is not None and self.HEAD_GROUP < 1:
             problems.append("HEAD_GROUP must be None or at least 1")
-        if self.smem_bytes > current().smem_per_block:
-            problems.append(f"needs {self.smem_bytes} bytes of shared memory; a block may have {current().smem_per_block}")
         return problems
-
-    def validate(self) -> "TensorCoreTiling":
-        if self.problems():
-            raise ValueError(f"invalid tensor-core tiling {self}: {'; '.join(self.problems())}")
-        return self
 
 
 SHORT_CAUSAL = 8192  # causal with fewer query rows than this: blocks of 128 rows (see default_tiling)
@@ -95,25 +90,23 @@ SHORT_CAUSAL = 8192  # causal with fewer query rows than this: blocks of 128 row
 
 @lru_cache(maxsize=256)  # built and validated once per (d, causal, n_q), for the last 256 of them
 def default_tiling(d: int, causal: bool, n_q: int = SHORT_CAUSAL) -> TensorCoreTiling:
-    """The tiling used on a GPU, the fastest measured on an H200 (float16, N = 4,096 and 16,384, kernel alone:
-    ``benchmarks/tensor_core_tiles.py``). Causal, from the sweep of the kernel whose blocks are ordered by
-    groups of heads (log benchmarks/results/tensor_core_tiles_h200.log, each tiling at its best head group);
-    not causal, from the sweep of the kernel that runs one head at a time, the same machine code as now
-    (tensor_core_tiles_h200_run6_one_head_at_a_time.log). Every warp owns 2 row tiles (32 query rows) of
-    64-key tiles. d = 128: 8 warps, Q_i read from shared memory for each key tile (255 registers, 40 bytes
-    spilled), rescaled lazily; causal with fewer than SHORT_CAUSAL query rows, 4 warps: at N = 4,096 the
-    8-warp blocks are too few to share out evenly (placed between the two lengths measured, not measured
-    itself). d = 64: 4 warps, Q_i in registers; rescaled lazily when causal, at every tile when not (lazily
-    was 1-5 % slower there: benchmarks/results/compare_checkouts_h200_two_kernels.log has 4.5 %)."""
+    """The tiling used on a GPU: for each (d, causal, N) of the H200's tiling sweep, the fastest
+    (``python -m tinyflash.bench tensor-core-tiles``, figures/data/tensor_core_tiles_h200.csv: with the causal
+    mask the kernel that orders its blocks by groups of heads, each tiling at its best group; without it the
+    kernel that takes one head at a time, which is the one that runs there); the docs' tests check that these
+    are still the record's fastest. Every warp owns 2 row tiles (32 query rows) of 64-key tiles. d = 128: 8 warps,
+    Q_i read from shared memory for each key tile, rescaled lazily; causal with fewer than SHORT_CAUSAL query
+    rows, 4 warps, so that blocks of uneven length are finer pieces of work to share out (the switch lies
+    between the two lengths of the sweep). d = 64: 4 warps, Q_i in registers; rescaled lazily when causal, at
+    every tile when not."""
     if d == 64:
         return TensorCoreTiling(D=64, WARPS=4, BC=64, ROW_TILES=2, LAZY_RESCALE=causal).validate()
     warps = 4 if causal and n_q < SHORT_CAUSAL else 8
     return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
 
 
-# causal: the K and V of the heads ordered together, at most this many bytes (head_group). From the sweep: at
-# N = 4,096 (2 MiB per head at d = 128) 1-4 heads were 15-20 % slower than 8 or more; at N = 16,384 (8 MiB), 2-4
-# heads were fastest, 32 heads 2-3 % slower
+# causal: the K and V of the heads ordered together, at most this many bytes (head_group): they stay in the L2 cache
+# while the group's blocks read them. The docs' tests check the rule's group against the sweep's fastest.
 L2_KV_BYTES = 16 * 2**20
 
 
@@ -143,14 +136,14 @@ def sized_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_
     scale · log2(e), causal, kv_group, head_group)."""
     group = head_group(cfg, n_k, n_heads, kv_group, causal)
     kernel = driver_kernel(kernel_for(cfg, element, group), signature, cfg.smem_bytes)
-    return GridLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes,
-                      (n_q, n_k, np.float32(scale_log2), bool(causal), kv_group, group))
+    return GridLaunch.sized(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
+                            scale_log2=np.float32(scale_log2), causal=bool(causal), kv_group=kv_group, head_group=group)
 
 
 def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
                         element: str | None = None) -> None:
-    """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (q, k, v, o flat in 16-bit elements; lse;
-    then n_q, n_k, d, dv, scale·log2(e), causal): device arrays on a GPU through the driver (``driver_launch``:
+    """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (Q, K, V, O flat in 16-bit elements, LSE;
+    n_q, n_k, scale_log2, causal, kv_group by name): device arrays on a GPU through the driver (``driver_launch``:
     the kernel's sized launch, as v6.driver_launch keeps it), else through numba."""
     if element is None:
         if np.dtype(prob.dtype) != np.float16:
@@ -166,19 +159,20 @@ def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, confi
                                                                                           prob.n_q))
     if cfg.D != prob.d:
         raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
-    n_q, n_k, _, _, scale_log2, causal = args.scalars[:6]
-    n_tiles, arrays = -(-n_q // cfg.BR), [a for a, _ in args.per_head]
+    sc = args.scalars
+    n_tiles, arrays = -(-sc["n_q"] // cfg.BR), [args.arrays[name][0] for name in ("Q", "K", "V", "O", "LSE")]
     if not simulator_enabled() and args.n_heads <= MAX_GRID_Y and all(map(is_device_array, arrays)):
         # one launch, through the driver: the lean path (device arrays of any library: it reads their addresses)
-        driver_launch(n_q, n_k, args.n_heads, scale_log2, causal, args.kv_group, element, cfg)(*arrays)
+        driver_launch(sc["n_q"], sc["n_k"], args.n_heads, sc["scale_log2"], sc["causal"], args.kv_group, element,
+                      cfg)(*arrays)
         return
     # kv_group: query heads per K, V head (GQA); the heads ordered together, out of at most a launch's heads
-    group = head_group(cfg, n_k, min(args.n_heads, MAX_GRID_Y), args.kv_group, causal)
+    group = head_group(cfg, sc["n_k"], min(args.n_heads, MAX_GRID_Y), args.kv_group, sc["causal"])
     kernel = kernel_for(cfg, element, group)  # v6's make_kernel validates cfg when it builds
-    scalars = (n_q, n_k, scale_log2, causal, args.kv_group, group)
-    words = [(as_words(a), size // 2) for a, size in args.per_head[:4]]  # 16-bit pairs: q, k, v, o
-    grid_args = LaunchArgs(per_head=(*words, (kernel_view(args.per_head[4][0]), args.per_head[4][1])),
-                           scalars=scalars, n_heads=args.n_heads, kv_group=args.kv_group)
+    words = {name: (as_words(a), size // 2) if name != "LSE" else (flat(a), size)  # 16-bit pairs: Q, K, V, O
+             for name, (a, size) in args.arrays.items()}
+    grid_args = LaunchArgs(arrays=words, scalars={**sc, "head_group": group}, n_heads=args.n_heads,
+                           kv_group=args.kv_group)
     # numba's launches (gpu/launch.py; it copies host arrays, and launches once per 65,535 heads); on the
     # simulator, where every emulated warp instruction waits at a barrier, with faster barriers
     if simulator_enabled():
@@ -187,7 +181,13 @@ def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, confi
         launch_grid(kernel, n_tiles, cfg.NT, cfg.smem_bytes, grid_args)
 
 
+def flat(a):
+    """A device array as :func:`numba_flat` makes it; a host array as a flat view of itself, which numba's launch
+    copies to the GPU and back (an output written there reaches the caller's array)."""
+    return numba_flat(a) if is_device_array(a) else np.asarray(a).reshape(-1)
+
+
 def as_words(a):
     """A flat array of 16-bit elements as numba launches it for this kernel: uint32 words, two elements each."""
-    a = kernel_view(a)
+    a = flat(a)
     return a if a.dtype == np.uint32 else a.view(np.uint32)

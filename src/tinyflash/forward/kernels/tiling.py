@@ -18,16 +18,17 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from ...gpu.launch import SharedMemoryRefused, launch
-from ...gpu.runtime import simulator_enabled
+from ...gpu.launch import SharedMemoryRefused, Tiling, launch, tiling_for
 from ...gpu.smem import Region, layout, layout_bytes
-from ...hardware import STATIC_SMEM_PER_BLOCK, current
+from ...hardware import STATIC_SMEM_PER_BLOCK
 
 
 @dataclass(frozen=True)
-class TileConfig:
+class TileConfig(Tiling):
     """Compile-time shape of one thread block: BR query rows and BC keys per tile, NT threads,
     TM rows per thread, head dims padded to D and DV (see the module docstring)."""
+
+    WHAT = "tile configuration"
 
     BR: int
     BC: int
@@ -78,8 +79,8 @@ class TileConfig:
     def smem_bytes(self) -> int:
         return layout_bytes(self.smem_layout())
 
-    def problems(self) -> list[str]:
-        """What makes this tiling invalid (empty if nothing)."""
+    def shape_problems(self) -> list[str]:
+        """What makes this tiling's shape invalid (empty if nothing)."""
         problems = []
         if self.BR % self.TM or self.NT % self.RG:
             problems.append("BR must be a multiple of TM and NT a multiple of BR/TM")
@@ -89,12 +90,6 @@ class TileConfig:
             problems.append("D must be a multiple of 8")
         return problems
 
-    def validate(self) -> "TileConfig":
-        problems = self.problems()
-        if problems:
-            raise ValueError(f"invalid tile configuration {self}: {'; '.join(problems)}")
-        return self
-
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
@@ -103,11 +98,10 @@ def round_up(x: int, m: int) -> int:
 def default_config(d: int, d_v: int) -> TileConfig:
     """The tiling used on a GPU for head dims d and dv.
 
-    Chosen by measurement on an H200 (the tile sweep, now ``python -m tinyflash.bench tiles``; the
-    results of the run that chose them are in figures/data/tile_sweep_h200.csv): 64 query rows per
-    block and 128 threads, each thread owning 8 rows; 128 keys per tile for d <= 64, 64 for
-    d <= 128 (102 KiB of shared memory, two blocks per SM). Beyond 128 a block owns 4 rows per
-    thread with 256 threads, one block per SM.
+    The fastest of the H200's tile sweep (``python -m tinyflash.bench tiles``, figures/data/tile_sweep_h200.csv):
+    64 query rows per block and 128 threads, each thread owning 8 rows; 128 keys per tile for d <= 64, 64 for
+    d <= 128 (102 KiB of shared memory, two blocks per SM). Beyond 128 a block owns 4 rows per thread with
+    256 threads, one block per SM.
     """
     D, DV = round_up(d, 8), round_up(d_v, 64)
     if max(D, DV) <= 64:
@@ -143,19 +137,12 @@ def launch_tiled(make_kernel, args, prob, config: TileConfig | None = None, **ke
     the driver refuses the shared memory of the tiling, this warns and falls back to
     :func:`small_config`, which needs no permission.
     """
-    d, d_v = prob.d, prob.d_v
-    cfg = config or (simulator_config(d, d_v) if simulator_enabled() else default_config(d, d_v))
-    cfg.validate()
-    if cfg.D < d or cfg.DV < d_v:
-        raise ValueError(f"config {cfg} is too small for d={d}, dv={d_v}")
-    if cfg.smem_bytes > current().smem_per_block:
-        raise ValueError(f"config {cfg} needs {cfg.smem_bytes} bytes of shared memory; a block may have "
-                         f"at most {current().smem_per_block}")
+    cfg = tiling_for(config, default_config, simulator_config, prob.d, prob.d_v)
     try:
         launch(make_kernel(cfg, **kernel_options), -(-prob.n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args,
                key_tiles=-(-prob.n_k // cfg.BC))
     except SharedMemoryRefused as exc:  # fall back to a tiling that needs no permission
-        small = small_config(d, d_v)
+        small = small_config(prob.d, prob.d_v)
         warnings.warn(f"{exc}; falling back to the slower tiling {small}", RuntimeWarning, stacklevel=4)
         launch(make_kernel(small, **kernel_options), -(-prob.n_q // small.BR), small.NT, small.smem_bytes, args,
                key_tiles=-(-prob.n_k // small.BC))

@@ -27,7 +27,7 @@ from numba import cuda, float32, uint64
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
-from ...gpu.loads import fetch_tile, is_full_tile, load_tile, load_tile_ragged, store_tile
+from ...gpu.loads import fetch_tile, is_full_tile, load_tile, load_tile_ragged, store_tile, vector_width
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
 from .tiling import TileConfig, launch_tiled
@@ -35,17 +35,6 @@ from .tiling import TileConfig, launch_tiled
 NEG_INF = float32(-np.inf)
 ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
-
-
-def vector_width(dtype) -> int:
-    """Elements each thread reads per global load in a full tile: 4 for float16 (8 bytes), 1 for float32.
-
-    With one float16 per thread a warp's load covers only 64 bytes, half of a 128-byte cache
-    line; one float32 per thread already covers a whole line. On an H200, 4 per thread made the
-    float16 kernel faster and the float32 one slower (``python -m tinyflash.bench vector``; the
-    README quotes the numbers).
-    """
-    return 4 if np.dtype(dtype).itemsize == 2 else 1
 
 
 def pipelined(load, fma, STEP, END):
@@ -280,6 +269,4 @@ def make_kernel(cfg: TileConfig, vector: int = 1):
 def launch(args, prob, *, config: TileConfig | None = None, vector: int | None = None) -> None:
     """Launch v5 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling,
     ``vector`` the elements per thread and global load (default: :func:`vector_width` of the dtype)."""
-    if vector not in (None, 1, 4):
-        raise ValueError(f"vector must be 1 or 4 (or None: the dtype's default); got {vector!r}")
-    launch_tiled(make_kernel, args, prob, config, vector=vector_width(prob.dtype) if vector is None else vector)
+    launch_tiled(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector))

@@ -30,38 +30,29 @@ What changed since v5 (stage 2's last CUDA-core kernel):
   tile's max exceeds it by more than 2^8; most tiles then skip the multiplications of acc and l_i.
 
 The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one device function
-per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue. Its limits:
-d = dv ∈ HEAD_DIMS.
+per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue; the phases are
+a warp's tile on the tensor cores (``tinyflash.warp_tile``), which the decode kernel shares. This file
+keeps what is v6's own: the order of its blocks, the copies of Q_i, K_j and V_j into shared memory, the
+loop. Its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS``.
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
-import numpy as np
 from numba import cuda, float32, uint32, uint64
 from numba.cuda import types
 
 from ...core.masks import key_stop
-from ...core.online_softmax import LN2
 from ...gpu import ptx
 from ...gpu.driver_launch import GridLaunch
 from ...gpu.launch import LaunchArgs
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
-from .tensor_core_tiling import (ELEMENTS, HEAD_DIMS, L2_KV_BYTES, MMA_K, MMA_M, MMA_N, PAD_WORDS,  # noqa: F401
-                                 SHORT_CAUSAL, WARP, TensorCoreTiling, default_tiling, head_group,
-                                 launch_tensor_cores, simulator_tiling, sized_launch)
+from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
+from .tensor_core_tiling import TensorCoreTiling, launch_tensor_cores, sized_launch
 
-NEG_INF = float32(-np.inf)
-ZERO, ONE, TWO, FOUR, EIGHT, SIXTEEN = u(0), u(1), u(2), u(4), u(8), u(16)
-# Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the
-# flags that assume no inf or NaN ('ninf', 'nnan'): the mask and the empty rows rely on -inf.
-FAST_MATH = {"afn", "arcp", "contract"}
-# LAZY_RESCALE: a row keeps its reference max m_i until a tile's max exceeds it by more than this (base 2),
-# so P_ij = exp2(scale · S_ij - m_i) stays at most 2^8 = 256: exact in float32, in range in float16 and bfloat16
-RESCALE_LOG2 = 8.0
+ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
 # flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group,
@@ -74,18 +65,18 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     """``flash_fwd`` for one tiling and one element type (float16 or bfloat16); ``grouped``: for head_group > 1
     (its blocks ordered by groups of heads), else for one head at a time (head_group must then be 1)."""
     cfg.validate()
-    mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
+    spec = cfg.warp_tile(element)
+    tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue
+    lane_rows, load_q, scores, mask_row = tile.lane_rows, tile.load_q, tile.scores, tile.mask_row
+    softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue  # (numba types no namespace)
     BR, BC, NT, RW, CHUNKS = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.ROW_WORDS, cfg.CHUNKS))
     DW = u(cfg.D // 2)  # words per row in HBM
     layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
     Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
     STAGE = layout["stage 1"] - layout["stage 0"]
-    KEYS8_BYTES = 8 * cfg.ROW_WORDS * 4  # 8 rows of shared memory, in bytes
     ROW_TILES, WARP_ROWS = cfg.ROW_TILES, u(MMA_M * cfg.ROW_TILES)  # 16-row tiles per warp; its query rows
-    WARP_Q_BYTES = cfg.ROW_TILES * 2 * KEYS8_BYTES  # a warp's rows of Q_i in shared memory, in bytes
-    K_STEPS, S_TILES = cfg.D // MMA_K, cfg.BC // MMA_N  # mma steps over d; 16 × 8 tiles of S_ij per row tile
-    Q_IN_SMEM, LAZY_RESCALE = cfg.Q_IN_SMEM, cfg.LAZY_RESCALE
-    P_STEPS, O_TILES = cfg.BC // MMA_K, cfg.D // MMA_N  # mma steps over the keys; 16 × 8 tiles of O_i per row tile
+    WARP_Q_BYTES = cfg.ROW_TILES * 2 * 8 * cfg.ROW_WORDS * 4  # a warp's rows of Q_i in shared memory, in bytes
+    K_STEPS, S_TILES, O_TILES, Q_IN_SMEM = spec.K_STEPS, spec.S_TILES, spec.O_TILES, cfg.Q_IN_SMEM
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
 
@@ -110,10 +101,8 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
         in_group = min(group, heads - first)  # the group's heads
         return uint64(first + rest % in_group), uint64(tiles - uint32(1) - rest // in_group) * BR
 
-    # two kernels, not one: with grouped_heads alone, the same order when head_group = 1, the kernel was 3-4 %
-    # slower without the causal mask at d = 128 (benchmarks/results/compare_checkouts_h200_one_kernel.log; a
-    # run-time branch to one_head_at_a_time made its loop longer); one_head_at_a_time's kernel is the machine
-    # code of the kernel before block orders, and as fast (compare_checkouts_h200_two_kernels.log)
+    # two kernels, not one: a run-time branch between the two orders lengthens the main loop of both, so each
+    # order is compiled into a kernel of its own (docs/notes: the block orders)
     block_work = grouped_heads if grouped else one_head_at_a_time
 
     @cuda.jit(device=True, inline="always")
@@ -139,178 +128,13 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, inline="always")
-    def lane_rows(lane):
-        """Byte offsets of the row each lane gives ldmatrix, computed once: for K_j, lanes 8i .. 8i+7 give
-        keys 0-7 at dims 8i (8 keys × 32 dims: the B operands of 2 mma steps); for a 16 × 16 block of Q_i
-        or V_j, lanes 0-15 give rows 0-15 and lanes 16-31 the same rows 8 columns on (an A operand's order).
-        Each tile then adds a constant, which the compiler folds into the instruction."""
-        k_lane = ((lane % EIGHT) * RW + (lane // EIGHT) * FOUR) * FOUR
-        block_lane = ((lane % SIXTEEN) * RW + (lane // SIXTEEN) * FOUR) * FOUR
-        return uint32(k_lane), uint32(block_lane)
-
-    @cuda.jit(device=True, inline="always")
-    def load_q(qf, q_warp, kk):
-        """Q_i's A operands of mma steps kk and kk + 1 (dims 16kk .. 16kk+31) for each of the warp's row
-        tiles, from shared memory by ldmatrix (one per row tile and step)."""
-        for r in range(ROW_TILES):
-            for h in range(2):  # rows 16r .. (16 rows: 2 · KEYS8_BYTES), dims 16(kk + h) .. (32 bytes)
-                qf[r, kk + h, 0], qf[r, kk + h, 1], qf[r, kk + h, 2], qf[r, kk + h, 3] = ptx.ldmatrix_x4(
-                    q_warp + uint32(r * 2 * KEYS8_BYTES + (kk + h) * 2 * MMA_K))
-
-    @cuda.jit(device=True, inline="always")
-    def two_steps(s, qf, n, kk, k_lane_addr):
-        """s[r, n] += mma steps kk and kk + 1 (dims 16kk .. 16kk+31) for keys 8n .. 8n+7 and every row tile r:
-        the A operands from qf, the B operands from one ldmatrix of K_j (8 keys × 32 dims)."""
-        b = ptx.ldmatrix_x4(k_lane_addr + uint32(n * KEYS8_BYTES + kk * 2 * MMA_K))  # keys 8n.., dims 16kk..
-        for r in range(ROW_TILES):  # the same b for every row tile: one read, 2 · ROW_TILES mma's
-            for h in range(2):  # steps kk and kk + 1
-                s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3] = mma(
-                    qf[r, kk + h, 0], qf[r, kk + h, 1], qf[r, kk + h, 2], qf[r, kk + h, 3], b[2 * h],
-                    b[2 * h + 1], s[r, n, 0], s[r, n, 1], s[r, n, 2], s[r, n, 3])
-
-    def pairs_from(kk):
-        """A device function: S_ij += mma steps kk .. K_STEPS - 1, two at a time, each pair's Q operands read
-        from Q_i in shared memory (q_warp) and used by every S tile. Unrolled here, in Python: the compiler
-        leaves a loop over the pairs rolled, and then qf, indexed by the loop's step, goes to local memory."""
-        if kk == K_STEPS:
-            return cuda.jit(device=True, inline="always")(lambda s, qf, q_warp, k_lane_addr: None)
-        rest = pairs_from(kk + 2)
-
-        @cuda.jit(device=True, inline="always")
-        def pair(s, qf, q_warp, k_lane_addr):
-            load_q(qf, q_warp, kk)  # only this pair's Q operands are live: 2 · ROW_TILES · 4 registers
-            for n in range(S_TILES):
-                two_steps(s, qf, n, kk, k_lane_addr)
-            rest(s, qf, q_warp, k_lane_addr)
-
-        return pair
-
-    q_pairs = pairs_from(0)
-
-    @cuda.jit(device=True, inline="always")
-    def scores(s, qf, q_warp, k_lane_addr):
-        """S_ij = Q_i K_jᵀ for the warp's rows, s[r, n] the lane's part of row tile r and keys 8n .. 8n+7
-        (not yet scaled: the scale is folded into the exponent, one fused multiply-add per score).
-        Q's operands in registers: S tile by S tile, each over all of d. Q_IN_SMEM: pair of mma steps by
-        pair (all S tiles' accumulators live, as they are anyway), Q's operands read pair by pair."""
-        for r in range(ROW_TILES):
-            for n in range(S_TILES):
-                for e in range(4):
-                    s[r, n, e] = float32(0.0)
-        if Q_IN_SMEM:
-            q_pairs(s, qf, q_warp, k_lane_addr)
-        else:
-            for n in range(S_TILES):
-                for kk in range(0, K_STEPS, 2):
-                    two_steps(s, qf, n, kk, k_lane_addr)
-
-    @cuda.jit(device=True, inline="always")
     def mask(s, row, k_start, t, n_q, n_k, causal):
         """S_ij = -inf for keys at or past Nk (the ragged last tile) and, if causal, after the diagonal;
         the lane's rows are row + 16r and row + 16r + 8 (row tile r), its keys k_start + 8n + 2t (+1)."""
         for r in range(ROW_TILES):
             for half in range(2):
                 stop = key_stop(row + uint64(r * MMA_M + half * 8) + ONE, n_q, n_k, causal)  # keys < stop allowed
-                for n in range(S_TILES):
-                    for e in range(2):
-                        if k_start + uint64(n) * EIGHT + TWO * t + uint64(e) >= stop:
-                            s[r, n, 2 * half + e] = NEG_INF
-
-    @cuda.jit(device=True, inline="always")
-    def row_max(s, r, half, scale_log2):
-        """rowmax(S_ij) of row g + 8·half of row tile r, scaled (base 2): the lane's keys, then over the 4
-        lanes of its group."""
-        m = NEG_INF
-        for n in range(S_TILES):
-            m = max(m, max(s[r, n, 2 * half], s[r, n, 2 * half + 1]))
-        m = max(m, ptx.shfl_xor(m, 1))
-        return max(m, ptx.shfl_xor(m, 2)) * scale_log2  # scale > 0: the max of the scaled scores
-
-    @cuda.jit(device=True, inline="always")
-    def grows(m_i, m_tile):
-        """LAZY_RESCALE: whether the max of any of the lane's rows grows past its reference m_i by more than
-        2^RESCALE_LOG2 in this tile (always true on a row's first allowed keys: m_i = -inf). One decision for
-        the lane's 2 · ROW_TILES rows, so that the common case, no rescaling, is one branch per tile."""
-        out = False
-        for r in range(ROW_TILES):
-            for half in range(2):
-                out = out or m_tile[r, half] > m_i[r, half] + float32(RESCALE_LOG2)
-        return out
-
-    @cuda.jit(device=True, inline="always")
-    def rescale(m_i, l_i, acc, r, half, m_tile):
-        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc (row g + 8·half of row
-        tile r; base 2; l_i is the lane's share of the row sum)."""
-        m_new = max(m_i[r, half], m_tile)
-        m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
-        alpha = math.exp2(m_i[r, half] - m_safe)
-        m_i[r, half] = m_new
-        l_i[r, half] *= alpha
-        for n in range(O_TILES):
-            acc[r, n, 2 * half] *= alpha
-            acc[r, n, 2 * half + 1] *= alpha
-
-    @cuda.jit(device=True, inline="always")
-    def exponentiate(s, m_i, l_i, r, half, scale_log2):
-        """P_ij = exp(scale · S_ij - m_i) replaces S_ij, and l_i += rowsum(P_ij) (row g + 8·half of row tile r;
-        base 2: one fused multiply-add and one exp2 per score)."""
-        m_safe = m_i[r, half] if m_i[r, half] != NEG_INF else float32(0.0)
-        for n in range(S_TILES):
-            for e in range(2):
-                s[r, n, 2 * half + e] = math.exp2(s[r, n, 2 * half + e] * scale_log2 - m_safe)  # P_ij, unnormalised
-                l_i[r, half] += s[r, n, 2 * half + e]
-
-    @cuda.jit(device=True, inline="always")
-    def softmax_step(s, m_i, l_i, acc, m_tile, scale_log2):
-        """Stage 1's online-softmax update for the warp's rows: the tile's row maxima; the running state
-        rescaled to the new maxima (LAZY_RESCALE: only when one of the lane's rows grows by more than
-        2^RESCALE_LOG2, else m_i stays each row's reference and P_ij <= 2^RESCALE_LOG2; O_i = acc / l_i and
-        lse_i = m_i + log l_i hold for any reference, as long as nothing overflows); then P_ij."""
-        for r in range(ROW_TILES):
-            for half in range(2):
-                m_tile[r, half] = row_max(s, r, half, scale_log2)
-        if not LAZY_RESCALE or grows(m_i, m_tile):
-            for r in range(ROW_TILES):
-                for half in range(2):
-                    rescale(m_i, l_i, acc, r, half, m_tile[r, half])
-        for r in range(ROW_TILES):
-            for half in range(2):
-                exponentiate(s, m_i, l_i, r, half, scale_log2)
-
-    @cuda.jit(device=True, inline="always")
-    def p_times_v(acc, s, v_lane_addr):
-        """acc += P_ij V_j: P_ij packed from the S accumulators (their layout is the A operand's), V_j by
-        ldmatrix.trans, 16 keys × 16 dims per instruction, each feeding every row tile's mma's."""
-        a = cuda.local.array((ROW_TILES, 4), uint32)  # per row tile, the A operand of keys 16kk .. 16kk+15
-        for kk in range(P_STEPS):
-            for r in range(ROW_TILES):
-                for h in range(2):  # keys 16kk + 8h ..: the S tile 2kk + h, rows g and g + 8
-                    a[r, 2 * h] = pack(s[r, 2 * kk + h, 0], s[r, 2 * kk + h, 1])
-                    a[r, 2 * h + 1] = pack(s[r, 2 * kk + h, 2], s[r, 2 * kk + h, 3])
-            for n in range(0, O_TILES, 2):  # keys 16kk .., dims 8n ..: 16 bytes per 8 dims
-                b = ptx.ldmatrix_x4_trans(v_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
-                for r in range(ROW_TILES):  # the same b for every row tile: one read, 2 · ROW_TILES mma's
-                    for h in range(2):
-                        acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3] = mma(
-                            a[r, 0], a[r, 1], a[r, 2], a[r, 3], b[2 * h], b[2 * h + 1],
-                            acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3])
-
-    @cuda.jit(device=True, inline="always")
-    def epilogue(acc, m_i, l_i, O, LSE, o_off, lse_off, row, t, n_q):
-        """O_i = acc / l_i, lse_i = m_i + log(l_i) for rows row + 16r + 8·half: each row's sum is 4 lanes'
-        shares, added first."""
-        for r in range(ROW_TILES):
-            for half in range(2):
-                l_row = l_i[r, half] + ptx.shfl_xor(l_i[r, half], 1)
-                l_row += ptx.shfl_xor(l_row, 2)
-                q_row = row + uint64(r * MMA_M + half * 8)
-                if q_row < n_q:
-                    inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)  # fully masked row: O = 0
-                    for n in range(O_TILES):  # the lane's 2 columns 8n + 2t, +1: one word
-                        O[o_off + q_row * DW + uint64(n) * FOUR + t] = pack(acc[r, n, 2 * half] * inv_l,
-                                                                            acc[r, n, 2 * half + 1] * inv_l)
-                    if t == ZERO:
-                        LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
+                mask_row(s, r, half, stop, k_start, t)
 
     @cuda.jit(fastmath=FAST_MATH, **({"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}))
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group):

@@ -1,9 +1,9 @@
-"""Split-KV decoding as numba.cuda kernels: a split kernel, then a combine kernel.
+"""The split kernel of decoding on the CUDA cores: float32, and the head dims the tensor cores do not take.
 
-**Split kernel** (:func:`make_split_kernel`): one thread block per (split, K/V head of one
-sequence, chunk of packed query rows). With grouped-query attention, the kv_group query heads that
-share a K/V head (times Nq query rows each) are *packed* into the block's rows, so each K/V byte
-is read from HBM once for all of them. The block walks its split's keys in tiles of BK keys:
+One thread block per (split, K/V head of one sequence, chunk of packed query rows). With
+grouped-query attention, the kv_group query heads that share a K/V head (times Nq query rows each)
+are *packed* into the block's rows, so each K/V byte is read from HBM once for all of them. The
+block walks its split's keys (``keys.split_keys``) in tiles of BK keys:
 
     threads:  lane = tid % TD  owns columns [lane·VEC, lane·VEC + VEC) of a key row (16 bytes; or 32)
               slot = tid // TD owns keys  tile + slot, + KP, ..., + (U - 1)·KP   (KP = NT / TD slots,
@@ -15,31 +15,19 @@ is read from HBM once for all of them. The block walks its split's keys in tiles
         mask                           keys past the split, the sequence, or the diagonal: -inf
         m_new, alpha, P, l, acc        the online softmax, in registers, once per tile and row
 
-Why a ring (the old kernel prefetched K/V into registers, 2 keys per slot ahead): a load in
-flight in registers holds those registers until it lands, so 144 registers per thread allowed
-3 blocks per SM and only ~8 KB of loads in flight per block, ~24 KB per SM; an H200 needs about
-4.8 TB/s × ~1 µs / 132 SMs ≈ 36 KB in flight per SM to keep HBM busy (Little's law). A cp.async
-holds no register: in flight per block = (STAGES - 1) tiles = 2 × 32 keys × 512 bytes (K and V
-rows of d = 128, float16) = 32 KB, and with 4 blocks per SM (48 KB of shared memory and at most
-128 registers each) 128 KB per SM. Each thread copies exactly the 16-byte pieces it later reads
-(its slot's keys, its lane's columns), so it waits only for its own copies: no barrier in the loop.
-
-What is left is the instructions: about 108 per key for the SMs' schedulers to issue (the loop's
-machine code, ``benchmarks/decode_ptxas.py``): products and shuffles for 4 packed rows, the f16 to
-f32 conversions, the softmax repeated in each of the TD lanes. At B = 8, Nk = 131,072 that is
-~0.8 ms at one instruction per cycle on every scheduler, against ~1.0 ms to read the cache: the
-two must overlap well. 32 bytes per thread and row (TD = 8) need 76 per key, but 225 registers.
-The tensor-core split kernel (``decode/tensor_cores.py``) needs about 18, and replaces this one
-for float16 at d = 64 and 128; this one serves float32 and the other head dims.
+Why a ring of shared memory, not loads into registers: a load in flight in registers holds those
+registers until it lands, so fewer blocks fit on an SM and fewer bytes are in flight than HBM
+needs: an H200 needs about 4.8 TB/s × ~1 µs / 132 SMs ≈ 36 KB in flight per SM (Little's law). A
+cp.async holds no register: in flight per block = (STAGES - 1) tiles = 2 × 32 keys × 512 bytes (K
+and V rows of d = 128, float16) = 32 KB. Each thread copies exactly the 16-byte pieces it later
+reads (its slot's keys, its lane's columns), so it waits only for its own copies: no barrier in the
+loop. What limits it then is the instructions per key it issues (products and shuffles for the
+packed rows, conversions, the softmax repeated in each of the TD lanes): the tensor-core split
+kernel (``tensor_cores.py``) issues far fewer, and takes float16 and bfloat16 at its head dims.
 
 After the loop the KP slots' states are merged through shared memory (the ring's space) with the
-online softmax's rule (:func:`tinyflash.core.online_softmax.merge_weights`) and the block writes
-its partial (O_s, lse_s). The keys are found through a block table when the cache is paged
-(``decode/paged.py``; one table read per page, not per key), else at
-``(b·H_kv + kv_head)·Nk + key``.
-
-**Combine kernel** (:func:`make_combine_kernel`): one thread per (packed row, column) merges
-the splits' partials with the same rule and writes O and lse.
+online softmax's rule (:func:`tinyflash.core.online_softmax.merge_weights`) and the block writes its
+partial (O_s, lse_s); ``combine.py`` merges the splits.
 """
 
 from __future__ import annotations
@@ -50,17 +38,18 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
-from ..core.masks import key_stop
-from ..core.online_softmax import LN2, LOG2E, merge_weights
-from ..gpu import ptx
-from ..gpu.loads import vector_load
-from ..gpu.runtime import device_function, simulator_enabled, u
-from ..gpu.smem import shared_floats, shared_words
-from ..gpu.warp import group_sum
+from ...core.masks import key_stop
+from ...core.online_softmax import LN2, merge_weights
+from ...gpu import ptx
+from ...gpu.driver_launch import flat_type
+from ...gpu.loads import vector_load
+from ...gpu.runtime import device_function, simulator_enabled, u
+from ...gpu.smem import shared_floats, shared_words
+from ...gpu.warp import group_sum
+from .split import NO_PAGE, SplitKernel, key_row_offset, split_keys
 
 NEG_INF = float32(-np.inf)
 ZERO, ONE = u(0), u(1)
-NO_PAGE = u(2**64 - 1)  # "no block-table entry read yet"
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 merge_weights = device_function(merge_weights)  # the online softmax's merge, from tinyflash.core
 
@@ -70,12 +59,42 @@ MAX_ROWS = 8  # packed query rows per block at most (their q and acc live in reg
 UNROLL = 4  # U: keys per slot and tile (a tile is KP · U keys: 32 at d = 128, float16)
 STAGES = 3  # tiles in the shared-memory ring: STAGES - 1 in flight while one is computed
 LOAD_BYTES = 16  # bytes per thread and copy (one cp.async, or one vector load)
-COMBINE_THREADS = 128
 ELEMENT_TYPES = {2: types.float16, 4: float32}  # itemsize -> the element type of K, V and the ring
 
 
-def threads() -> int:
+def default_threads() -> int:
+    """Threads per block: a warp on the simulator (one Python thread per CUDA thread), 4 on a GPU."""
     return SIMULATOR_THREADS if simulator_enabled() else GPU_THREADS
+
+
+# Resident blocks per SM of the default shape (d = 128, float16; ptxas for sm_90): 128 threads × 127 registers
+# (4 blocks fit in 65,536 registers) and a 48 KB ring of K/V tiles (4 fit in the 228 KB of shared memory)
+BLOCKS_PER_SM = 4
+
+
+def split_kernel(prob, page_size: int, threads: int | None = None, unroll: int | None = None,
+                 row_bytes: int | None = None, max_registers: int | None = None) -> SplitKernel:
+    """The split kernel for one call (``prob``: the checked problem; ``page_size`` 0 for a contiguous cache);
+    its block size ``threads``, keys per slot and tile ``unroll``, bytes per thread and key row ``row_bytes`` (a
+    multiple of 16) and a cap on registers per thread other than the defaults (:func:`default_threads`, UNROLL,
+    LOAD_BYTES, none)."""
+    d = prob.d
+    row_bytes = row_bytes or LOAD_BYTES
+    if row_bytes % LOAD_BYTES:
+        raise ValueError(f"row_bytes must be a multiple of {LOAD_BYTES}; got {row_bytes}")
+    itemsize = np.dtype(prob.dtype).itemsize
+    VEC, D, TD = lanes(d, itemsize, row_bytes)
+    if TD > 32:
+        raise ValueError(f"the CUDA-core decode kernel supports head dims up to {32 * VEC} for {prob.dtype}; got d={d}")
+    nt, unroll = threads or default_threads(), unroll or UNROLL
+    if nt % 32 or nt < TD or unroll < 1:
+        raise ValueError(f"threads must be a multiple of 32 and at least {TD}, unroll at least 1; got {nt}, {unroll}")
+    full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
+
+    def build(rb):
+        return make_split_kernel(rb, D, VEC, nt, full, page_size, unroll, itemsize, max_registers)
+
+    return SplitKernel(build, nt, MAX_ROWS, BLOCKS_PER_SM, split_signature(prob.dtype, full), ("K", "V") if full else ())
 
 
 def lanes(d: int, itemsize: int, row_bytes: int = LOAD_BYTES) -> tuple[int, int, int]:
@@ -112,39 +131,6 @@ def shared_elements(element):
         return cuda.shared.array(0, element, alignment=16)
 
     return elements
-
-
-@lru_cache(maxsize=None)
-def key_row_offset(page_size: int):
-    """The device function ``row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen)``:
-    where key ``key`` of K/V head ``kv_head`` of sequence ``b`` (``bkv`` = b·H_kv + kv_head) starts in
-    the flat K (and V) array, in elements. ``page_size`` 0: a contiguous cache (B, H_kv, Nk, d); else
-    pages of ``page_size`` tokens (num_pages, H_kv, page_size, d) found through the block table, read
-    once per page: ``seen`` = [the last page looked up, its page in the pool] (start it at NO_PAGE)."""
-    PAGE = u(max(page_size, 1))
-
-    @cuda.jit(device=True, inline="always")
-    def row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, d, seen):
-        if page_size == 0:  # contiguous
-            return (bkv * n_k + key) * d
-        page = key // PAGE
-        if page != seen[0]:
-            seen[0], seen[1] = page, uint64(TABLE[b * max_pages + page])  # through the block table
-        return ((seen[1] * h_kv + kv_head) * PAGE + key % PAGE) * d
-
-    return row_offset
-
-
-@cuda.jit(device=True, inline="always")
-def split_keys(seq_len, split, n_splits, tile):
-    """(k_begin, k_end, n_tiles): split ``split``'s keys of a sequence of ``seq_len`` keys cut into
-    ``n_splits`` equal runs, each a whole number of tiles of ``tile`` keys (the last runs may be
-    short, or empty); uint64 arguments."""
-    chunk = (seq_len + n_splits - ONE) // n_splits  # keys per split, rounded up to whole tiles
-    chunk = (chunk + tile - ONE) // tile * tile
-    k_begin = min(split * chunk, seq_len)
-    k_end = min(k_begin + chunk, seq_len)
-    return k_begin, k_end, (k_end - k_begin + tile - ONE) // tile
 
 
 @lru_cache(maxsize=None)
@@ -337,45 +323,11 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
     return split_kv_decode, split_smem_bytes(RB, D, VEC, NT, itemsize, unroll)  # the kernel, its shared memory
 
 
-@lru_cache(maxsize=None)
-def make_combine_kernel():
-    """The combine kernel: O and lse from the splits' partials, one thread per (packed row, column)."""
-
-    @cuda.jit
-    def combine_splits(O_PART, LSE_PART, O, LSE, n_splits, rows, d):
-        bkv = uint64(cuda.blockIdx.y)  # which (sequence, K/V head)
-        n_splits, rows, d = uint64(n_splits), uint64(rows), uint64(d)
-        idx = uint64(cuda.blockIdx.x) * uint64(cuda.blockDim.x) + uint64(cuda.threadIdx.x)
-        if idx < rows * d:
-            r, c = idx // d, idx % d
-            m, l_sum, o = NEG_INF, float32(0.0), float32(0.0)
-            for sp in range(n_splits):  # the online softmax over the splits, each one state (lse_s, 1, O_s)
-                part = (bkv * n_splits + sp) * rows + r
-                m, w_run, w_split = merge_weights(m, LSE_PART[part] * float32(LOG2E))  # lse_s in base 2
-                l_sum = float32(l_sum * w_run + w_split)
-                o = float32(o * w_run + O_PART[part * d + c] * w_split)
-            O[(bkv * rows + r) * d + c] = o / l_sum if l_sum != 0 else float32(0.0)
-            if c == ZERO:
-                LSE[bkv * rows + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
-
-    return combine_splits
-
-
-def _flat(dtype):
-    """numba's type of a flat, C-contiguous array of ``dtype``."""
-    return types.Array(getattr(types, np.dtype(dtype).name), 1, "C")  # types.float16, types.uint32, ...
-
-
 @lru_cache(maxsize=None)  # one tuple per (dtype, full): driver_kernel looks kernels up by its identity
 def split_signature(dtype, full: bool) -> tuple:
     """split_kv_decode's argument types, for inputs of ``dtype``: Q; K, V (uint32 words if ``full``);
     TABLE, LENS; O_PART, LSE_PART; n_q, d, n_k, h_kv, max_pages; scale·log2(e); causal; kv_group."""
-    kv = _flat(np.uint32) if full else _flat(dtype)
-    return ((_flat(dtype), kv, kv, _flat(np.int32), _flat(np.int32), _flat(np.float32), _flat(np.float32))
+    kv = flat_type(np.uint32) if full else flat_type(dtype)
+    return ((flat_type(dtype), kv, kv, flat_type(np.int32), flat_type(np.int32), flat_type(np.float32),
+             flat_type(np.float32))
             + (types.int64,) * 5 + (types.float32, types.boolean, types.int64))
-
-
-@lru_cache(maxsize=None)
-def combine_signature(dtype) -> tuple:
-    """combine_splits' argument types: O_PART, LSE_PART, O (``dtype``), LSE, then n_splits, rows, d."""
-    return (_flat(np.float32), _flat(np.float32), _flat(dtype), _flat(np.float32)) + (types.int64,) * 3
