@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Hardware counters of tinyflash's fast kernel and of PyTorch's memory-efficient SDPA kernel,
+# Hardware counters of tinyflash's CUDA-core kernel (v5) and of PyTorch's memory-efficient SDPA kernel,
 # both float32, B=1, H=32, N=4096, d=128, with Nsight Compute (ncu must be on the PATH and allowed
-# to read the counters; clocks are left alone).
+# to read the counters; clocks are left alone). Run from the repository root with tinyflash importable:
 #
-#     bash benchmarks/profile_ncu.sh > benchmarks/results/profile_ncu_h200.log 2>&1
+#     PYTHONPATH=$PWD/src bash benchmarks/profile_ncu.sh > profile_ncu_h200.log 2>&1
 #
 # What to read: smsp__inst_executed_pipe_fma.sum counts warp instructions on the FP32 pipe
 # (FFMA, FMUL, FADD); the same attention is 4·32·4096²·128 FLOPs = 1.37e11 FMAs = 4.3e9 warp FFMAs (32 lanes each) if done

@@ -1,40 +1,50 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks of one session on a CUDA machine, logs under $1 (default: gpu-logs/).
+# The GPU checks and benchmarks of one session on a CUDA machine; CSVs and logs under $1 (default: gpu-logs/).
 #
-#   bash benchmarks/run_gpu.sh LOGDIR tests            # every GPU test file, several at once (CPU-bound compiles)
-#   bash benchmarks/run_gpu.sh LOGDIR bench-decode     # one benchmark at a time: timings need the GPU alone
-#   bash benchmarks/run_gpu.sh LOGDIR bench-backward
-#   bash benchmarks/run_gpu.sh LOGDIR bench-tensor-cores
-#   bash benchmarks/run_gpu.sh LOGDIR lessons
+#   bash benchmarks/run_gpu.sh OUTDIR tests                 # every GPU test file, several at once (CPU-bound compiles)
+#   bash benchmarks/run_gpu.sh OUTDIR lessons
+#   bash benchmarks/run_gpu.sh OUTDIR bench-tensor-cores    # one benchmark at a time: timings need the GPU alone
+#   bash benchmarks/run_gpu.sh OUTDIR bench-tensor-core-tiles
+#   bash benchmarks/run_gpu.sh OUTDIR bench-example-32k
+#   bash benchmarks/run_gpu.sh OUTDIR bench-backward
+#   bash benchmarks/run_gpu.sh OUTDIR bench-decode
 #
-# Run from the repository root with tinyflash importable (PYTHONPATH=$PWD/src). Test files run as
-# separate pytest processes in parallel: most of their time is numba compiling kernels and NumPy
-# computing float64 references, both on the CPU; the benchmarks run one after another.
+# Run from the repository root; tinyflash is imported from this checkout's src/. The tests step runs
+# benchmarks/gpu_tests.py: test files as separate pytest processes in parallel (most of their time is
+# numba compiling kernels and NumPy computing float64 references, both on the CPU), one CSV row per
+# file in OUTDIR/gpu_tests_$DEVICE.csv, a log per group beside it. A benchmark step runs
+# `python -m tinyflash.bench NAME` and writes OUTDIR/<its record name>_$DEVICE.csv, the name the
+# record gives it in figures/data/ (tensor_cores_h200.csv, ...), and a log beside it; a CSV goes into
+# figures/data/ once its rows are checked. DEVICE (default h200) names the GPU in the files' names.
 set -uo pipefail
 out=${1:-gpu-logs}
 mkdir -p "$out"
 shift
 py=${PYTHON:-python3}
+device=${DEVICE:-h200}
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+bench() {  # bench NAME: one declared benchmark into the CSV the record names for it
+  local stem
+  stem=$($py -c "from tinyflash.bench.suites import BENCHMARKS; print(BENCHMARKS['$1'].csv_stem)") || return 1
+  $py -m tinyflash.bench "$1" --csv "$out/${stem}_$device.csv" 2>&1 | tee "$out/${stem}_$device.log"
+}
+
+status=0
 for what in "$@"; do
   case $what in
-    tests)
-      pids=()
-      for group in "tests/test_cuda_gpu.py" "tests/test_tensor_core_gpu.py tests/test_tensor_core_ptx.py" \
-                   "tests/test_backward_gpu.py" "tests/test_decode_kernels.py tests/test_decode_tensor_cores.py tests/test_gqa.py" \
-                   "tests/test_nonfinite.py tests/test_gpu_runtime.py tests/test_commands.py"; do
-        name=$(echo "$group" | awk '{print $1}' | sed 's#tests/##; s#\.py##')
-        # shellcheck disable=SC2086
-        $py -m pytest -q -p no:cacheprovider $group > "$out/gpu_tests_$name.log" 2>&1 &
-        pids+=($!)
-      done
-      for pid in "${pids[@]}"; do wait "$pid"; done
-      tail -n 3 "$out"/gpu_tests_*.log ;;
-    lessons) $py lessons/run_all.py > "$out/lessons_gpu.log" 2>&1; tail -n 5 "$out/lessons_gpu.log" ;;
-    bench-decode) $py -m tinyflash.bench decode --csv "$out/decode_h200.csv" 2>&1 | tee "$out/decode_h200.log" ;;
-    bench-backward) $py -m tinyflash.bench backward --csv "$out/backward_h200.csv" 2>&1 | tee "$out/backward_h200.log" ;;
-    bench-tensor-cores)
-      $py -m tinyflash.bench tensor-cores --csv "$out/tensor_cores_h200.csv" 2>&1 | tee "$out/tensor_cores_h200.log" ;;
-    *) echo "unknown step: $what" >&2; exit 2 ;;
+    tests) $py benchmarks/gpu_tests.py "$out/gpu_tests_$device.csv" || status=1 ;;
+    lessons)
+      $py lessons/run_all.py > "$out/lessons_$device.log" 2>&1 || status=1
+      tail -n 5 "$out/lessons_$device.log" ;;
+    bench-tensor-cores) bench tensor-cores || status=1 ;;
+    bench-tensor-core-tiles) bench tensor-core-tiles || status=1 ;;
+    bench-example-32k) bench example-32k || status=1 ;;
+    bench-backward) bench backward || status=1 ;;
+    bench-decode) bench decode || status=1 ;;
+    *) echo "unknown step: $what (steps: tests lessons bench-tensor-cores bench-tensor-core-tiles" \
+            "bench-example-32k bench-backward bench-decode)" >&2; exit 2 ;;
   esac
 done
+exit $status

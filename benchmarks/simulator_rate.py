@@ -11,6 +11,7 @@ versions and the date.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import os
@@ -54,7 +55,10 @@ def measure(sizes=SIZES, kernels=("v1", "v5")) -> list[dict]:
     return rows
 
 
-def main(csv_path: str = "figures/data/simulator_rate.csv") -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("csv_path", nargs="?", default="figures/data/simulator_rate.csv", help="where the rows go")
+    csv_path = ap.parse_args(argv).csv_path
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0":
         print("set NUMBA_ENABLE_CUDASIM=1 before Python starts:  NUMBA_ENABLE_CUDASIM=1 python "
               "benchmarks/simulator_rate.py", file=sys.stderr)
@@ -76,4 +80,4 @@ def main(csv_path: str = "figures/data/simulator_rate.csv") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    sys.exit(main())

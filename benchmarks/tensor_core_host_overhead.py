@@ -1,24 +1,25 @@
 """How much of a call of ``tensor_core_attention`` is the host's: the wrapper against the kernel alone,
 and the same for SDPA's flash backend, the benchmark's yardstick.
 
-    python benchmarks/tensor_core_host_overhead.py [N]      # default N = 4096; float16, B=1, H=32
+    PYTHONPATH=src python benchmarks/tensor_core_host_overhead.py [N] [--rounds R]   # N = 4096; float16, B=1, H=32
 
-The benchmark (``python -m tinyflash.bench tensor-cores``) times each call between two CUDA events,
-on an idle GPU: whatever the host does before the launch (checks, array conversions, the launch
-itself) counts, for us and for SDPA alike. For d = 64 and 128, causal or not, this prints the median
-of the whole call and of the kernel alone: ours launched from arguments packed once
-(``DriverKernel.bind``), SDPA's replayed from a CUDA graph. Then the host time per call, read off
-a loop of calls on a problem so small that the GPU waits for the host (N = 16), and the host
-functions that took the most time in our call (cProfile).
+For d = 64 and 128, causal or not, four peers are timed together in interleaved rounds
+(``tinyflash.bench.timing.time_interleaved``, as the benchmark times): our whole call; our kernel alone,
+launched from arguments packed once (``DriverKernel.bind``, the launch the call makes); SDPA flash's call,
+its backend chosen outside the timed interval (as the benchmark's peer); SDPA flash replayed from a CUDA
+graph. Each gets two medians: queued calls, where the host's work hides behind the GPU's, and one call
+alone, where it does not; the difference between a call and its kernel alone, one call at a time, is the
+host's part. Then the host time per call, read off a loop of calls on a problem so small that the GPU
+waits for the host (N = 16); the steps of our call, each timed alone; and the host functions that took
+the most time in our call (cProfile). Needs a CUDA GPU, CuPy and PyTorch.
 """
 
+import argparse
 import cProfile
-import math
+import os
 import pstats
 import sys
 import time
-
-import numpy as np
 
 HEADS = 32
 
@@ -48,9 +49,10 @@ def host_steps(q, k, v) -> dict:
     from tinyflash.gpu.arrays import dense, empty
     from tinyflash.gpu.driver_launch import param_values
 
+    tc.tensor_core_attention(q, k, v)  # makes and keeps the call's plan
     key = tc.call_key(q, k, v, False, None)
     plan = tc._PLANS[key]
-    prob, launch = plan.prob, plan.launch
+    prob, launch = plan.prob, plan.launch  # launch: v6's GridLaunch, sized for these shapes
     o, lse = empty(q, prob.out_shape), empty(q, prob.lse_shape, tc.FLOAT32)
     kernel, arrays = launch.kernel, (q, k, v, o, lse)
     values = param_values(kernel.argument_types, (*arrays, *launch.scalars), kernel._sizes)
@@ -61,8 +63,8 @@ def host_steps(q, k, v) -> dict:
              "empty(q, out_shape)": lambda: empty(q, prob.out_shape),
              "empty(q, lse_shape, float32)": lambda: empty(q, prob.lse_shape, tc.FLOAT32),
              "torch.empty_like(q)": lambda: torch.empty_like(q),
-             "param_values (5 arrays, 6 scalars)": lambda: param_values(kernel.argument_types, (*arrays, *launch.scalars),
-                                                                         kernel._sizes),
+             f"param_values ({len(arrays)} arrays, {len(launch.scalars)} scalars)":
+                 lambda: param_values(kernel.argument_types, (*arrays, *launch.scalars), kernel._sizes),
              "pack (struct.pack_into)": lambda: kernel._params.pack(values),
              "cuLaunchKernel (DriverKernel._launch)": lambda: kernel._launch(launch.grid, launch.threads,
                                                                             launch.smem_bytes, address),
@@ -74,62 +76,84 @@ def host_steps(q, k, v) -> dict:
     return out
 
 
-def main(n: int) -> None:
+def peers(q, k, v, causal: bool) -> tuple[dict, tuple]:
+    """name -> (fn, around) for ``time_interleaved``: our call, our kernel alone, SDPA flash's call and graph;
+    and what must live as long as they do (the bound launch's output arrays, the graph)."""
+    from contextlib import nullcontext
+
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tinyflash.core.online_softmax import LOG2E
-    from tinyflash.forward.kernels import v6_tensor_cores as v6
+    from tinyflash.bench.peers import sdpa_backend
+    from tinyflash.forward import tensor_cores as tc
+
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+    launch = tc.plan_call(q, k, v, causal, None).launch  # the GridLaunch a call of these shapes makes
+    # GridLaunch's call passes the arrays, then its scalars: packed here once instead of at every call
+    bare = launch.kernel.bind(launch.grid, launch.threads, launch.smem_bytes, q, k, v, o, lse, *launch.scalars)
+    flash = sdpa_backend("flash")
+    with flash():  # the backend chosen once, outside the capture, as for the eager calls
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # warm-up on a side stream, as CUDA graph capture asks
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return {"tinyflash call": (lambda: tc.tensor_core_attention(q, k, v, causal=causal), nullcontext),
+            "tinyflash kernel alone": ((lambda: (bare(), o)), nullcontext),
+            "SDPA flash call": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flash),
+            "SDPA flash graph": (graph.replay, nullcontext)}, (o, lse, graph)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Run from the repository root with PYTHONPATH=src.")
+    ap.add_argument("n", type=int, nargs="?", default=4096, help="Nq = Nk (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per configuration (default: %(default)s)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")  # everything runs on the default stream
+    n = args.n
+
+    import torch
+    import torch.nn.functional as F
+
+    from tinyflash.bench.peers import sdpa_backend
+    from tinyflash.bench.record import environment
+    from tinyflash.bench.timing import time_interleaved
     from tinyflash.forward.tensor_cores import tensor_core_attention
-    from tinyflash.gpu.driver_launch import driver_kernel
-    from tinyflash.measure.harness import environment, time_call
 
     env = environment()
-    print(f"host overhead: {env['device']} torch {env['torch']} {env['date']}; float16 B=1 H={HEADS} N={n}")
+    print(f"host overhead: {env['device']} torch {env['torch']} commit {env['commit'] or '-'} {env['date']}; "
+          f"float16 B=1 H={HEADS} N={n}; median µs over {args.rounds} interleaved rounds, queued / one call alone")
     for d in (64, 128):
         q, k, v = (torch.randn((1, HEADS, n, d), device="cuda", dtype=torch.float16) for _ in range(3))  # (B, H, N, d)
         for causal in (False, True):
-            whole = time_call(lambda: tensor_core_attention(q, k, v, causal=causal))["time_ms"]
-            cfg = v6.default_tiling(d, causal, n)  # the tiling tensor_core_attention picks for these inputs
-            o, lse = torch.empty_like(q), torch.empty((HEADS * n,), device="cuda", dtype=torch.float32)
-            group = v6.head_group(cfg, n, HEADS, 1, causal)
-            args = (q, k, v, o, lse, n, n, np.float32(LOG2E / math.sqrt(d)), causal, 1, group)  # v6.SIGNATURE's
-            kernel = driver_kernel(v6.kernel_for(cfg, "float16", group), v6.SIGNATURE, cfg.smem_bytes)
-            bare = time_call(kernel.bind((-(-n // cfg.BR), HEADS), cfg.NT, cfg.smem_bytes, *args))["time_ms"]
-
-            def flash():
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # as the benchmark calls it
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-            flash_ms = time_call(flash)["time_ms"]
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the backend chosen once, outside the timed call
-                flash_bare_call = time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))["time_ms"]
-                stream = torch.cuda.Stream()
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            flash_graph = time_call(graph.replay)["time_ms"]
-            print(f"  d={d:3} causal={causal!s:5}  tinyflash: call {1e3 * whole:6.1f} us, kernel alone {1e3 * bare:6.1f} us "
-                  f"(host {1e3 * (whole - bare):5.1f});  SDPA flash: call {1e3 * flash_ms:6.1f} us (backend set outside: "
-                  f"{1e3 * flash_bare_call:6.1f}), graph {1e3 * flash_graph:6.1f} us (host {1e3 * (flash_ms - flash_graph):5.1f});  "
-                  f"kernel alone, flash / ours: {flash_graph / bare:.3f}", flush=True)
-            del o, lse, graph
+            timed, keep = peers(q, k, v, causal)
+            t = time_interleaved(timed, rounds=args.rounds)
+            us = {name: (1e3 * r["time_ms"], 1e3 * r["latency_ms"]) for name, r in t.items()}
+            ours, bare = us["tinyflash call"], us["tinyflash kernel alone"]
+            flash, graph = us["SDPA flash call"], us["SDPA flash graph"]
+            print(f"  d={d:3} causal={causal!s:5}  tinyflash: call {ours[0]:7.1f} / {ours[1]:7.1f}, kernel alone "
+                  f"{bare[0]:7.1f} / {bare[1]:7.1f} (host, alone: {ours[1] - bare[1]:5.1f});  SDPA flash: call "
+                  f"{flash[0]:7.1f} / {flash[1]:7.1f}, graph {graph[0]:7.1f} / {graph[1]:7.1f} (host, alone: "
+                  f"{flash[1] - graph[1]:5.1f});  kernel alone, flash graph / ours, queued: {graph[0] / bare[0]:.3f}",
+                  flush=True)
+            del timed, keep
+        del q, k, v
+        torch.cuda.empty_cache()
 
     small = [torch.randn((1, HEADS, 16, 128), device="cuda", dtype=torch.float16) for _ in range(3)]
     ours = host_us_per_call(lambda: tensor_core_attention(*small))
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    with sdpa_backend("flash")():
         theirs = host_us_per_call(lambda: F.scaled_dot_product_attention(*small))
-    print(f"  host time per call (N = 16, the GPU waits for the host): tensor_core_attention {ours:.1f} us, "
-          f"SDPA flash {theirs:.1f} us (backend set outside the loop)")
+    print(f"  host time per call (N = 16, the GPU waits for the host): tensor_core_attention {ours:.1f} µs, "
+          f"SDPA flash {theirs:.1f} µs (backend set outside the loop)")
 
-    print("  the steps of a call on those inputs, each timed alone (us, median of 7 runs of 2000):")
-    for name, us in host_steps(*small).items():
-        print(f"    {name:<44} {us:6.2f}")
+    print("  the steps of a call on those inputs, each timed alone (µs, median of 7 runs of 2000):")
+    for name, step_us in host_steps(*small).items():
+        print(f"    {name:<44} {step_us:6.2f}")
 
     q, k, v = (torch.randn((1, HEADS, n, 128), device="cuda", dtype=torch.float16) for _ in range(3))
     profile = cProfile.Profile()
@@ -145,4 +169,4 @@ def main(n: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4096)
+    main()

@@ -310,7 +310,7 @@ def test_sweep_table_with_and_without_stage_3():
     rows.append(dict(rows[1], d="128", status="oom", time_ms="", tflops=""))
     table = tables.sweep_table(rows).splitlines()
     assert len(table) == 2 + 3
-    mem = "10 MiB / 1000 MiB"
+    mem = "10 MiB / 1,000 MiB"
     assert table[2] == f"| float16 | 64 | False | 10.0 | 50.0 | 33.3 | 62.5 | 2.0 | 0.30× | 0.80× | 5.0× | {mem} |"
     assert table[3] == "| float16 | 128 | False | 10.0 | OOM | – | – | – | – | – | – | – |"
     assert table[4] == f"| float32 | 64 | False | 10.0 | – | 33.3 | – | 2.0 | 0.30× | – | 5.0× | {mem} |"
@@ -355,3 +355,13 @@ def test_decode_table_and_bar():
     assert line == "| 1 | 4,096 | 28 | 50.0 | 100.0 | 50.0 | 50.0 | 60.0 | 20.0 | 0.70 | 1.00× | 1.00× | 50% | 1.00 |"
     assert tables.decode_bar_sentence(rows).startswith("per call, split-KV is at 1.00× or more of SDPA flash")
     assert "the bar is not met" in tables.decode_bar_sentence(rows)  # 50% of the copy's rate < 80%
+
+
+def test_the_compiled_kernels_record_covers_every_default_kernel():
+    """figures/data/ptxas_sm90.csv (benchmarks/ptxas_report.py) has each kind of kernel, at most 255 registers."""
+    from tinyflash.bench.record import data_dir, read_csv
+
+    rows = read_csv(data_dir() / "ptxas_sm90.csv")
+    assert {"forward v5", "forward v6", "backward v1", "decode split, tensor cores", "decode split, CUDA cores",
+            "decode combine"} <= {r["kernel"] for r in rows}
+    assert all(0 < int(r["registers"]) <= 255 and int(r["spill_stores"]) >= 0 for r in rows)

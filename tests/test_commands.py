@@ -2,6 +2,10 @@
 their usage line shows that command, and every option says what it does."""
 
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +56,29 @@ def test_bench_list_names_every_benchmark(capsys):
     assert bench_main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(f"{name} " in out and bench.doc in out for name, bench in BENCHMARKS.items())
+
+
+SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_script_answers_help_without_a_gpu(script, tmp_path):
+    """``--help`` prints the usage and does nothing else: no measurement, no file written."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(env, PYTHONPATH=str(script.parent.parent / "src")), timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_gpu_session_runs_every_file_with_gpu_tests():
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("gpu_tests", root / "benchmarks" / "gpu_tests.py")
+    gpu_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_tests)
+    grouped = {f for group in gpu_tests.GROUPS for f in group.split()}
+    marked = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py") if "mark.gpu" in p.read_text()}
+    assert marked <= grouped, sorted(marked - grouped)
+    assert all((root / f).exists() for f in grouped)

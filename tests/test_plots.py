@@ -14,7 +14,6 @@ from tinyflash.plots import gpu as plot_gpu
 from tinyflash.plots import memory as plot_memory
 from tinyflash.plots import traffic as plot_traffic
 from tinyflash.cost.memory import GiB, attention_memory
-from tinyflash.hardware import H200
 
 DEVICE = "NVIDIA H200 (synthetic test data)"
 FIGURES = Path(__file__).resolve().parents[1] / "figures"

@@ -8,7 +8,6 @@ import pytest
 
 from tinyflash.cost.memory import measure_peak_bytes
 from tinyflash.cost.traffic import (SRAM_ELEMENTS, HBMCounter, flash_attention_traffic, flash_traffic_closed_form, keys_read_per_query_tile, standard_attention_traffic, standard_traffic_closed_form, theta_flash, theta_standard, tile_sizes, traffic_ratio)
-from tinyflash.hardware import H200
 
 # (Nq, Nk, Br, Bc): lengths that no tile divides, tiles of 1, tiles larger than N, Nq > Nk and Nq < Nk.
 AWKWARD = [(1, 1, 64, 64), (63, 65, 16, 16), (65, 200, 16, 7), (200, 65, 17, 13), (129, 129, 64, 64),

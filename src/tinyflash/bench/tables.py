@@ -96,7 +96,7 @@ def sweep_table(rows: list[dict], n: int = 16384) -> str:
 
         v5, v6, eff, flash, naive = (get("tinyflash", "v5"), get("tinyflash", "v6"), get("torch_efficient"),
                                      get("torch_flash"), get("naive"))
-        memory = (f"{number(v5, 'peak_bytes') / 2**20:.0f} MiB / {number(naive, 'peak_bytes') / 2**20:.0f} MiB"
+        memory = (f"{number(v5, 'peak_bytes') / 2**20:,.0f} MiB / {number(naive, 'peak_bytes') / 2**20:,.0f} MiB"
                   if v5 and naive and v5["status"] == naive["status"] == "ok" else DASH)
         lines.append(f"| {dtype} | {d} | {causal} | {' | '.join(cell(r) for r in (v5, v6, eff, flash, naive))} | "
                      f"{speed(v5, eff)} | {speed(v6, flash)} | {speed(v5, naive, '{:.1f}×')} | {memory} |")

@@ -1,4 +1,4 @@
-"""The figures of the README: memory, HBM traffic and time against sequence length.
+"""The figures of the README and docs/results.md: memory, HBM traffic and time against sequence length.
 
     python -m tinyflash.plots                  # run from the repository root; every figure
     python -m tinyflash.plots --only hbm_traffic memory_model
@@ -59,8 +59,8 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
     """Write the named figures into ``out`` and their data into ``out/data``; return the PNG paths.
 
     The two CPU memory figures are drawn from ``out/data/memory_cpu_measured.csv`` and
-    ``out/data/training_memory.csv``; they are measured again (tracemalloc, about 20 s and 7 s)
-    only if ``remeasure_cpu`` or if that file does not exist yet.
+    ``out/data/training_memory.csv``; they are measured again (tracemalloc, the longest
+    part of a run) only if ``remeasure_cpu`` or if that file does not exist yet.
     Every other figure's data is computed, the same at every run: a run changes no committed file.
     """
     out, data = Path(out), Path(out) / "data"
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--remeasure-gpu", action="store_true",
                         help="first run `python -m tinyflash.bench sweep --csv GPU_CSV` (needs a GPU)")
     parser.add_argument("--remeasure-cpu", action="store_true",
-                        help="measure the NumPy stages' memory again (tracemalloc, about 30 s) and rewrite "
+                        help="measure the NumPy stages' memory again (tracemalloc: most of a run's time) and rewrite "
                         "OUT/data/memory_cpu_measured.csv and training_memory.csv; without it those "
                         "figures are drawn from the CSVs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -1,4 +1,4 @@
-"""``python -m tinyflash.plots``: redraw the README's figures (the code is in ``tinyflash.plots``)."""
+"""``python -m tinyflash.plots``: redraw the figures of the README and docs/results.md (code: ``tinyflash.plots``)."""
 
 import sys
 

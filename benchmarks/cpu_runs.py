@@ -1,0 +1,83 @@
+"""The README's two commands timed on this machine: the lessons, then the tests, one CSV row each.
+
+    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only lessons|tests]
+
+Run from the repository root in the environment of ``requirements.txt``, without a GPU (the tests'
+kernels then run on numba's simulator, as in CI). Each command runs once, as a user runs it; its wall
+time, and for the tests pytest's counts of passed, failed and skipped tests, go into a row with the
+date, the machine, its CPU count, the versions and the commit. The README's Quickstart quotes the
+latest row of each command (``tinyflash.bench.docs.quickstart_costs``). A row replaces the earlier
+row of the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tinyflash.bench.record import environment  # noqa: E402
+
+COMMANDS = {"lessons": "python lessons/run_all.py", "tests": "python -m pytest"}
+FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
+          "failed", "skipped", "exit_code"]
+
+
+def counts(output: str) -> dict:
+    """pytest's closing line ('872 passed, 291 skipped in 551.2s') as numbers; zeros where absent."""
+    last = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    found = dict.fromkeys(("passed", "failed", "skipped"), 0)
+    for n, what in re.findall(r"(\d+) (passed|failed|skipped)", last[-1] if last else ""):
+        found[what] = int(n)
+    return found
+
+
+def run(command: str) -> dict:
+    """Run ``command`` (its ``python`` is this interpreter) in the repository root; its row."""
+    argv = [sys.executable, *command.split()[1:]]
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # as a user's shell has it
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
+    found = counts(done.stdout) if "pytest" in command else {"passed": "", "failed": "", "skipped": ""}
+    env_row = environment("cpu")
+    return {"date": env_row["date"], "machine": platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "numpy": env_row["numpy"], "numba_cuda": env_row["numba_cuda"],
+            "commit": env_row["commit"], "command": command, "seconds": f"{seconds:.1f}", **found,
+            "exit_code": done.returncode}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--csv", type=Path, default=ROOT / "figures" / "data" / "cpu_runs.csv")
+    ap.add_argument("--only", choices=list(COMMANDS), nargs="+", default=list(COMMANDS))
+    args = ap.parse_args(argv)
+    rows = {}
+    if args.csv.exists():
+        with open(args.csv, newline="") as f:
+            rows = {r["command"]: r for r in csv.DictReader(f)}
+    failed = False
+    for name in args.only:
+        row = run(COMMANDS[name])
+        failed |= row["exit_code"] != 0
+        rows[row["command"]] = row
+        with open(args.csv, "w", newline="") as f:  # after each command: a run cut short keeps what it measured
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows[c] for c in COMMANDS.values() if c in rows)
+        print(f"{row['command']}: {row['seconds']} s, exit code {row['exit_code']}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

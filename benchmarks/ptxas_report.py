@@ -1,0 +1,336 @@
+"""Every kernel of this checkout compiled for the H200 (sm_90) without a GPU: registers, spills, stack
+frame and instruction counts, one CSV row per kernel.
+
+    PYTHONPATH=src python benchmarks/ptxas_report.py [--csv figures/data/ptxas_sm90.csv] [--ptx-dir DIR]
+                                                     [--nvdisasm PATH] [--only TEXT] [--jobs N]
+
+Needs numba-cuda with the CUDA 13 toolkit (``pip install "numba-cuda[cu13]==0.30.4"
+"cuda-toolkit[nvrtc,nvvm,cudart,cccl]==13.0.*"``) and ``ptxas`` on the PATH; ``--nvdisasm`` takes the
+path of ``nvdisasm`` (PyPI package nvidia-cuda-nvdisasm). No GPU is needed: ``numba.cuda.compile_ptx``
+compiles a kernel's Python function for a signature and a compute capability, and ptxas assembles it.
+
+The kernels, each at the settings a GPU run uses by default:
+
+* forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
+* forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in (64, 128),
+  causal or not, n in (4096, 16384), float16 and bfloat16; each tiling in the block order that runs it
+  (not causal: one head at a time; causal: heads ordered in groups, and one head at a time, which runs
+  where a group holds one head), each distinct kernel once;
+* the decode split kernels of ``tinyflash.decode.kernels.VERSIONS`` at their defaults: on the tensor cores
+  d = 64 and 128 (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
+  and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
+* the decode combine kernel, float16 and float32 output;
+* backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32.
+
+A kernel is compiled with its own options (``fastmath``, ``launch_bounds``; ``max_registers`` becomes
+ptxas's ``-maxrregcount``). The signature is the kernel module's own where it has one (v6's SIGNATURE, the
+decode kernels' signatures); for v5 and backward v1 it is built from the kernel's parameter names
+(:data:`PARAMETER_TYPES`). Per kernel: what ``ptxas -v -arch=sm_90`` reports for its entry function
+(registers, spill stores and loads, stack frame, in bytes per thread), the PTX instructions numba wrote,
+and with ``--nvdisasm`` the machine (SASS) instructions of the cubin, NOPs (alignment padding) left out.
+These are ptxas's numbers for numba's PTX; the kernel a GPU runs is compiled by numba when it is first
+launched, and its registers and spilled bytes are the ``regs`` and ``local_bytes`` columns of the
+benchmark rows that record them.
+
+Each row holds the date, numba-cuda's version, ptxas's version line and the commit (with '+' when the
+tracked files differ from it). ``--ptx-dir DIR`` keeps each kernel's PTX as DIR/<kernel>__<variant>.ptx,
+its mangled names replaced by stable ones (``_Z_name0``, ...) so that two checkouts' files differ only
+where the code does. To compare two checkouts, run this in each and diff:
+
+    (cd A && PYTHONPATH=src python benchmarks/ptxas_report.py --csv /tmp/a.csv --ptx-dir /tmp/ptx-a)
+    (cd B && PYTHONPATH=src python benchmarks/ptxas_report.py --csv /tmp/b.csv --ptx-dir /tmp/ptx-b)
+    diff /tmp/a.csv /tmp/b.csv          # registers, spills, instruction counts (dates and commits differ)
+    diff -r /tmp/ptx-a /tmp/ptx-b       # the PTX, kernel by kernel
+
+Compiling everything takes a few minutes (``--jobs`` processes compile side by side; ``--only`` keeps the
+kernels whose kernel or variant contains a text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import namedtuple
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+FIELDS = ["date", "numba_cuda", "ptxas", "commit", "kernel", "variant", "registers", "spill_stores", "spill_loads",
+          "stack_bytes", "ptx_instructions", "sass_instructions"]
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / "figures" / "data" / "ptxas_sm90.csv"
+CC = (9, 0)  # the H200's compute capability
+ARCH = "sm_90"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel to compile: its name, its setting in words, and ``build() -> (dispatcher, signature)``."""
+
+    kernel: str
+    variant: str
+    build: Callable
+
+
+# --- the kernels ----------------------------------------------------------------------------------------
+
+# the argument type of each parameter name of v5's and backward v1's kernels: 'element' is an array of the
+# inputs' type (float16 or float32), 'floats' an array of float32 (LSE, the backward's row sums and dQ
+# accumulator), then the scalars as the host wrappers pass them
+PARAMETER_TYPES = {"element": ("Q", "K", "V", "O", "dO", "dK", "dV"), "floats": ("LSE", "Dvec", "dQ_acc"),
+                   "int64": ("n_q", "n_k", "d", "d_v", "kv_group"), "float32": ("scale", "scale_log2"),
+                   "boolean": ("causal",)}
+
+
+def signature_by_name(kernel, dtype: str) -> tuple:
+    """The argument types of ``kernel`` for inputs of ``dtype``, parameter by parameter (PARAMETER_TYPES)."""
+    from numba.cuda import types
+
+    from tinyflash.gpu.launch import parameters
+
+    kinds = {name: kind for kind, names in PARAMETER_TYPES.items() for name in names}
+    of_kind = {"element": types.Array(getattr(types, dtype), 1, "C"), "floats": types.Array(types.float32, 1, "C"),
+               "int64": types.int64, "float32": types.float32, "boolean": types.boolean}
+    unknown = [name for name in parameters(kernel) if name not in kinds]
+    if unknown:
+        raise KeyError(f"{kernel.py_func.__name__}: no type for the parameters {unknown}; add them to PARAMETER_TYPES")
+    return tuple(of_kind[kinds[name]] for name in parameters(kernel))
+
+
+def v5_jobs() -> list[Job]:
+    from tinyflash.forward.kernels import tiling, v5_branch_free as v5
+
+    def build(cfg, dtype):
+        kernel = v5.make_kernel(cfg, v5.vector_width(dtype))
+        return kernel, signature_by_name(kernel, dtype)
+
+    found = []
+    for d in (64, 128):
+        cfg = tiling.default_config(d, d)
+        for dtype in ("float16", "float32"):
+            variant = (f"d={d} {dtype} BR={cfg.BR} BC={cfg.BC} TM={cfg.TM} NT={cfg.NT} "
+                       f"vector={v5.vector_width(dtype)}")
+            found.append(Job("forward v5", variant, lambda cfg=cfg, dtype=dtype: build(cfg, dtype)))
+    return found
+
+
+def v6_jobs() -> list[Job]:
+    """v6 at its default tilings: each (tiling, element, block order) that a default call at these sizes runs."""
+    from tinyflash.forward.kernels import tensor_core_tiling as tct, v6_tensor_cores as v6
+
+    kernels = []  # (cfg, grouped), each once, in the order of the points
+    for d in tct.HEAD_DIMS:
+        for causal in (False, True):
+            for n in (4096, 16384):
+                cfg = tct.default_tiling(d, causal, n)
+                for grouped in ((False, True) if causal else (False,)):
+                    if (cfg, grouped) not in kernels:
+                        kernels.append((cfg, grouped))
+    found = []
+    for element in ("float16", "bfloat16"):
+        for cfg, grouped in kernels:
+            variant = (f"d={cfg.D} {element} warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} "
+                       f"q_in_smem={cfg.Q_IN_SMEM} lazy={cfg.LAZY_RESCALE} "
+                       f"{'heads in groups' if grouped else 'one head at a time'}")
+            found.append(Job("forward v6", variant, lambda cfg=cfg, element=element, grouped=grouped:
+                             (v6.make_kernel(cfg, element, grouped), v6.SIGNATURE)))
+    return found
+
+
+Problem = namedtuple("Problem", "d d_v dtype")  # what a decode kernel's split_kernel reads of a checked problem
+
+
+def decode_jobs() -> list[Job]:
+    """The split kernels as ``VERSIONS[name].split_kernel(problem, page_size)`` picks them, and the combine kernel."""
+    import numpy as np
+
+    from tinyflash.bench.suites import DECODE
+    from tinyflash.decode.kernels import VERSIONS, combine, tensor_cores
+
+    rows = DECODE.fixed["heads"] // DECODE.fixed["kv_heads"] * DECODE.fixed["n_q"]  # packed rows per K/V head
+
+    def split(name, d, dtype, page_size):
+        chosen = VERSIONS[name].split_kernel(Problem(d, d, np.dtype(dtype)), page_size)
+        kernel, _ = chosen.build(min(chosen.max_rows, rows))
+        return kernel, chosen.signature
+
+    found = []
+    for d in tensor_cores.HEAD_DIMS:
+        cfg = tensor_cores.default_tiling(d)
+        for page_size in (0, 16):
+            variant = (f"d={d} float16 BC={cfg.BC} STAGES={cfg.STAGES} "
+                       f"{f'pages of {page_size} tokens' if page_size else 'contiguous cache'}")
+            found.append(Job("decode split, tensor cores", variant,
+                             lambda d=d, page_size=page_size: split("tensor_cores", d, "float16", page_size)))
+    from tinyflash.decode.kernels import cuda_cores
+
+    for dtype in ("float16", "float32"):
+        variant = (f"d=128 {dtype} threads={cuda_cores.GPU_THREADS} unroll={cuda_cores.UNROLL} "
+                   f"rows={min(cuda_cores.MAX_ROWS, rows)} contiguous cache")
+        found.append(Job("decode split, CUDA cores", variant, lambda dtype=dtype: split("cuda_cores", 128, dtype, 0)))
+    for dtype in ("float16", "float32"):
+        found.append(Job("decode combine", f"{dtype} output", lambda dtype=dtype: (
+            combine.make_combine_kernel(), combine.combine_signature(np.dtype(dtype)))))
+    return found
+
+
+def backward_jobs() -> list[Job]:
+    from tinyflash.backward.kernels import tiling, v1_atomic_dq as v1
+
+    def build(cfg, dtype):
+        kernel = v1.make_kernel(cfg, v1.vector_width(dtype))
+        return kernel, signature_by_name(kernel, dtype)
+
+    found = []
+    for d in (64, 128):
+        cfg = tiling.default_config(d, d)
+        for dtype in ("float16", "float32"):
+            variant = (f"d={d} {dtype} BR={cfg.BR} BC={cfg.BC} NT={cfg.NT} TM={cfg.TM} TK={cfg.TK} "
+                       f"vector={v1.vector_width(dtype)}")
+            found.append(Job("backward v1", variant, lambda cfg=cfg, dtype=dtype: build(cfg, dtype)))
+    return found
+
+
+def jobs() -> list[Job]:
+    return v5_jobs() + v6_jobs() + decode_jobs() + backward_jobs()
+
+
+# --- compiling and counting -------------------------------------------------------------------------------
+
+
+def ptx_instructions(ptx: str) -> int:
+    """The instructions of a PTX listing: its indented statements, less directives (.reg, ...) and comments."""
+    count = 0
+    for line in ptx.splitlines():
+        text = line.strip()
+        if line.startswith((" ", "\t")) and text.endswith(";") and not text.startswith((".", "//", "{", "}")):
+            count += 1
+    return count
+
+
+def stable_names(ptx: str) -> str:
+    """The PTX with each mangled name (``_Z...``, numba's names of the kernel and its globals) replaced by
+    ``_Z_name0``, ``_Z_name1``, ... in order of first appearance: still valid PTX, the same in two checkouts."""
+    names = {}
+    return re.sub(r"\b_Z\w+", lambda m: names.setdefault(m.group(0), f"_Z_name{len(names)}"), ptx)
+
+
+def ptxas_report(text: str) -> dict:
+    """Registers, spill stores and loads, stack frame of the one entry function in ``ptxas -v``'s output."""
+    entries = re.findall(r"Compiling entry function '(\w+)'", text)
+    if len(entries) != 1:
+        raise ValueError(f"expected one entry function in ptxas's report; found {len(entries)}")
+    name = re.escape(entries[0])
+    props = re.search(rf"Function properties for {name}\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                      r"(\d+) bytes spill loads", text)
+    regs = re.search(rf"Compiling entry function '{name}'.*?Used (\d+) registers", text, re.S)
+    if not (props and regs):
+        raise ValueError(f"ptxas's report has no registers or frame for the entry function:\n{text}")
+    return {"registers": int(regs.group(1)), "stack_bytes": int(props.group(1)), "spill_stores": int(props.group(2)),
+            "spill_loads": int(props.group(3))}
+
+
+def sass_instructions(listing: str) -> int:
+    """The machine instructions in ``nvdisasm -c``'s listing, NOPs (alignment padding) left out."""
+    found = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", listing)
+    return sum(1 for i in found if re.sub(r"^@!?U?P\w+\s+", "", i.strip()).split()[0] != "NOP")
+
+
+def file_name(job: Job) -> str:
+    """<kernel>__<variant>.ptx, with only letters, digits and ``=.-`` kept (the rest become '_')."""
+    slug = lambda s: re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9=.-]", "_", s)).strip("_")  # noqa: E731
+    return f"{slug(job.kernel)}__{slug(job.variant)}.ptx"
+
+
+def compile_job(job: Job, ptx_dir: str | None, nvdisasm: str | None) -> dict:
+    """Compile one kernel to PTX, assemble it with ptxas, and count: its row's numbers."""
+    from numba import cuda
+
+    kernel, signature = job.build()
+    options = kernel.targetoptions
+    ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=CC, fastmath=options.get("fastmath") or False,
+                              launch_bounds=options.get("launch_bounds"))
+    cap = options.get("max_registers")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, cubin = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        source.write_text(ptx)
+        assembled = subprocess.run(["ptxas", "-v", f"-arch={ARCH}", *([f"-maxrregcount={cap}"] if cap else []),
+                                    str(source), "-o", str(cubin)], capture_output=True, text=True, check=True)
+        row = {**ptxas_report(assembled.stdout + assembled.stderr), "ptx_instructions": ptx_instructions(ptx),
+               "sass_instructions": ""}
+        if nvdisasm:
+            listing = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+            row["sass_instructions"] = sass_instructions(listing)
+    if ptx_dir:
+        (Path(ptx_dir) / file_name(job)).write_text(stable_names(ptx))
+    return row
+
+
+_JOBS: list[Job] = []  # the jobs of this run: the worker processes (forked) find theirs by index
+
+
+def _work(task) -> tuple:
+    """(index, row or None, error text or None) of one job, in a worker process."""
+    index, ptx_dir, nvdisasm = task
+    try:
+        return index, compile_job(_JOBS[index], ptx_dir, nvdisasm), None
+    except Exception as exc:  # reported at the end; the other kernels are still compiled
+        detail = exc.stderr if isinstance(exc, subprocess.CalledProcessError) else ""
+        return index, None, f"{type(exc).__name__}: {exc} {detail}".strip()
+
+
+def ptxas_version() -> str:
+    """ptxas's version line ('Cuda compilation tools, release 13.0, V13.0.88')."""
+    out = subprocess.run(["ptxas", "--version"], capture_output=True, text=True, check=True).stdout
+    lines = [line for line in out.splitlines() if line.startswith("Cuda compilation tools")]
+    return lines[0] if lines else out.strip().splitlines()[-1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Run with PYTHONPATH=src from the repository root.")
+    ap.add_argument("--csv", default=str(DEFAULT_CSV), help="write the rows here (default: %(default)s)")
+    ap.add_argument("--ptx-dir", help="keep each kernel's PTX here, named by kernel and variant")
+    ap.add_argument("--nvdisasm", help="path of nvdisasm: also count the machine instructions")
+    ap.add_argument("--only", help="only the kernels whose kernel name or variant contains this text")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes (default: %(default)s)")
+    args = ap.parse_args(argv)
+
+    from tinyflash.bench.record import CsvWriter, environment
+
+    env = environment(device="")  # the date, the versions and the commit; no GPU is asked
+    fixed = {"date": env["date"], "numba_cuda": env["numba_cuda"], "ptxas": ptxas_version(), "commit": env["commit"]}
+    _JOBS[:] = [j for j in jobs() if not args.only or args.only in j.kernel or args.only in j.variant]
+    if args.ptx_dir:
+        Path(args.ptx_dir).mkdir(parents=True, exist_ok=True)
+    print(f"{len(_JOBS)} kernels for {ARCH}: numba-cuda {fixed['numba_cuda']}, {fixed['ptxas']}, "
+          f"commit {fixed['commit'] or '-'}, {fixed['date']}", flush=True)
+    tasks = [(i, args.ptx_dir, args.nvdisasm) for i in range(len(_JOBS))]
+    writer, failed = CsvWriter(args.csv, fields=FIELDS), []
+    # forked workers inherit the jobs (their build functions are closures, which do not pickle); nothing here
+    # touches a GPU, so a fork is safe
+    with multiprocessing.get_context("fork").Pool(max(1, min(args.jobs, len(tasks)))) as pool:
+        for index, row, error in pool.imap(_work, tasks):  # in the jobs' order, as they finish
+            job = _JOBS[index]
+            if error:
+                failed.append(f"{job.kernel}, {job.variant}: {error}")
+                print(f"{job.kernel:28} {job.variant}: FAILED ({error.splitlines()[0][:200]})", flush=True)
+                continue
+            writer.write({**fixed, "kernel": job.kernel, "variant": job.variant, **row})
+            sass = f", {row['sass_instructions']} SASS" if row["sass_instructions"] != "" else ""
+            print(f"{job.kernel:28} {job.variant}: {row['registers']} registers, spills {row['spill_stores']}/"
+                  f"{row['spill_loads']} B, stack {row['stack_bytes']} B, {row['ptx_instructions']} PTX{sass}",
+                  flush=True)
+    writer.close()
+    if failed:
+        print(f"\n{len(failed)} of {len(tasks)} kernels did not compile:", *failed, sep="\n", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
