@@ -29,12 +29,11 @@ FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "commit", "f
           "skipped", "errors", "seconds"]
 # the test files that run kernels on the GPU, in groups: one pytest process each, all at once
 # (every test file with a test marked gpu is in one: tests/test_commands.py checks it)
-GROUPS = ["tests/test_cuda_gpu.py tests/test_cuda_kernel.py",
-          "tests/test_tensor_core_gpu.py tests/test_tensor_core_ptx.py tests/test_tensor_core.py",
-          "tests/test_backward_gpu.py tests/test_backward_kernel.py",
-          "tests/test_decode_kernels.py tests/test_decode_tensor_cores.py tests/test_gqa.py",
-          "tests/test_nonfinite.py tests/test_gpu_runtime.py tests/test_commands.py tests/test_driver_launch.py "
-          "tests/test_docs.py"]
+GROUPS = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py tests/test_nonfinite.py",
+          "tests/test_tensor_core_gpu.py tests/test_tensor_core_ptx.py", "tests/test_tensor_core.py tests/test_docs.py",
+          "tests/test_backward_gpu.py", "tests/test_backward_kernel.py tests/test_gqa.py",
+          "tests/test_decode_kernels.py", "tests/test_decode_tensor_cores.py tests/test_gpu_runtime.py "
+          "tests/test_commands.py tests/test_driver_launch.py"]
 
 
 def outcome(case: ET.Element) -> str:

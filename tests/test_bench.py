@@ -6,6 +6,7 @@ the interleaved timing on a toy clock, the runner with fake peers, the tables.
 
 import csv
 import math
+import re
 import statistics
 from contextlib import nullcontext
 
@@ -365,3 +366,13 @@ def test_the_compiled_kernels_record_covers_every_default_kernel():
     assert {"forward v5", "forward v6", "backward v1", "decode split, tensor cores", "decode split, CUDA cores",
             "decode combine"} <= {r["kernel"] for r in rows}
     assert all(0 < int(r["registers"]) <= 255 and int(r["spill_stores"]) >= 0 for r in rows)
+
+
+def test_the_commit_of_a_row(monkeypatch):
+    """A row names the checkout's commit ('+': with changes), or TINYFLASH_COMMIT where a copy's .git is not its own."""
+    from tinyflash.bench.record import git_commit
+
+    monkeypatch.delenv("TINYFLASH_COMMIT", raising=False)
+    assert re.fullmatch(r"[0-9a-f]{7,}\+?", git_commit())
+    monkeypatch.setenv("TINYFLASH_COMMIT", "abc1234+")
+    assert git_commit() == "abc1234+"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import os
 import subprocess
 from pathlib import Path
 
@@ -57,7 +58,10 @@ def data_dir() -> Path:
 
 
 def git_commit() -> str:
-    """The short hash of the checkout's HEAD ('' outside a git checkout), with '+' if files differ from it."""
+    """The short hash of the checkout's HEAD ('' outside a git checkout), with '+' if files differ from it; or
+    TINYFLASH_COMMIT, where it is set: for a copy of a working tree whose .git is not the one it came from."""
+    if os.environ.get("TINYFLASH_COMMIT"):
+        return os.environ["TINYFLASH_COMMIT"]
     try:
         run = lambda *args: subprocess.run(["git", *args], cwd=repository(), capture_output=True,  # noqa: E731
                                            text=True, timeout=10)
