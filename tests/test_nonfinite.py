@@ -1,6 +1,6 @@
 """NaN and ±inf in the inputs: the same defined result in every stage, and no NumPy warnings.
 
-The rules (README, "NaN and ±inf"), on the scaled scores s = scale · q_i · k_j of the keys a row
+The rules (docs/using.md, "NaN and ±inf"), on the scaled scores s = scale · q_i · k_j of the keys a row
 attends (a masked key never counts):
 * a NaN score, or a +inf one, makes the row's o and lse NaN: so a NaN in k_j poisons every row
   that attends key j, and a NaN in q_i its own row;
@@ -125,7 +125,7 @@ def test_tensor_core_kernel_follows_the_same_rules(rng, lazy):
     running state rescaled at every tile, and lazily (LAZY_RESCALE: only when a row's max grows by more
     than 2^8, which a NaN never does)."""
     d = 64
-    from tinyflash.forward.kernels.v6_tensor_cores import TensorCoreTiling
+    from tinyflash.forward.kernels.tensor_core_tiling import TensorCoreTiling
 
     config = TensorCoreTiling(D=d, WARPS=1, BC=16, LAZY_RESCALE=lazy)  # the simulator's tiling, or lazy
 

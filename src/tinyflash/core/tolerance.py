@@ -8,8 +8,8 @@ tolerance against a float64 reference (:func:`tinyflash.reference_attention`):
 * float16 results must pass FlashAttention's rule (:func:`fa_rule`) against a naive computation
   in float16;
 
-:func:`within_tolerance` applies that choice; the tests, the lessons and the benchmark harness
-all use these numbers. The pieces:
+:func:`within_tolerance` applies that choice; the tests, the lessons and the benchmarks
+(``tinyflash.bench.checking``) all use these numbers. The pieces:
 
 * :func:`rel_error` — max|x - ref| / max|ref|, the relative error in the max norm. Non-finite
   reference entries (lse = -inf for rows with no allowed key, NaN from NaN inputs) must be
@@ -24,7 +24,7 @@ all use these numbers. The pieces:
   inputs tinyflash's naive stage, like every stage, computes in float32 and rounds once at the
   end, so its error is mostly that rounding and the rule is strict. The benchmark also judges
   other libraries' kernels; there the naive computation stores S and P in float16 as well
-  (``tinyflash.measure.harness.naive_same_precision``), as FlashAttention's own tests do.
+  (``tinyflash.bench.checking.naive_attention``), as FlashAttention's own tests do.
 """
 
 from __future__ import annotations

@@ -1,0 +1,352 @@
+"""The numbers of the README and of docs/*.md, computed from the record and the models, written between markers.
+
+A generated block sits between ``<!-- name:start -->`` and ``<!-- name:end -->``; :data:`BLOCKS` says
+how each is made. ``python -m tinyflash.bench --docs`` rewrites every block of README.md and docs/*.md
+from the committed CSVs (``figures/data/``) and the cost models; ``tests/test_docs.py`` checks that the
+files hold exactly what it would write, and that no number stands outside a block but the few that
+name things (stages, lessons, head dims, sequence lengths). The dated notes (``docs/notes/``) are a
+record of their day and are not generated.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import tables
+from .record import data_dir, number, read_csv, repository
+from .suites import BENCHMARKS
+
+MARKER = re.compile(r"<!-- ([\w-]+):start -->\n(.*?)<!-- \1:end -->", re.S)  # a block, empty or not
+
+
+def record(stem: str) -> list[dict]:
+    """The rows of figures/data/<stem>.csv."""
+    return read_csv(data_dir() / f"{stem}.csv")
+
+
+def span(values, fmt: str = "{:.2f}", unit: str = "×") -> str:
+    """'0.93×–1.21×' style range of ``values`` (one value: just it)."""
+    lo, hi = min(values), max(values)
+    return f"{fmt.format(lo)}{unit}" if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}{unit}"
+
+
+# --- README -----------------------------------------------------------------------------------------------
+
+
+def quickstart_costs() -> str:
+    """What the README's two commands cost on a CPU, from the last timed run of each (figures/data/cpu_runs.csv)."""
+    rows = {r["command"]: r for r in record("cpu_runs")}
+    lessons, tests = rows["python lessons/run_all.py"], rows["python -m pytest"]
+    def took(seconds: str) -> str:
+        return f"{float(seconds):.0f} seconds" if float(seconds) < 90 else f"{float(seconds) / 60:.0f} minutes"
+
+    return (f"On {tests['cpus']} CPU cores ({tests['machine']}, {tests['date'][:10]}) the lessons took "
+            f"{took(lessons['seconds'])} and the tests {took(tests['seconds'])}: "
+            f"{int(tests['passed']):,} passed, " + (f"{int(tests['failed']):,} failed, " if int(tests["failed"]) else "")
+            + f"{int(tests['skipped']):,} skipped (the GPU tests, at sizes the simulator cannot run)"
+            + ("." if lessons["exit_code"] == "0" else "; the lessons failed."))
+
+
+def headlines() -> str:
+    """The README's few headline numbers, each from its record."""
+    versions = ok(record("kernel_versions_h200"), dtype="float32", causal="False", variant="v5")
+    tc = [r for r in ok(record("tensor_cores_h200"), variant="v6")]
+    queued, alone = [float(r["vs_baseline"]) for r in tc], [float(r["latency_vs_baseline"]) for r in tc]
+    backward = record("backward_h200")
+    bw_eff, bw_flash = [], []
+    for r in ok(backward, impl="tinyflash", n_q="16384"):
+        same = {k: r[k] for k in ("d", "causal", "n_q")}
+        bw_eff.append(float(tables.find(backward, impl="torch_efficient", dtype="float32", **same)["time_ms"])
+                      / float(r["time_ms"]))
+        bw_flash.append(float(tables.find(backward, impl="torch_flash", dtype="float16", **same)["time_ms"])
+                        / float(r["time_ms"]))
+    decode = record("decode_h200")
+    per_call = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="")]
+    whole = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="whole call")]
+    return "\n".join([
+        f"* **Stage 2** (CUDA cores, v5): {span([float(r['tflops']) for r in versions], '{:.1f}', ' TFLOP/s')} in "
+        "float32 at N = 16,384 on an H200, each of its five versions faster than the one before.",
+        f"* **Stage 3** (tensor cores, v6): {span(queued)} the speed of FlashAttention-2 (PyTorch SDPA's flash "
+        f"backend) in all {len(tc)} configurations measured, calls queued back to back; one call alone, "
+        f"{span(alone)}.",
+        f"* **Training** (the backward pass, CUDA cores): {span(bw_eff)} of SDPA's float32 efficient backward, "
+        f"{span(bw_flash)} of its float16 flash backward on the tensor cores.",
+        f"* **Decoding** (split-KV, grouped-query heads): {span(per_call)} SDPA flash's speed per prepared call; "
+        f"called whole, the Python around the kernels brings it to {span(whole)}.",
+    ])
+
+
+def ok(rows, **where):
+    return tables.ok_rows(rows, **where)
+
+
+# --- docs/results.md --------------------------------------------------------------------------------------
+
+
+def versions_block() -> str:
+    return tables.versions_table(record("kernel_versions_h200"))
+
+
+def vector_block() -> str:
+    rows = record("vector_loads_h200")
+    return (f"Reading a full tile 4 elements per thread and load instead of 1 ({rows[0]['date'][:10]}): "
+            f"{tables.vector_sentence(rows)}, so only float16 reads 4 at a time.")
+
+
+def sweep_block() -> str:
+    return tables.sweep_table(record("bench_h200"), 16384)
+
+
+def sweep_sentences() -> str:
+    """What the sweep's table says, in numbers: stage 2 against SDPA's efficient backend, its range, naive."""
+    rows = record("bench_h200")
+    at = {}
+    for r in ok(rows, impl="tinyflash", variant="v5", n_q="16384"):
+        eff = tables.find(rows, impl="torch_efficient", dtype=r["dtype"], d=r["d"], causal=r["causal"], n_q="16384")
+        at[r["dtype"], r["d"], r["causal"]] = (float(r["tflops"]), float(eff["time_ms"]) / float(r["time_ms"]))
+    f32 = {d: [x[1] for k, x in at.items() if k[0] == "float32" and k[1] == d] for d in ("64", "128")}
+    beats = all(float(r["time_ms"]) < float(x["time_ms"])
+                for r in ok(rows, impl="tinyflash", variant="v5") if int(r["n_q"]) >= 4096
+                for x in ok(rows, impl="naive", dtype=r["dtype"], d=r["d"], causal=r["causal"], n_q=r["n_q"]))
+    oom = sorted({int(r["n_q"]) for r in rows if r["impl"] == "naive" and r["status"] == "oom" and r["dtype"] == "float32"})
+    dates = {r["dtype"]: r["date"][:10] for r in rows}
+    return (f"At N = 16,384 stage 2 runs at {span([x[0] for x in at.values()], '{:.1f}', ' TFLOP/s')}. In float32 it "
+            f"is {span(f32['64'])} the speed of SDPA's memory-efficient backend at d = 64 and {span(f32['128'])} at "
+            "d = 128; that backend runs float32 on the tensor cores (three TF32 products per float32 product), while "
+            "stage 2 does float32 arithmetic on the CUDA cores. "
+            + ("From N = 4,096 up stage 2 is faster than naive attention wherever that ran at all"
+               if beats else "Stage 2 is not faster than naive attention at every N from 4,096 up")
+            + (f"; naive float32 attention ran out of memory from N = {oom[0]:,}. " if oom else ". ")
+            + (f"All rows were measured on {dates['float16']}." if dates["float16"] == dates["float32"] else
+               f"The float16 rows were measured on {dates['float16']}, the float32 rows on {dates['float32']}.")
+            + " " + stage3_runs(rows))
+
+
+def stage3_runs(sweep_rows) -> str:
+    """Why the sweep's stage-3 column and stage 3's own table may disagree: two runs, two methods."""
+    v6 = ok(sweep_rows, impl="tinyflash", variant="v6")
+    own = ok(record("tensor_cores_h200"), variant="v6")
+    return (f"The table's stage-3 column comes from this sweep's run ({v6[0]['timing']}, {v6[0]['date'][:10]}); stage 3's own "
+            f"benchmark (below; {own[0]['timing']}, {own[0]['date'][:10]}) times it against flash with settled peers "
+            f"and is the one to read: there {sum(float(r['vs_baseline']) >= 1 for r in own)} of {len(own)} "
+            "configurations are at 1.0× or more.")
+
+
+def example_block() -> str:
+    return tables.example_32k_table(record("example_32k_h200"))
+
+
+def tensor_core_block() -> str:
+    return tables.tensor_core_table(record("tensor_cores_h200"))
+
+
+def tensor_core_sentence() -> str:
+    rows = record("tensor_cores_h200")
+    v6 = ok(rows, variant="v6")
+    long = [r for r in v6 if r["n_q"] == "16384"]
+    queued = {(r["dtype"], r["d"], r["causal"], r["n_q"]): float(r["vs_baseline"]) for r in v6}
+    q1 = [float(r["vs_baseline_q1"]) for r in v6]
+    alone = [r for r in v6 if float(r["latency_vs_baseline"]) < 1.0]
+    over_v5 = [float(r["tflops"]) / float(tables.find(rows, variant="v5", dtype=r["dtype"], d=r["d"], causal=r["causal"],
+                                                      n_q=r["n_q"])["tflops"])
+               for r in long if r["dtype"] == "float16"]
+    slowest = min(queued, key=queued.get)
+    alone_at = ", ".join(f"{n:,}" for n in sorted({int(r["n_q"]) for r in alone}))
+    return (f"At N = 16,384 v6 runs at {span([float(r['tflops']) for r in long], '{:.1f}', ' TFLOP/s')}: "
+            f"{span([float(r['vs_baseline']) for r in long])} the speed of SDPA's flash backend in the same run, and "
+            f"{span(over_v5, '{:.1f}')} stage 2's v5 in float16. At N = 4,096: "
+            f"{span([x for k, x in queued.items() if k[3] == '4096'])}. {sum(x >= 1 for x in queued.values())} of "
+            f"{len(queued)} configurations are at 1.0× or more, the slowest {queued[slowest]:.2f}× ({slowest[0]}, "
+            f"d = {slowest[1]}, {'causal' if slowest[2] == 'True' else 'not causal'}, N = {int(slowest[3]):,}); the "
+            f"middle half of every configuration's rounds is at {min(q1):.2f}× or more. One call alone, the GPU idle "
+            f"before it, v6 is slower than flash in {len(alone)} configurations, all at N = "
+            f"{alone_at}: the host's work before a launch shows there "
+            f"(measured {rows[0]['date'][:10]}).")
+
+
+def tiles_block() -> str:
+    return tables.tiles_table(record("tensor_core_tiles_h200"))
+
+
+def groups_block() -> str:
+    return tables.groups_table(record("tensor_core_tiles_h200"))
+
+
+def backward_block() -> str:
+    return tables.backward_table(record("backward_h200"))
+
+
+def backward_longest() -> str:
+    rows = record("backward_h200")
+    n = max(int(r["n_q"]) for r in rows)
+    at = {r["impl"]: r for r in rows if int(r["n_q"]) == n}
+    ours, eff, naive = at["tinyflash"], at["torch_efficient"], at["naive"]
+    return (f"At N = {n:,} (d = {ours['d']}, not causal) naive attention's backward "
+            f"{'ran out of memory' if naive['status'] == 'oom' else naive['status']}, while tinyflash's ran at "
+            f"{float(ours['tflops']):.1f} TFLOP/s (SDPA efficient {float(eff['tflops']):.1f}) with a peak of "
+            f"{number(ours, 'peak_bytes') / 2**20:,.0f} MiB of device memory.")
+
+
+def decode_block() -> str:
+    return tables.decode_table(record("decode_h200"))
+
+
+def decode_bar() -> str:
+    bar = (f"The bar set for the split kernel: per call, at least {tables.BAR_VS_FLASH:.1f}× SDPA flash's speed at "
+           f"every shape, {tables.BAR_VS_COPY:.0%} of a copy's rate at the largest, and the paged cache within "
+           f"{tables.BAR_PAGED - 1:.0%} of the contiguous one. Measured: ")
+    return bar + tables.decode_bar_sentence(record("decode_h200")) + "."
+
+
+def ptxas_block() -> str:
+    """Registers and spills of the default kernels, from ptxas (no GPU needed: benchmarks/ptxas_report.py)."""
+    rows = record("ptxas_sm90")
+    lines = ["| kernel | variant | registers | spilled: stored, loaded (bytes) | PTX instructions | SASS instructions |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['variant']} | {r['registers']} | {r['spill_stores']}, {r['spill_loads']} | "
+              f"{r['ptx_instructions']} | {r['sass_instructions'] or '–'} |" for r in rows]
+    return "\n".join(lines) + (f"\n\n({rows[0]['ptxas'].split(', ')[-1]} of ptxas, numba-cuda {rows[0]['numba_cuda']}, "
+                               f"{rows[0]['date'][:10]})")
+
+
+def gpu_tests() -> str:
+    """The last GPU session's test files (benchmarks/gpu_tests.py), summed."""
+    rows = record("gpu_tests_h200")
+    total = {key: sum(int(r[key]) for r in rows) for key in ("tests", "passed", "failed", "skipped", "errors")}
+    failing = [f"{r['file']} ({r['failed']})" for r in rows if int(r["failed"]) or int(r["errors"])]
+    return (f"On the H200 ({rows[0]['date'][:10]}, commit {rows[0]['commit']}) the GPU test files ran "
+            f"{total['tests']:,} tests: {total['passed']:,} passed, {total['skipped']} skipped, {total['failed']} failed"
+            + (f" ({', '.join(failing)})" if failing else "") + (f", {total['errors']} errors" if total["errors"] else "")
+            + " (`figures/data/gpu_tests_h200.csv`, one row per file).")
+
+
+# --- the figures' captions: from the models ---------------------------------------------------------------
+
+
+def memory_fit() -> str:
+    from ..cost.memory import attention_memory, format_bytes, max_sequence_length
+    from ..hardware import CONSUMER_CARD_BYTES, H200
+
+    m = attention_memory(32_768, 128, heads=32, dtype="float16")
+    return (f"For 32 heads, S and P in float16 fit in 24 GiB only up to N = "
+            f"{max_sequence_length(CONSUMER_CARD_BYTES, heads=32):,} and in the H200's "
+            f"{H200.memory_bytes / 1e9:.0f} GB up to N = {max_sequence_length(H200.memory_bytes, heads=32):,}: at "
+            f"N = 32,768 the scores alone take {format_bytes(m.scores)}, S and P {format_bytes(m.logits_and_probabilities)}, "
+            f"where FlashAttention keeps O and lse, {format_bytes(m.o + m.lse)}.")
+
+
+def traffic() -> str:
+    from ..cost.traffic import HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, tile_sizes, traffic_crossover, traffic_ratio
+    from ..plots.traffic import TRAFFIC_M_N
+
+    cross = traffic_crossover(TRAFFIC_M_N, 64)
+    br, bc = tile_sizes(cross, 64)
+    return (f"At N = 131,072 standard attention moves {traffic_ratio(131_072, 64, SRAM_ELEMENTS):.1f}× the bytes of "
+            f"FlashAttention with 64 × 64 tiles (M = {SRAM_ELEMENTS:,}) and {traffic_ratio(131_072, 64, HOPPER_SRAM_ELEMENTS):.1f}× "
+            f"with an H200 multiprocessor's shared memory (M = {HOPPER_SRAM_ELEMENTS:,}). At N = {TRAFFIC_M_N:,}, below "
+            f"M = {cross:,} elements (tiles smaller than {br} × {bc}) FlashAttention would move more bytes than "
+            "standard attention.")
+
+
+def cpu_memory() -> str:
+    from ..cost.memory import blocked_workspace_bytes, format_bytes
+    from ..plots.memory import CPU_BLOCK
+
+    rows = [r for r in record("memory_cpu_measured") if r["stage"] == "blocked"]
+    off = [int(r["measured_peak_bytes"]) / int(r["model_bytes"]) - 1 for r in rows]
+    return (f"The blocked stage runs here with Br = Bc = {CPU_BLOCK}: the temporaries of its loop then peak at "
+            f"{format_bytes(blocked_workspace_bytes(CPU_BLOCK, CPU_BLOCK, 64))} (the model of "
+            "``cost.memory.blocked_workspace_bytes``: three score tiles and an accumulator while the next tile's "
+            f"scores are made), the same at every N; measured, it lies within {100 * max(map(abs, off)):.1f} % of "
+            "that model plus O and lse, at every N.")
+
+
+def training_memory() -> str:
+    rows = {(r["stage"], int(r["n"])): r for r in record("training_memory")}
+    naive, flash, flash_16k = rows["naive", 4096], rows["flash", 4096], rows["flash", 16384]
+
+    def mib(r, key):
+        return f"{int(r[key]) / 2**20:.{1 if int(r[key]) > 10 * 2**20 else 2}f} MiB"
+
+    return (f"At N = 4,096 the naive stage kept {mib(naive, 'kept_bytes')} for the backward (S, P and O) and its "
+            f"backward peaked at {mib(naive, 'backward_peak_bytes')}; FlashAttention kept {mib(flash, 'kept_bytes')} "
+            f"(O and lse) and its backward peaked at {mib(flash, 'backward_peak_bytes')}, and at "
+            f"{mib(flash_16k, 'backward_peak_bytes')} at N = 16,384.")
+
+
+def kv_cache() -> str:
+    from ..cost.memory import format_bytes
+    from ..decode.cache_memory import kv_cache_bytes
+    from ..hardware import H200
+
+    size = {h: kv_cache_bytes(layers=32, kv_heads=h, head_dim=128, context=131_072) for h in (32, 8, 1)}
+    return (f"At 131,072 tokens, 32 layers, d = 128: {format_bytes(size[32])} with multi-head attention, "
+            f"{format_bytes(size[8])} with 8 K/V heads, {format_bytes(size[1])} with one, half of each in int8; the "
+            f"H200's {H200.memory_bytes / 1e9:.0f} GB hold the multi-head cache of {H200.memory_bytes // size[32]} "
+            "such sequences.")
+
+
+# --- docs/measuring.md, docs/reproducing.md ---------------------------------------------------------------
+
+
+def timing_constants() -> str:
+    from ..core.tolerance import F32_TOL
+    from . import checking, timing
+
+    return (f"Each peer is called {timing.WARMUP} times untimed, then, in each of {timing.ROUNDS} rounds (a benchmark "
+            f"may ask for fewer), runs {timing.SETTLE_MS:.0f} ms of its own calls untimed, one call alone, and a burst of "
+            f"queued calls lasting about {timing.BURST_MS:.0f} ms ({timing.MIN_BURST} to {timing.MAX_BURST} calls). "
+            f"A check samples {checking.CHECK_ROWS} query rows of the first and of the last head; float32 results "
+            f"must be within {F32_TOL:g} of the float64 reference (gradients {checking.F32_GRAD_TOL:g}), 16-bit ones "
+            f"within 2× (gradients {checking.GRAD_FACTOR:g}×) the error of the naive computation in their type.")
+
+
+def benchmark_commands() -> str:
+    lines = ["```bash"]
+    for bench in BENCHMARKS.values():
+        csv = f"{bench.csv_stem}_h200.csv"
+        kept = (data_dir() / csv).exists()  # a benchmark without a committed record writes beside it
+        lines.append(f"python -m tinyflash.bench {bench.name} --csv {'figures/data/' if kept else ''}{csv}"
+                     f"  # {bench.doc}{'' if kept else ' (no committed record yet)'}")
+    return "\n".join(lines + ["```"])
+
+
+BLOCKS = {
+    "quickstart-costs": quickstart_costs, "headlines": headlines,
+    "versions": versions_block, "vector": vector_block, "sweep": sweep_block, "sweep-sentences": sweep_sentences,
+    "example-32k": example_block, "tensor-cores": tensor_core_block, "tensor-cores-sentence": tensor_core_sentence,
+    "tensor-core-tiles": tiles_block, "tensor-core-groups": groups_block, "backward": backward_block,
+    "backward-longest": backward_longest, "decode": decode_block, "decode-bar": decode_bar, "ptxas": ptxas_block,
+    "gpu-tests": gpu_tests, "memory-fit": memory_fit, "traffic": traffic, "cpu-memory": cpu_memory, "training-memory": training_memory,
+    "kv-cache": kv_cache, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
+}
+
+
+def doc_files() -> list[Path]:
+    """README.md and docs/*.md (not the dated notes)."""
+    root = repository()
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render(text: str, made: dict) -> str:
+    """``text`` with every block replaced by what ``made`` holds for it (a block without a maker: a KeyError)."""
+    return MARKER.sub(lambda m: f"<!-- {m.group(1)}:start -->\n{made[m.group(1)]}\n<!-- {m.group(1)}:end -->", text)
+
+
+def blocks_in(text: str) -> dict:
+    """name -> the text of each block in ``text`` (without the newline before its end marker)."""
+    return {m.group(1): m.group(2).removesuffix("\n") for m in MARKER.finditer(text)}
+
+
+def write_docs() -> list[Path]:
+    """Rewrite the blocks of README.md and docs/*.md from the record; returns the files that changed."""
+    made = {name: maker() for name, maker in BLOCKS.items()}
+    changed = []
+    for path in doc_files():
+        text = path.read_text()
+        new = render(text, made)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed

@@ -1,0 +1,152 @@
+"""The README and docs/*.md: every number they quote is the record's, their examples run, their links hold.
+
+* Each generated block (between ``<!-- name:start -->`` and ``<!-- name:end -->``) holds exactly what
+  :mod:`tinyflash.bench.docs` makes of the committed CSVs; ``python -m tinyflash.bench --docs`` rewrites them.
+* Outside blocks and code, a page names things but quotes no measurement: every number there is a small
+  count, a power of two (sizes, tiles, head dims, sequence lengths) or one of :data:`NAMED`, each of which
+  a file of the project states.
+* The README is a front door: at most 300 lines, the first command on the first screen, its examples run.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyflash.bench import docs
+from tinyflash.bench.suites import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = docs.doc_files()
+FIRST_SCREEN = 24  # lines of a terminal's first screen
+MAX_README_LINES = 300
+# numbers that name a thing rather than measure it, and the file of the project that states each
+NAMED = {
+    "2.1": ("src/tinyflash/core/masks.py", "FlashAttention >= 2.1"),  # the release that aligned the mask bottom-right
+    "8.0": ("src/tinyflash/gpu/ptx.py", "compute capability 8.0"),  # what the tensor-core instructions need
+    "13": ("requirements-gpu.txt", "CUDA 13"),  # the CUDA of the GPU requirements
+    "2.5": ("requirements.txt", "numpy 2.5 removed"),  # the NumPy that numba-cuda cannot compile with
+}
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?!\w)")
+
+
+def prose(text: str) -> str:
+    """``text`` without generated blocks, code (fenced, indented, inline), comments and link targets."""
+    text = docs.MARKER.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("    "))
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+def allowed(token: str) -> bool:
+    if token in NAMED:
+        return True
+    if "." in token:
+        return False
+    value = int(token.replace(",", ""))
+    return value <= 10 or (value & (value - 1) == 0 and value >= 16)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_blocks_hold_what_the_record_says(path):
+    found = docs.blocks_in(path.read_text())
+    assert found == {name: docs.BLOCKS[name]() for name in found}, "run: python -m tinyflash.bench --docs"
+
+
+def test_every_block_is_used_and_every_use_has_a_maker():
+    used = [name for path in PAGES for name in docs.blocks_in(path.read_text())]
+    assert sorted(set(used)) == sorted(docs.BLOCKS)
+    assert len(used) == len(set(used)), "a block appears twice"
+
+
+def test_render_fills_empty_and_full_blocks_alike():
+    text = "a\n<!-- x:start -->\n<!-- x:end -->\nb\n<!-- y:start -->\nold\n<!-- y:end -->\n"
+    out = docs.render(text, {"x": "one", "y": "two"})
+    assert out == "a\n<!-- x:start -->\none\n<!-- x:end -->\nb\n<!-- y:start -->\ntwo\n<!-- y:end -->\n"
+    assert docs.blocks_in(out) == {"x": "one", "y": "two"}
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_numbers_outside_blocks_only_name_things(path):
+    stray = sorted({t.rstrip(",") for t in NUMBER.findall(prose(path.read_text()))} - {""})
+    assert [t for t in stray if not allowed(t)] == [], "put measured numbers in a generated block"
+
+
+def test_the_named_numbers_are_stated_by_the_project():
+    for token, (file, phrase) in NAMED.items():
+        assert phrase in (ROOT / file).read_text(), (token, file)
+
+
+def test_the_number_checker_catches_a_measurement():
+    text = "v6 runs at 1.07× flash, 361.5 TFLOP/s, at N = 16,384 with d = 128 and 4 warps; `0.93` in code"
+    assert [t for t in NUMBER.findall(prose(text)) if not allowed(t.rstrip(","))] == ["1.07", "361.5"]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_reach_files_and_headings(path):
+    text = path.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", docs.MARKER.sub("", text)):
+        if target.startswith(("http://", "https://")):
+            continue
+        file, _, anchor = target.partition("#")
+        where = (path.parent / file).resolve() if file else path
+        assert where.exists(), target
+        if anchor and where.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", where.read_text(), flags=re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, target
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_commands_name_real_benchmarks_and_files(path):
+    text = path.read_text()
+    for name in re.findall(r"python -m tinyflash\.bench ([a-z][\w-]*)", text):
+        assert name in BENCHMARKS, name
+    for file in re.findall(r"(?:figures|benchmarks|lessons|tests|docs)/[\w./-]+\.(?:csv|py|sh|md|png)", text):
+        assert (ROOT / file).exists(), file
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES
+    assert "```bash" in lines[:FIRST_SCREEN], "the first command belongs on the first screen"
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert f"{ci}\n" in README.read_text(), "the README's test command is the one CI runs"
+
+
+def examples(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_numpy_example_runs():
+    code = examples("python")[0]
+    assert "import numpy" in code and "cuda" not in code
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-12  # float64 against float64: rounding only
+
+
+def test_readme_simulator_example_runs():
+    """The bash example, with this interpreter for ``python``: the kernel v5 on numba's simulator."""
+    (command,) = [c for c in examples("bash") if "NUMBA_ENABLE_CUDASIM=1" in c]
+    code = re.search(r'python -c "(.*)"', command, flags=re.S).group(1)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-5  # float32 against float64
+
+
+@pytest.mark.gpu
+def test_readme_pytorch_example_runs():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU for PyTorch")
+    code = examples("python")[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr
