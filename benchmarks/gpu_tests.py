@@ -33,7 +33,8 @@ GROUPS = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py tests/test_nonfin
           "tests/test_tensor_core_gpu.py tests/test_tensor_core_ptx.py", "tests/test_tensor_core.py tests/test_docs.py",
           "tests/test_backward_gpu.py", "tests/test_backward_kernel.py tests/test_gqa.py",
           "tests/test_decode_kernels.py", "tests/test_decode_tensor_cores.py tests/test_gpu_runtime.py "
-          "tests/test_commands.py tests/test_driver_launch.py"]
+          "tests/test_commands.py tests/test_driver_launch.py",
+          "tests/test_backward_tensor_cores_gpu.py tests/test_backward_tensor_cores.py"]
 
 
 def outcome(case: ET.Element) -> str:
@@ -61,7 +62,8 @@ def case_file(case: ET.Element, files: list[str]) -> str:
 
 def count(report: Path, files: list[str]) -> dict:
     """file -> {tests, passed, failed, skipped, errors, seconds} from a JUnit XML report; every file of the
-    group gets a row (one that ran no test: zeros)."""
+    group gets a row (one that ran no test: zeros). A group may name tests ('tests/a.py::test_b'): their file's row."""
+    files = list(dict.fromkeys(f.split("::")[0] for f in files))
     found = count_nothing(files)
     for case in ET.parse(report).getroot().iter("testcase"):
         row = found.setdefault(case_file(case, files), count_nothing(["?"])["?"])
@@ -83,7 +85,7 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path) -> list
     running = []
     for i, files in enumerate(groups):
         report = report_dir / f"group_{i}.xml"
-        log = log_dir / f"gpu_tests_{Path(files[0]).stem.removeprefix('test_')}.log"
+        log = log_dir / f"gpu_tests_{Path(files[0].split('::')[0]).stem.removeprefix('test_')}.log"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
                    "-o", "junit_family=xunit1", *files]  # xunit1: each <testcase> says its file
         out = open(log, "w")
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
         print(f"{env['device']}  numba-cuda {env['numba_cuda']}  cupy {env['cupy'] or '-'}  torch {env['torch'] or '-'}"
               f"  commit {env['commit'] or '-'}  {env['date']}")
         for files, report, log, code in done:
-            found = count(report, files) if report.exists() else count_nothing(files)
+            found = count(report, files) if report.exists() else count_nothing([f.split("::")[0] for f in files])
             if code not in (0, 1, 5) and not any(row["failed"] or row["errors"] for row in found.values()):
                 # pytest stopped without a failing test in its report (a file not found, a crash): the files
                 # that ran no test get an error each (all of them if every file ran some); the log says why

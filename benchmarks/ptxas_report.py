@@ -20,7 +20,8 @@ The kernels, each at the settings a GPU run uses by default:
   d = 64 and 128 (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
 * the decode combine kernel, float16 and float32 output;
-* backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32.
+* backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
+* backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16.
 
 A kernel is compiled with its own options (``fastmath``, ``launch_bounds``; ``max_registers`` becomes
 ptxas's ``-maxrregcount``). The signature is the kernel module's own where it has one (v6's SIGNATURE, the
@@ -195,8 +196,22 @@ def backward_jobs() -> list[Job]:
     return found
 
 
+def backward_tensor_core_jobs() -> list[Job]:
+    """Backward v2 (tensor cores) at its default tilings, d = 64 and 128, float16 and bfloat16."""
+    from tinyflash.backward.kernels import tensor_core_tiling as tct, v2_tensor_cores as v2
+
+    found = []
+    for element in ("float16", "bfloat16"):
+        for d in tct.HEAD_DIMS:
+            cfg = tct.default_tiling(d)
+            variant = f"d={d} {element} warps={cfg.WARPS} keys={cfg.BC} BR={cfg.BR}"
+            found.append(Job("backward v2", variant, lambda cfg=cfg, element=element:
+                             (v2.make_kernel(cfg, element), v2.SIGNATURE)))
+    return found
+
+
 def jobs() -> list[Job]:
-    return v5_jobs() + v6_jobs() + decode_jobs() + backward_jobs()
+    return v5_jobs() + v6_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
 
 
 # --- compiling and counting -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #   bash benchmarks/run_gpu.sh OUTDIR bench-tensor-core-tiles
 #   bash benchmarks/run_gpu.sh OUTDIR bench-example-32k
 #   bash benchmarks/run_gpu.sh OUTDIR bench-backward
+#   bash benchmarks/run_gpu.sh OUTDIR bench-backward-tensor-cores
 #   bash benchmarks/run_gpu.sh OUTDIR bench-decode
 #
 # Run from the repository root; tinyflash is imported from this checkout's src/. The tests step runs
@@ -42,9 +43,10 @@ for what in "$@"; do
     bench-tensor-core-tiles) bench tensor-core-tiles || status=1 ;;
     bench-example-32k) bench example-32k || status=1 ;;
     bench-backward) bench backward || status=1 ;;
+    bench-backward-tensor-cores) bench backward-tensor-cores || status=1 ;;
     bench-decode) bench decode || status=1 ;;
     *) echo "unknown step: $what (steps: tests lessons bench-tensor-cores bench-tensor-core-tiles" \
-            "bench-example-32k bench-backward bench-decode)" >&2; exit 2 ;;
+            "bench-example-32k bench-backward bench-backward-tensor-cores bench-decode)" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -376,3 +376,12 @@ def test_the_commit_of_a_row(monkeypatch):
     assert re.fullmatch(r"[0-9a-f]{7,}\+?", git_commit())
     monkeypatch.setenv("TINYFLASH_COMMIT", "abc1234+")
     assert git_commit() == "abc1234+"
+
+
+def test_a_benchmark_may_fix_sizes_per_sequence_length():
+    """backward-tensor-cores: B = 4 at N = 4,096 and B = 1 at N = 16,384 (as the issue's bar is set), H = 32."""
+    from tinyflash.bench.runner import points
+    from tinyflash.bench.suites import BENCHMARKS
+
+    found = {(pt["n_q"], pt["batch"], pt["heads"]) for pt in points(BENCHMARKS["backward-tensor-cores"])}
+    assert found == {(4096, 4, 32), (16384, 1, 32)}

@@ -83,6 +83,22 @@ def test_pack(rng, element):
     assert np.array_equal(out, words(x[None, :], element)[0])
 
 
+@pytest.mark.parametrize("element", ELEMENTS)
+def test_unpack_inverts_pack(rng, element):
+    """unpack(word) gives back the two values a word holds, exactly: pack's rounding, and nothing else."""
+    unpack = ptx.unpack(element)
+
+    @cuda.jit
+    def kernel(w, out):
+        i = cuda.threadIdx.x
+        out[2 * i], out[2 * i + 1] = unpack(w[i])
+
+    x = rng.standard_normal(64).astype(np.float32) * 100  # (64,)
+    out = np.zeros(64, np.float32)
+    kernel[1, 32](words(x[None, :], element)[0], out)
+    assert np.array_equal(out, from_bits(to_bits(x, element), element))
+
+
 @cuda.jit
 def ldmatrix_kernel(tile, plain, transposed):
     """tile (128,) words = 16 × 16 halves, row by row; cp.async it into shared memory (lane l: 16 bytes), then

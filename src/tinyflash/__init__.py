@@ -49,6 +49,7 @@ _ON_FIRST_USE = {
     "cuda_attention": "forward.cuda",
     "tensor_core_attention": "forward.tensor_cores",
     "cuda_attention_backward": "backward.cuda",
+    "tensor_core_attention_backward": "backward.tensor_cores",
     "cuda_split_kv_attention": "decode.cuda",
     "cuda_paged_attention": "decode.cuda",
 }

@@ -45,9 +45,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.list:
+        width = max(map(len, BENCHMARKS)) + 2
         for bench in BENCHMARKS.values():
             axes = ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in bench.axes.items())
-            print(f"{bench.name:18} {bench.doc}\n{'':18} axes: {axes}; {bench.rounds} rounds")
+            print(f"{bench.name:{width}}{bench.doc}\n{'':{width}}axes: {axes}; {bench.rounds} rounds")
         return 0
     if args.summary:
         from .record import read_csv

@@ -157,6 +157,19 @@ def backward_stage2(config=None, label: str | None = None) -> Peer:
     return Peer("tinyflash", label or LATEST, make, ("float16", "float32"))
 
 
+def backward_stage3() -> Peer:
+    """tinyflash.tensor_core_attention_backward (backward kernel v2), given the tensor-core forward's o and lse."""
+    def make(x):
+        from ..backward.tensor_cores import tensor_core_attention_backward
+        from ..forward.tensor_cores import tensor_core_attention
+
+        q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]
+        o, lse = tensor_core_attention(q, k, v, causal=causal)
+        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal)
+
+    return Peer("tinyflash", "v2", make, ("float16", "bfloat16"))
+
+
 def backward_sdpa(backend: str, dtypes=ALL_DTYPES) -> Peer:
     """PyTorch SDPA's backward with one ``backend``: autograd's gradients of one forward, kept."""
     def make(x):

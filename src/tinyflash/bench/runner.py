@@ -39,6 +39,7 @@ def points(bench: Benchmark, overrides: dict | None = None) -> list[dict]:
     for values in itertools.product(*axes.values()):
         point = {**bench.fixed, **dict(zip(axes, values))}
         if "n" in point:
+            point.update(bench.by_n.get(point["n"], {}))
             point["n_q"] = point["n_k"] = point.pop("n")
         point.setdefault("kv_heads", point["heads"])
         found.append(point)

@@ -30,6 +30,7 @@ class Benchmark:
     rounds: int = 15  # rounds of interleaved timing
     baseline: tuple | None = ("torch_flash", "")  # the peer whose time the others are compared with
     record: str = ""  # the CSV of the record, figures/data/<record>_<device>.csv; '' for the benchmark's name
+    by_n: dict = field(default_factory=dict)  # N -> fixed sizes of its own (more sequences at a shorter N)
 
     @property
     def csv_stem(self) -> str:
@@ -99,11 +100,16 @@ def example_peers(point) -> list:
 
 
 def backward_peers(point) -> list:
-    """tinyflash's backward, naive, and SDPA's efficient (float32) and flash (16-bit) backwards."""
-    found = [p.backward_stage2(), p.backward_naive()]
+    """tinyflash's backwards (CUDA cores, tensor cores), naive, and SDPA's efficient (float32) and flash (16-bit)."""
+    found = [p.backward_stage2(), p.backward_stage3(), p.backward_naive()]
     if p.has_torch():
         found = [p.backward_sdpa("flash", ("float16", "bfloat16")), *found, p.backward_sdpa("efficient")]
     return found
+
+
+def backward_tensor_core_peers(point) -> list:
+    """SDPA's flash backward (the baseline) and the tensor-core backward."""
+    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3()]
 
 
 BACKWARD_TILINGS = {  # (BR, BC, NT, TM, TK) of the backward kernel tried per head dim; the first is the default
@@ -169,6 +175,9 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("backward", "the backward pass beside SDPA's backwards and naive attention", "backward",
               {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False, True), "n": (1024, 4096, 16384)},
               backward_peers, rounds=5, baseline=("torch_efficient", "")),
+    Benchmark("backward-tensor-cores", "the tensor-core backward beside SDPA's flash backward", "backward",
+              {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
+              backward_tensor_core_peers, library="torch", by_n={4096: {"batch": 4}}),
     Benchmark("backward-tiles", "tilings of the backward kernel", "backward",
               {"dtype": ("float32",), "d": (64, 128), "causal": (False, True), "n": (16384,)}, backward_tile_peers,
               rounds=5, baseline=None),

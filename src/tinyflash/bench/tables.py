@@ -138,6 +138,23 @@ def tensor_core_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def backward_tensor_core_table(rows: list[dict]) -> str:
+    """The tensor-core backward against SDPA's flash backward (``backward-tensor-cores``), per configuration:
+    its TFLOP/s and speed over flash's (queued; the middle half of the rounds' ratios; one call alone)."""
+    lines = ["| dtype | d | causal | B × N | v2 TFLOP/s | v2 / flash | its rounds' middle half | one call alone: "
+             "v2 / flash | SDPA flash |", "|---|---|---|---|---|---|---|---|---|"]
+    for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
+
+        v2 = get("tinyflash", "v2")
+        q1, q3 = cell(v2, "vs_baseline_q1", "{:.2f}"), cell(v2, "vs_baseline_q3", "{:.2f}")
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v2)} | {cell(v2, 'vs_baseline', '{:.2f}×')} "
+                     f"| {DASH if q1 == DASH else f'{q1}–{q3}×'} | {cell(v2, 'latency_vs_baseline', '{:.2f}×')} | "
+                     f"{cell(get('torch_flash'))} |")
+    return "\n".join(lines)
+
+
 def tiling_of(variant: str) -> dict:
     """'v6 warps=8 row_tiles=2 ... group=4 kernel=grouped' -> {'warps': '8', ...}."""
     return dict(part.split("=", 1) for part in variant.split() if "=" in part)
@@ -277,7 +294,7 @@ def decode_bar_sentence(rows: list[dict]) -> str:
 
 TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
-          "decode": decode_table, "vector": vector_sentence}
+          "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table}
 
 
 def summary(rows: list[dict]) -> str:

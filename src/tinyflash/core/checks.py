@@ -215,16 +215,16 @@ def check_like(x, name: str, shape: tuple, dtype, what: str):
     return x
 
 
-def check_backward_inputs(prob: AttentionProblem, do, o=None, lse=None) -> AttentionProblem:
+def check_backward_inputs(prob: AttentionProblem, do, o=None, lse=None, *, grouped: bool = False) -> AttentionProblem:
     """The backward's inputs beyond q, k, v, against the problem ``check_attention_inputs`` found.
 
     do and o: (..., Nq, dv) in the dtype of q; lse: (..., Nq) in the compute dtype (float32, or
     float64 for float64 inputs), as the forward returns it. Grouped-query attention (fewer K/V
-    heads than query heads) has no backward yet: a clear ValueError.
+    heads than query heads) only where ``grouped`` (the tensor-core backward); elsewhere a clear ValueError.
     """
-    if getattr(prob, "kv_group", 1) != 1:
+    if getattr(prob, "kv_group", 1) != 1 and not grouped:
         raise ValueError(f"the backward pass does not support grouped-query attention yet (q has "
-                         f"{prob.kv_group} query heads per K/V head); repeat k and v to q's heads first")
+                         f"{prob.kv_group} query heads per K/V head); repeat k and v to q's heads first, or use tinyflash.tensor_core_attention_backward")
     check_like(do, "do", prob.out_shape, prob.dtype, "the gradient of the output o: q's leading dims and Nq, "
                "v's dv, q's dtype")
     if o is not None:

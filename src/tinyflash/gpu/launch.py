@@ -53,6 +53,9 @@ class LaunchArgs:
     n_heads: int  # batch · heads: the blocks along y
     kv_group: int = 1  # query heads per K/V head (GQA); kernels read K/V head `head // kv_group`
     kv_arrays: tuple = ("K", "V")  # the arrays with one matrix per K/V head
+    # when the grid runs over K/V heads instead (a backward kernel sums dK, dV over a group): the arrays with
+    # kv_group matrices per head of the grid (Q, dO, lse, ...); K, V, dK, dV then have one per head of the grid
+    group_arrays: tuple = ()
 
 
 def parameters(kernel) -> tuple:
@@ -131,14 +134,20 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
     except Exception as exc:
         raise SharedMemoryRefused(f"could not enable {smem_bytes} bytes of shared memory ({exc})") from exc
     g = args.kv_group
-    if g > MAX_GRID_Y:
+    over_kv = bool(args.group_arrays)  # the grid's heads are K/V heads, each with g query heads
+    if g > MAX_GRID_Y and not over_kv:
         raise ValueError(f"kv_group (query heads per K/V head) must be at most {MAX_GRID_Y}; got {g}")
-    step = MAX_GRID_Y - MAX_GRID_Y % g  # heads per launch: a multiple of kv_group
+    step = MAX_GRID_Y if over_kv else MAX_GRID_Y - MAX_GRID_Y % g  # heads per launch: a multiple of kv_group
     for h0 in range(0, args.n_heads, step):
         heads = min(step, args.n_heads - h0)
         views = {}  # heads h0 .. h0 + heads - 1 of each array (K/V heads h0 / g .. (h0 + heads) / g - 1)
         for name, (a, size) in args.arrays.items():
-            first, count = (h0 // g, heads // g) if name in args.kv_arrays else (h0, heads)
+            if name in args.group_arrays:
+                first, count = h0 * g, heads * g
+            elif name in args.kv_arrays and not over_kv:
+                first, count = h0 // g, heads // g
+            else:
+                first, count = h0, heads
             views[name] = a[first * size:(first + count) * size]
         kernel[(n_tiles, heads), threads, 0, smem_bytes](*by_name(kernel, {**views, **args.scalars}))
 

@@ -19,11 +19,12 @@ the branches on them vanish when the kernel is compiled.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint32, uint64
 
+from . import ptx
 from .runtime import simulator_enabled, u
 
-ZERO, ONE = u(0), u(1)
+ZERO, ONE, FOUR = u(0), u(1), u(4)
 
 
 def vector_width(dtype, vector: int | None = None) -> int:
@@ -154,3 +155,28 @@ def load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, C
         store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, ZERO)
     else:
         load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT)
+
+
+def cp_async_rows(row_words: int, words: int, threads: int):
+    """For the tensor-core kernels: a device function ``copy_rows(src, src_off, first, n_rows, smem_addr, tid,
+    CHUNKS_PER_THREAD)`` that copies rows first .. of a (rows × ``words``) matrix of uint32 words (16-bit pairs)
+    into shared memory rows of ``row_words`` words (padded), 16 bytes per ``cp.async``, by ``threads`` threads;
+    rows at or past n_rows become zeros (the ragged last tile). A thread copies the same column of rows row0,
+    row0 + rows per pass, ...: one address for the tile, then small offsets. The copies are in flight until
+    the caller commits and waits for them."""
+    CHUNKS, RW, DW = u(words // 4), row_words, u(words)  # 16-byte chunks per row; words per row in shared memory, in HBM
+    ROWS_PER_PASS = threads // (words // 4)  # rows that the threads copy with one cp.async each
+
+    @cuda.jit(device=True, inline="always")
+    def copy_rows(src, src_off, first, n_rows, smem_addr, tid, CHUNKS_PER_THREAD):
+        row0, col = tid // CHUNKS, (tid % CHUNKS) * FOUR  # the thread's first row; its word column
+        tile_src = src_off + first * DW + col  # row `first` (it exists) at that column
+        rows_left = uint32(min(n_rows - first, uint64(ROWS_PER_PASS * CHUNKS_PER_THREAD)))
+        for i in range(CHUNKS_PER_THREAD):
+            row = uint32(row0) + uint32(i * ROWS_PER_PASS)
+            inside = row < rows_left
+            ptx.cp_async_16(smem_addr + (row * uint32(RW) + uint32(col)) * uint32(4), src,
+                            tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
+                            uint32(16) if inside else uint32(0))
+
+    return copy_rows

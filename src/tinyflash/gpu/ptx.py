@@ -71,6 +71,25 @@ def _intrinsics():
 
         return pack
 
+    def make_unpack(element):
+        # float16: split the word into its halves and widen each; bfloat16 is the top half of a float32: shift the
+        # low half up, clear the high half's low bits
+        text = ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }"
+                if element == "float16" else
+                "{ .reg .b32 lo, hi; shl.b32 lo, $2, 16; and.b32 hi, $2, 0xFFFF0000; mov.b32 $0, lo; mov.b32 $1, hi; }")
+
+        @intrinsic
+        def unpack(typingctx, word):
+            sig = types.UniTuple(types.float32, 2)(types.uint32)
+
+            def codegen(context, builder, sig, args):
+                out = asm(builder, text, "=f,=f,r", ir.LiteralStructType([f32] * 2), args)
+                return tuple_of(context, builder, sig, out, 2)
+
+            return sig, codegen
+
+        return unpack
+
     @intrinsic
     def shared_address(typingctx, smem, index):
         sig = types.uint32(smem, types.uint64)
@@ -126,7 +145,7 @@ def _intrinsics():
     def shfl_xor(value, lane_mask):
         return cuda.shfl_xor_sync(FULL_WARP, value, lane_mask)
 
-    return SimpleNamespace(make_mma=make_mma, make_pack=make_pack, shared_address=shared_address,
+    return SimpleNamespace(make_mma=make_mma, make_pack=make_pack, make_unpack=make_unpack, shared_address=shared_address,
                            ldmatrix_x4=make_ldmatrix(""), ldmatrix_x4_trans=make_ldmatrix(".trans"),
                            cp_async_16=cp_async_16, cp_async_commit=make_void("cp.async.commit_group;"),
                            cp_async_wait_all=make_void("cp.async.wait_group 0;"), shfl_xor=shfl_xor,
@@ -184,6 +203,17 @@ def pack(element: str):
     row, two neighbouring columns) into the word an A operand wants there.
     """
     return _impl.make_pack(element)
+
+
+def unpack(element: str):
+    """One 32-bit word of two ``element`` values widened to two float32 values, exactly. Returns the device
+    function ``unpack(word) -> (lo, hi)``: the inverse of :func:`pack` up to its rounding.
+
+    PTX: ``mov.b32 {lo, hi}, w; cvt.f32.f16`` of each half for float16; for bfloat16, whose bits are the top
+    half of a float32, ``shl.b32`` (the low half) and ``and.b32`` (the high half). PTX ISA: "Data Movement
+    and Conversion Instructions: cvt, mov"; "Logic and Shift Instructions". One lane, no exchange.
+    """
+    return _impl.make_unpack(element)
 
 
 shared_address = _impl.shared_address
@@ -271,4 +301,4 @@ group (one row of an mma accumulator) exchange their values.
 """
 
 __all__ = ["cp_async_16", "cp_async_commit", "cp_async_wait_all", "cp_async_wait_group", "ldmatrix_x4", "ldmatrix_x4_trans",
-           "mma_m16n8k16", "pack", "shared_address", "shfl_xor"]
+           "mma_m16n8k16", "pack", "shared_address", "shfl_xor", "unpack"]

@@ -168,6 +168,16 @@ def make_pack(element: str):
     return pack
 
 
+def make_unpack(element: str):
+    """Emulated unpack (``mov.b32`` and ``cvt.f32.f16``, or shifts for bfloat16): a word's halves as floats."""
+
+    def unpack(word):
+        lo, hi = unpack_halves(word, element)
+        return np.float32(lo), np.float32(hi)
+
+    return unpack
+
+
 def shared_address(smem, index):
     """The byte address of ``smem[index]`` (a uint32 array): here its offset, remembered with the array."""
     threading.current_thread()._tinyflash_smem = smem

@@ -1,8 +1,11 @@
 """The backward kernels, one file per version, and their registry (like ``tinyflash.forward.kernels``).
 
-    tiling.py          who computes what in a block, and where tiles live in shared memory
-    rows.py            the two O(N·d) kernels around the main one: D = rowsum(dO ∘ O) before, dQ's scale after
-    v1_atomic_dq.py    the main kernel: one block per key tile, dK_j and dV_j in registers, dQ by atomics
+    tiling.py              who computes what in a block of v1, and where tiles live in shared memory
+    rows.py                the two O(N·d) kernels around the main one: D = rowsum(dO ∘ O) before, dQ's scale after
+    v1_atomic_dq.py        the main kernel on the CUDA cores: one block per key tile, dK_j and dV_j in registers,
+                           dQ by atomics
+    tensor_core_tiling.py  v2's tiling and launch (the grid over K/V heads)
+    v2_tensor_cores.py     the same on the tensor cores (float16, bfloat16), grouped-query heads summed in the block
 
 :data:`VERSIONS` registers each main kernel once; ``cuda_attention_backward(kernel=...)``, the
 tests and the benchmark iterate over it.
@@ -13,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import v1_atomic_dq
+import numpy as np
+
+from . import tensor_core_tiling, v1_atomic_dq, v2_tensor_cores
 
 
 @dataclass(frozen=True)
@@ -27,11 +32,18 @@ class BackwardVersion:
     options: tuple = ()
     deterministic: tuple = ("dk", "dv")  # the gradients that are bitwise identical from run to run
     max_head_dim: int = 256
+    dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes
+    head_dims: tuple | None = None  # the only d (= dv) it takes, if it does not take every d up to max_head_dim
 
 
 VERSIONS = {v.name: v for v in (
     BackwardVersion("v1", "v1_atomic_dq.py", "one block per key tile and head; dK_j, dV_j in registers; P_ij "
                     "recomputed from lse; dQ added with float32 atomics", v1_atomic_dq.launch, ("config", "vector")),
+    BackwardVersion("v2", "v2_tensor_cores.py", "tensor cores: every product an mma.sync, a warp's keys as the "
+                    "mma rows so that Pᵀ and dSᵀ stay in registers for dV and dK; dS through shared memory for dQ "
+                    "(atomics); float16 and bfloat16, d = 64 or 128; grouped-query heads summed in the block",
+                    v2_tensor_cores.launch, ("config", "element"), max_head_dim=128,
+                    dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=tensor_core_tiling.HEAD_DIMS),
 )}
 LATEST = "v1"
 

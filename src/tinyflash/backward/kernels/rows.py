@@ -6,12 +6,18 @@
   dS_ij K_j unscaled, as the scale is the same for every term).
 
 Both are launched over (blocks of ROWS_PER_BLOCK rows or elements, heads) by
-``tinyflash.gpu.launch.launch``, which finds each head's slice of the flat arrays.
+``tinyflash.gpu.launch.launch``, which finds each head's slice of the flat arrays. :func:`word_rows` gives
+the same two for 16-bit inputs held as words of two values (the tensor-core backward's float16 and
+bfloat16, which NumPy and numba have no type for).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from numba import cuda, float32, uint64
+
+from ...gpu import ptx
 
 ROWS_PER_BLOCK = 128  # threads per block of both kernels
 
@@ -40,3 +46,39 @@ def finish_dq(dQ_acc, dQ, n, scale):
     n = uint64(n)
     if idx < n:
         dQ[bh * n + idx] = dQ_acc[bh * n + idx] * scale
+
+
+@lru_cache(maxsize=None)
+def word_rows(element: str):
+    """``(row_dot_words, finish_dq_words)`` for ``element`` (float16 or bfloat16) inputs held as uint32 words
+    of two values: the two kernels above, reading and writing pairs (``gpu.ptx.unpack``, ``pack``)."""
+    unpack, pack = ptx.unpack(element), ptx.pack(element)
+
+    @cuda.jit
+    def row_dot_words(dO, O, D, dQ_acc, n_q, d):
+        """One thread per query row: D[row] = Σ_c dO[row, c] · O[row, c] (d / 2 words a row); dQ_acc[row, :] = 0."""
+        bh = uint64(cuda.blockIdx.y)
+        row = uint64(cuda.blockIdx.x) * uint64(cuda.blockDim.x) + uint64(cuda.threadIdx.x)
+        n_q, d = uint64(n_q), uint64(d)
+        if row < n_q:
+            w_row = (bh * n_q + row) * (d // uint64(2))  # where this row of dO and O begins, in words
+            total = float32(0.0)
+            for c in range(d // uint64(2)):
+                a0, a1 = unpack(dO[w_row + c])
+                b0, b1 = unpack(O[w_row + c])
+                total += a0 * b0 + a1 * b1
+            D[bh * n_q + row] = total
+            for c in range(d):
+                dQ_acc[(bh * n_q + row) * d + c] = float32(0.0)
+
+    @cuda.jit
+    def finish_dq_words(dQ_acc, dQ, n, scale):
+        """One thread per word of a head's dQ (n = Nq·d / 2 of them): two elements, scale · accumulator, rounded."""
+        bh = uint64(cuda.blockIdx.y)
+        idx = uint64(cuda.blockIdx.x) * uint64(cuda.blockDim.x) + uint64(cuda.threadIdx.x)
+        n = uint64(n)
+        if idx < n:
+            at = (bh * n + idx) * uint64(2)
+            dQ[bh * n + idx] = pack(dQ_acc[at] * scale, dQ_acc[at + uint64(1)] * scale)
+
+    return row_dot_words, finish_dq_words

@@ -47,6 +47,7 @@ from ...core.masks import key_stop
 from ...gpu import ptx
 from ...gpu.driver_launch import GridLaunch
 from ...gpu.launch import LaunchArgs
+from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
@@ -69,7 +70,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue
     lane_rows, load_q, scores, mask_row = tile.lane_rows, tile.load_q, tile.scores, tile.mask_row
     softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue  # (numba types no namespace)
-    BR, BC, NT, RW, CHUNKS = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.ROW_WORDS, cfg.CHUNKS))
+    BR, BC = u(cfg.BR), u(cfg.BC)
     DW = u(cfg.D // 2)  # words per row in HBM
     layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
     Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
@@ -78,7 +79,6 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     WARP_Q_BYTES = cfg.ROW_TILES * 2 * 8 * cfg.ROW_WORDS * 4  # a warp's rows of Q_i in shared memory, in bytes
     K_STEPS, S_TILES, O_TILES, Q_IN_SMEM = spec.K_STEPS, spec.S_TILES, spec.O_TILES, cfg.Q_IN_SMEM
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
-    ROWS_PER_PASS = cfg.NT // cfg.CHUNKS  # rows that the block's threads copy with one cp.async each
 
     @cuda.jit(device=True, inline="always")
     def one_head_at_a_time(head_group):
@@ -105,20 +105,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     # order is compiled into a kernel of its own (docs/notes: the block orders)
     block_work = grouped_heads if grouped else one_head_at_a_time
 
-    @cuda.jit(device=True, inline="always")
-    def copy_rows(src, src_off, first, n_rows, smem_addr, tid, CHUNKS_PER_THREAD):
-        """Rows first .. of a (rows, d) matrix into shared memory, 16 bytes per cp.async; rows at or
-        past n_rows become zeros (the ragged last tile). A thread copies the same column of rows
-        row0, row0 + ROWS_PER_PASS, ...: one address for the tile, then small offsets."""
-        row0, col = tid // CHUNKS, (tid % CHUNKS) * FOUR  # the thread's first row; its word column
-        tile_src = src_off + first * DW + col  # row `first` (it exists) at that column
-        rows_left = uint32(min(n_rows - first, uint64(ROWS_PER_PASS * CHUNKS_PER_THREAD)))
-        for i in range(CHUNKS_PER_THREAD):
-            row = uint32(row0) + uint32(i * ROWS_PER_PASS)
-            inside = row < rows_left
-            ptx.cp_async_16(smem_addr + (row * uint32(RW) + uint32(col)) * uint32(4), src,
-                            tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
-                            uint32(16) if inside else uint32(0))
+    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)  # rows of Q, K, V into padded shared memory
 
     @cuda.jit(device=True, inline="always")
     def load_kv(K, V, kv_off, k_start, n_k, stage_addr, tid):

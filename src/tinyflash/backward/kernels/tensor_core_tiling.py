@@ -1,0 +1,133 @@
+"""The tiling of the tensor-core backward kernel (v2) and its launch: who computes what, where tiles live.
+
+A block of WARPS warps owns one key tile K_j, V_j of Bc = 16 · ROW_TILES · WARPS keys of one K/V head: warp w
+the keys 16·ROW_TILES·w .. of the tile, the rows of its mma tiles. The grid runs over (key tiles, K/V heads),
+and each block walks the query tiles Q_i (BR rows) that see its keys, for every query head of its group, so
+that dK_j and dV_j are summed over the group in registers and K, V are never repeated (grouped-query heads).
+
+For each Q_i a warp computes, for its keys and all BR queries, Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ on the
+tensor cores (K_j's and V_j's A operands read from shared memory by ldmatrix, as v6 reads Q_i with
+``Q_IN_SMEM``), Pᵀ and dSᵀ in registers, then dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i with Pᵀ and dSᵀ packed from
+the accumulators (``tinyflash.warp_tile``'s ``scores`` and ``p_times_v``). dQ_i += dS_ij K_j needs dS by query
+rows: the warps write dSᵀ to shared memory, and each warp then takes BR / WARPS query rows of dQ_i, added to
+a float32 accumulator in HBM with atomics (every key tile adds to every dQ_i that sees it).
+
+Shared memory, every row padded by 16 bytes: K_j and V_j (copied once), two stages of (Q_i, dO_i, lse_i, D_i)
+so that the next query tile is in flight while one is computed, and dSᵀ (Bc rows of BR 16-bit values).
+:meth:`BackwardTensorCoreTiling.smem_layout` is its one description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...gpu.launch import LaunchArgs, Tiling, launch
+from ...gpu.runtime import simulator_enabled
+from ...warp_tile import MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile
+
+HEAD_DIMS = (64, 128)  # d = dv supported
+
+
+@dataclass(frozen=True)
+class BackwardTensorCoreTiling(Tiling):
+    """WARPS warps of 16 · ROW_TILES keys each (the key tile, Bc), query tiles of BR rows, head dim D."""
+
+    D: int  # head dim (d = dv)
+    WARPS: int  # warps per block
+    BR: int  # query rows per tile Q_i
+    ROW_TILES: int = 1  # 16-key tiles per warp
+    WHAT = "tensor-core backward tiling"
+
+    @property
+    def BC(self) -> int:  # keys per block (Bc)
+        return MMA_M * self.ROW_TILES * self.WARPS
+
+    @property
+    def NT(self) -> int:  # threads per block
+        return WARP * self.WARPS
+
+    @property
+    def ROW_WORDS(self) -> int:  # words of one padded row of Q_i, dO_i, K_j or V_j in shared memory
+        return self.D // 2 + PAD_WORDS
+
+    @property
+    def DS_WORDS(self) -> int:  # words of one padded row of dSᵀ (one key, BR queries)
+        return self.BR // 2 + PAD_WORDS
+
+    @property
+    def CHUNKS(self) -> int:  # 16-byte chunks per row of Q, K, V, dO (one cp.async each)
+        return self.D // 8
+
+    @property
+    def DQ_TILES(self) -> int:  # 16-row tiles of dQ_i per warp
+        return self.BR // (MMA_M * self.WARPS)
+
+    def warp_tile(self, element: str) -> WarpTile:
+        """A warp's tile: its keys as the mma rows, BR query columns, the A operands read from shared memory."""
+        return WarpTile(element, self.D, self.BR, self.ROW_TILES, Q_IN_SMEM=True)
+
+    def smem_layout(self) -> dict:
+        """Word offsets in shared memory: K_j, V_j, two stages of (Q_i, dO_i, lse_i, D_i), dSᵀ."""
+        tile, rows = self.BC * self.ROW_WORDS, self.BR * self.ROW_WORDS
+        stage = 2 * rows + 2 * self.BR
+        stage0 = 2 * tile
+        return {"K_j": 0, "V_j": tile, "stage 0": stage0, "stage 1": stage0 + stage, "dO_i in a stage": rows,
+                "lse_i in a stage": 2 * rows, "D_i in a stage": 2 * rows + self.BR, "dS": stage0 + 2 * stage,
+                "end": stage0 + 2 * stage + self.BC * self.DS_WORDS}
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.smem_layout()["end"]
+
+    def shape_problems(self) -> list[str]:
+        problems = []
+        if self.D not in HEAD_DIMS:
+            problems.append(f"D must be one of {HEAD_DIMS}")
+        if self.ROW_TILES not in (1, 2):
+            problems.append("ROW_TILES (16-key tiles per warp) must be 1 or 2")
+        if self.BR % (MMA_K * self.WARPS) or self.BR > self.NT:
+            problems.append("BR must be a multiple of 16 · WARPS (dQ_i's rows, 16 per warp tile) and at most NT")
+        if (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
+            problems.append("each tile's 16-byte chunks must be a multiple of the threads")
+        return problems
+
+
+def default_tiling(d: int) -> BackwardTensorCoreTiling:
+    """The tiling used on a GPU: 4 warps of 16 keys (Bc = 64), query tiles of 64 rows."""
+    return BackwardTensorCoreTiling(D=d, WARPS=4, BR=64).validate()
+
+
+def simulator_tiling(d: int) -> BackwardTensorCoreTiling:
+    """One warp of 16 keys, query tiles of 16 rows: the smallest tiling, for numba's CUDA simulator."""
+    return BackwardTensorCoreTiling(D=d, WARPS=1, BR=16).validate()
+
+
+QUERY_ARRAYS = ("Q", "dO", "LSE", "Dvec", "dQ_acc")  # one matrix per query head; the rest one per K/V head
+
+
+def launch_backward_tensor_cores(make_kernel, args: LaunchArgs, prob, config: BackwardTensorCoreTiling | None,
+                                 element: str | None) -> None:
+    """One block per (key tile, K/V head), the query heads of each K/V head walked by its blocks. ``args`` as the
+    host wrappers build them (n_heads query heads, kv_group of them per K/V head; 16-bit arrays are handed to the
+    kernel as uint32 words of two values); ``element`` 'float16' or 'bfloat16' (None: float16 inputs);
+    ``config=None`` takes :func:`default_tiling` (on the simulator :func:`simulator_tiling`)."""
+    if element is None:
+        if np.dtype(prob.dtype) != np.float16:
+            raise TypeError(f"backward kernel v2 (tensor cores) takes float16 or bfloat16 inputs; got "
+                            f"{np.dtype(prob.dtype).name} (kernel v1 takes float32)")
+        element = "float16"
+    cfg = (config or (simulator_tiling if simulator_enabled() else default_tiling)(prob.d)).validate()
+    if cfg.D != prob.d or prob.d != prob.d_v:
+        raise ValueError(f"backward kernel v2 (tensor cores) needs d = dv = {cfg.D} for {cfg}; got d = {prob.d}, "
+                         f"dv = {prob.d_v} (kernel v1 takes any head dim up to 256)")
+    g = args.kv_group
+    words = {name: (a.view(np.uint32), size // 2) if a.dtype.itemsize == 2 else (a, size)
+             for name, (a, size) in args.arrays.items()}
+    grid = LaunchArgs(arrays=words, scalars={**args.scalars, "kv_group": g}, n_heads=args.n_heads // g, kv_group=g,
+                      kv_arrays=(), group_arrays=QUERY_ARRAYS)
+    n_k = args.scalars["n_k"]
+    if n_k > 0 and grid.n_heads > 0:
+        launch(make_kernel(cfg, element), -(-n_k // cfg.BC), cfg.NT, cfg.smem_bytes, grid,
+               key_tiles=-(-args.scalars["n_q"] // cfg.BR) * g)

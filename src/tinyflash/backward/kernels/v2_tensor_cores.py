@@ -1,0 +1,239 @@
+"""Backward kernel v2: the tensor cores. float16 and bfloat16 in, float32 accumulation.
+
+What changed since v1 (the CUDA-core backward):
+
+* Every product runs on the tensor cores (``mma.sync``, as in the forward kernel v6): Sᵀ = K_j Q_iᵀ,
+  dPᵀ = V_j dO_iᵀ, dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i and dQ_i += dS K_j.
+* A warp owns 16 keys of the block's key tile: the rows of its mma tiles are keys, its columns queries. So
+  Sᵀ's accumulators, packed to 16-bit pairs, are the A operand of Pᵀ dO_i, and dSᵀ's that of dSᵀ Q_i: P and
+  dS never leave the registers for dK and dV (the forward's trick, ``tinyflash.warp_tile``, read sideways).
+  lse_i and D_i are per query: per column of the lane's fragments, read from shared memory.
+* dQ_i wants dS by query rows: each warp writes its dSᵀ to shared memory, and after a barrier takes 16 query
+  rows of dQ_i, reading dS by ``ldmatrix.trans`` and K_j by ``ldmatrix.trans``, and adds its partial dQ_i to
+  the float32 accumulator in HBM with atomics (one per element, as v1).
+* The grid runs over K/V heads; a block walks the query tiles of every query head of its group, so dK_j and
+  dV_j sum over grouped-query heads in registers, K and V read once.
+* Q_i, dO_i (cp.async), lse_i and D_i come in two stages: the next query tile is in flight while one is
+  computed.
+
+The loop reads like FlashAttention-2's backward (``tinyflash.backward.blocked``): for each query tile that
+sees the key tile, S and P recomputed from lse, dP, dS = P ∘ (dP − D), then dV, dK, dQ. Its tiling and launch
+are ``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS``, 16-bit inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, uint32, uint64
+from numba.cuda import types
+
+from ...core.masks import key_stop
+from ...core.online_softmax import LOG2E
+from ...gpu import ptx
+from ...gpu.loads import cp_async_rows
+from ...gpu.runtime import device_function, u
+from ...gpu.smem import shared_floats, shared_words
+from ...warp_tile import FAST_MATH, MMA_K, MMA_M, MMA_N, WARP, warp_tile
+from .tensor_core_tiling import BackwardTensorCoreTiling, launch_backward_tensor_cores
+
+ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
+POS_INF = float32(np.inf)
+key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
+# flash_bwd_tc's argument types: Q, K, V, dO as 16-bit pairs; LSE, Dvec, dQ_acc; dK, dV as pairs; n_q, n_k,
+# scale, scale·log2(e), causal, kv_group
+SIGNATURE = ((WORDS,) * 4 + (FLOATS,) * 3 + (WORDS,) * 2
+             + (types.int64, types.int64, types.float32, types.float32, types.boolean, types.int64))
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
+    """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16)."""
+    cfg.validate()
+    spec = cfg.warp_tile(element)
+    tile = warp_tile(spec)
+    lane_rows, scores, p_times_v = tile.lane_rows, tile.scores, tile.p_times_v  # (numba types no namespace)
+    mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
+    BR, BC = u(cfg.BR), u(cfg.BC)
+    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
+    ROW_TILES, DQ_TILES, WARPS = cfg.ROW_TILES, cfg.DQ_TILES, cfg.WARPS
+    K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
+    KEY_STEPS = cfg.BC // MMA_K  # mma steps over the keys of dS K_j
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
+    K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
+    STAGE = layout["stage 1"] - layout["stage 0"]
+    DO_IN, LSE_IN, D_IN = layout["dO_i in a stage"], layout["lse_i in a stage"], layout["D_i in a stage"]
+    RW_BYTES, DS_WORDS = cfg.ROW_WORDS * 4, cfg.DS_WORDS  # a row of K_j (bytes); a row of dSᵀ (words)
+    DSW = u(DS_WORDS)
+    WARP_KEY_BYTES = ROW_TILES * MMA_M * RW_BYTES  # a warp's 16 · ROW_TILES rows of K_j or V_j
+    KEYS8_BYTES = 8 * RW_BYTES
+    Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
+    LOG2E_ = float32(LOG2E)
+
+    @cuda.jit(device=True, inline="always")
+    def load_query_tile(Q, dO, LSE, Dvec, smemf, stage_addr, stage_word, head, q_start, n_q, tid):
+        """Q_i and dO_i of ``head`` into one stage (cp.async, in flight until waited for); lse_i (base 2) and D_i
+        beside them, one row a thread; rows past Nq get lse = +inf, so that their P is 0."""
+        q_off = head * n_q * DW
+        copy_rows(Q, q_off, q_start, n_q, stage_addr, tid, Q_CHUNKS)
+        copy_rows(dO, q_off, q_start, n_q, stage_addr + uint32(DO_IN * FOUR), tid, Q_CHUNKS)
+        ptx.cp_async_commit()
+        if tid < BR:
+            row = q_start + tid
+            inside = row < n_q
+            smemf[stage_word + LSE_IN + tid] = LSE[head * n_q + row] * LOG2E_ if inside else POS_INF
+            smemf[stage_word + D_IN + tid] = Dvec[head * n_q + row] if inside else float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def probabilities(s, dp, smemf, stage_word, warp_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
+        """Pᵀ = exp2(scale · Sᵀ − lse) replaces Sᵀ (0 where masked) and dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ. The
+        lane holds keys warp_key + 16r + 8·half (rows) and queries 8n + 2t (+1) of the tile (columns)."""
+        for r in range(ROW_TILES):
+            for n in range(S_TILES):
+                for e in range(4):
+                    col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)  # the query, in the tile
+                    p = math.exp2(s[r, n, e] * scale_log2 - smemf[stage_word + LSE_IN + col])
+                    if masked:
+                        key = warp_key + uint64(r * MMA_M + (e // 2) * 8)
+                        if key >= key_stop(q_start + col + ONE, n_q, n_k, causal):
+                            p = float32(0.0)
+                    s[r, n, e] = p
+                    dp[r, n, e] = p * (dp[r, n, e] - smemf[stage_word + D_IN + col])
+
+    @cuda.jit(device=True, inline="always")
+    def store_ds(smem, dp, warp, g, t):
+        """The warp's dSᵀ, packed to 16-bit pairs, into shared memory: row = key of the tile, columns = queries."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                row = warp * uint64(ROW_TILES * MMA_M) + uint64(r * MMA_M + half * 8) + g
+                for n in range(S_TILES):
+                    smem[DS_OFF + row * DSW + uint64(n) * FOUR + t] = pack(dp[r, n, 2 * half], dp[r, n, 2 * half + 1])
+
+    @cuda.jit(device=True, inline="always")
+    def ds_times_k(dq, ds_lane_addr, k_lane_addr):
+        """dq[qt] = dS K_j for the warp's 16-row tiles qt of dQ_i: dS's A operands by ldmatrix.trans from dSᵀ
+        (16 keys × 16 queries per instruction), K_j's B operands by ldmatrix.trans (16 keys × 16 dims), as V_j
+        in P·V."""
+        for qt in range(DQ_TILES):
+            for n in range(O_TILES):
+                for e in range(4):
+                    dq[qt, n, e] = float32(0.0)
+        for kk in range(KEY_STEPS):
+            for qt in range(DQ_TILES):
+                a = ptx.ldmatrix_x4_trans(ds_lane_addr + uint32((kk * MMA_K * DS_WORDS + qt * MMA_M // 2) * 4))
+                for n in range(0, O_TILES, 2):
+                    b = ptx.ldmatrix_x4_trans(k_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
+                    for h in range(2):
+                        dq[qt, n + h, 0], dq[qt, n + h, 1], dq[qt, n + h, 2], dq[qt, n + h, 3] = mma(
+                            a[0], a[1], a[2], a[3], b[2 * h], b[2 * h + 1],
+                            dq[qt, n + h, 0], dq[qt, n + h, 1], dq[qt, n + h, 2], dq[qt, n + h, 3])
+
+    @cuda.jit(device=True, inline="always")
+    def add_dq(dQ_acc, dq, dq_row0, q_off, g, t, n_q):
+        """dQ_acc += the warp's dq (rows dq_row0 + 16qt + g, + 8; columns 8n + 2t, +1), rows below Nq, by atomics."""
+        for qt in range(DQ_TILES):
+            for half in range(2):
+                row = dq_row0 + uint64(qt * MMA_M + half * 8) + g
+                if row < n_q:
+                    for n in range(O_TILES):
+                        at = q_off + row * D_ + uint64(n) * EIGHT + TWO * t
+                        cuda.atomic.add(dQ_acc, at, dq[qt, n, 2 * half])
+                        cuda.atomic.add(dQ_acc, at + ONE, dq[qt, n, 2 * half + 1])
+
+    @cuda.jit(device=True, inline="always")
+    def write_dk_dv(dK, dV, dk, dv, kv_off, warp_key, g, t, n_k, scale):
+        """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the warp's keys below Nk, as 16-bit pairs."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                key = warp_key + uint64(r * MMA_M + half * 8)
+                if key < n_k:
+                    for n in range(O_TILES):
+                        at = kv_off + key * DW + uint64(n) * FOUR + t
+                        dK[at] = pack(dk[r, n, 2 * half] * scale, dk[r, n, 2 * half + 1] * scale)
+                        dV[at] = pack(dv[r, n, 2 * half], dv[r, n, 2 * half + 1])
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, n_q, n_k, scale, scale_log2, causal, kv_group):
+        smem, smemf = shared_words(), shared_floats()  # cfg.smem_layout(), as words and as floats (one memory)
+        tid = uint64(cuda.threadIdx.x)
+        warp, lane = tid // uint64(WARP), tid % uint64(WARP)
+        g, t = lane // FOUR, lane % FOUR
+        kv_head, k_start = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.x) * BC
+        n_q, n_k, group = uint64(n_q), uint64(n_k), uint64(kv_group)
+        kv_off = kv_head * n_k * DW
+        warp_key = k_start + warp * uint64(ROW_TILES * MMA_M)  # the warp's first key; +g: the lane's
+        base = ptx.shared_address(smem, ZERO)
+        # the query tiles that see this key tile: causal, queries below k_start - (Nk - Nq) see none of its keys
+        q_first = k_start + n_q - n_k if causal and k_start + n_q > n_k else ZERO
+        tiles = (n_q + BR - ONE) // BR - q_first // BR if q_first < n_q else ZERO  # per query head
+        steps = tiles * group  # (query head, query tile) pairs, head by head
+
+        copy_rows(K, kv_off, k_start, n_k, base + uint32(K_OFF * FOUR), tid, KV_CHUNKS)  # K_j, V_j, once
+        copy_rows(V, kv_off, k_start, n_k, base + uint32(V_OFF * FOUR), tid, KV_CHUNKS)
+        if steps > ZERO:
+            load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(STAGE0 * FOUR), STAGE0, kv_head * group,
+                            q_first // BR * BR, n_q, tid)
+        ptx.cp_async_commit()
+        ptx.cp_async_wait_all()
+        cuda.syncthreads()  # K_j, V_j and the first query tile have landed
+
+        k_lane, block_lane = lane_rows(lane)
+        k_warp = base + uint32(K_OFF * FOUR) + uint32(warp) * uint32(WARP_KEY_BYTES) + block_lane  # A operands
+        v_warp = base + uint32(V_OFF * FOUR) + uint32(warp) * uint32(WARP_KEY_BYTES) + block_lane
+        k_block = base + uint32(K_OFF * FOUR) + block_lane  # K_j as dQ's B operands
+        # dSᵀ as dQ's A operands (ldmatrix.trans): lanes 0-7 keys 0-7 and lanes 16-23 keys 8-15 at the warp's first
+        # query; lanes 8-15 and 24-31 the same keys 8 queries on
+        ds_lane = base + uint32(DS_OFF * FOUR) + uint32(((lane % EIGHT + (lane // uint64(16)) * EIGHT) * DSW
+                                                         + ((lane // EIGHT) % TWO) * FOUR
+                                                         + warp * uint64(DQ_TILES * MMA_M // 2)) * FOUR)
+
+        kf = cuda.local.array((ROW_TILES, K_STEPS, 4), uint32)  # A operands of K_j or V_j, a pair of steps at a time
+        s = cuda.local.array((ROW_TILES, S_TILES, 4), float32)  # the lane's part of Sᵀ, then of Pᵀ
+        dp = cuda.local.array((ROW_TILES, S_TILES, 4), float32)  # its part of dPᵀ, then of dSᵀ
+        dk = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of dK_j (unscaled)
+        dv = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of dV_j
+        dq = cuda.local.array((DQ_TILES, O_TILES, 4), float32)  # its part of dQ_i, one query tile
+        for r in range(ROW_TILES):
+            for n in range(O_TILES):
+                for e in range(4):
+                    dk[r, n, e], dv[r, n, e] = float32(0.0), float32(0.0)
+
+        for step in range(steps):
+            head = kv_head * group + step // tiles
+            q_start = (q_first // BR + step % tiles) * BR
+            stage_word = STAGE0 + (step % TWO) * STAGE
+            stage = base + uint32(stage_word * FOUR)
+            if step + ONE < steps:  # the next query tile into the other stage, in flight during this one
+                nxt = step + ONE
+                load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR),
+                                STAGE0 + (nxt % TWO) * STAGE, kv_head * group + nxt // tiles,
+                                (q_first // BR + nxt % tiles) * BR, n_q, tid)
+            scores(s, kf, k_warp, stage + k_lane)  # Sᵀ = K_j Q_iᵀ for the warp's keys
+            scores(dp, kf, v_warp, stage + uint32(DO_IN * FOUR) + k_lane)  # dPᵀ = V_j dO_iᵀ
+            # a mask where some (key, query) of the tile is not allowed: the ragged last tiles, the diagonal
+            masked = (k_start + BC > n_k or q_start + BR > n_q
+                      or k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal))
+            probabilities(s, dp, smemf, stage_word, warp_key + g, q_start, t, n_q, n_k, causal, masked, scale_log2)
+            p_times_v(dv, s, stage + uint32(DO_IN * FOUR) + block_lane)  # dV_j += Pᵀ dO_i
+            p_times_v(dk, dp, stage + block_lane)  # dK_j += dSᵀ Q_i
+            store_ds(smem, dp, warp, g, t)
+            cuda.syncthreads()  # every warp's dSᵀ is in shared memory
+            ds_times_k(dq, ds_lane, k_block)
+            add_dq(dQ_acc, dq, q_start + warp * uint64(DQ_TILES * MMA_M), head * n_q * D_, g, t, n_q)
+            ptx.cp_async_wait_all()  # this thread's copies of the next query tile have landed
+            cuda.syncthreads()  # everyone's have, and no warp still reads this stage or dSᵀ
+
+        write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, g, t, n_k, scale)
+
+    return flash_bwd_tc
+
+
+def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, element: str | None = None) -> None:
+    """Launch v2 on ``args`` (``tinyflash.gpu.launch.LaunchArgs`` as the host wrappers build them: Q, K, V, dO,
+    dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32); ``element`` 'bfloat16' for bfloat16 inputs
+    (None: float16); ``config`` overrides the tiling."""
+    launch_backward_tensor_cores(make_kernel, args, prob, config, element)

@@ -1,0 +1,103 @@
+"""The backward pass on the tensor cores — the host wrapper of backward kernel v2.
+
+:func:`tensor_core_attention_backward` does what :func:`tinyflash.cuda_attention_backward` does (check,
+allocate, launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with
+float32 accumulation, d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads
+of a group, K and V never repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator
+set to zero (``kernels/rows.py``), the main kernel (``kernels/v2_tensor_cores.py``), dQ scaled and
+rounded. The 16-bit arrays travel as uint32 words of two values, whatever their format: only the tensor
+cores and the conversions know which.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.checks import as_array, check_attention_inputs, check_backward_inputs
+from ..core.online_softmax import LOG2E
+from ..forward.tensor_cores import FLOAT16, FLOAT32, _flat16, _shape_only, element_type
+from ..gpu.arrays import empty, is_device_array, numba_flat, result
+from ..gpu.launch import LaunchArgs, launch
+from ..gpu.runtime import require_gpu
+from .kernels import get as kernel_version
+from .kernels.rows import ROWS_PER_BLOCK, word_rows
+from .kernels.tensor_core_tiling import HEAD_DIMS
+
+
+def _flat(x):
+    """A flat numba or CuPy device array of ``x``'s 16-bit elements (bfloat16 seen as int16)."""
+    return numba_flat(_flat16(x))
+
+
+def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None):
+    """The backward pass on the tensor cores: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and ``do`` = ∂L/∂o.
+
+    The contract of :func:`tinyflash.cuda_attention_backward`, for float16 or bfloat16 q, k, v, o, do (all one
+    type; lse float32, as :func:`tinyflash.tensor_core_attention` returns it), d = dv in (64, 128), and k, v
+    with fewer heads than q (grouped-query attention: dk and dv are the sums over each group's query heads).
+    NumPy float16 in, NumPy out; device arrays (CuPy, numba, PyTorch; bfloat16 as PyTorch tensors) in, the
+    same library's out. dk and dv are bitwise reproducible; dq, added by atomics from every key tile, only up
+    to rounding.
+    """
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
+    names, arrays = ("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do)
+    on_device = is_device_array(q)
+    if any(is_device_array(x) != on_device for x in arrays):
+        raise TypeError(f"{', '.join(names)} must all be device arrays or all host arrays; got a mix")
+    if not on_device:
+        q, k, v, o, lse, do = (as_array(x, n) for x, n in zip(arrays, names))
+    sixteen = (q, k, v, o, do)
+    elements = [element_type(x) for x in sixteen]
+    if any(elements) and not all(elements):
+        raise TypeError(f"q, k, v, o and do must share one dtype; got {[str(x.dtype) for x in sixteen]}")
+    element = elements[0] or "float16"
+    stand_ins = [_shape_only(x) if elements[0] else x for x in sixteen]
+    try:
+        prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
+        check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
+    except TypeError as exc:
+        raise TypeError(f"tensor_core_attention_backward takes float16 or bfloat16 (lse float32): {exc} (for "
+                        "float32 inputs use tinyflash.cuda_attention_backward)") from None
+    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
+        raise ValueError(f"tensor_core_attention_backward supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
+                         f"v {tuple(v.shape)} (tinyflash.cuda_attention_backward takes any head dim up to 256)")
+
+    # 2. allocate the outputs and the O(N) scratch (in the caller's library for device inputs)
+    heads, n_q, n_k, d, g = math.prod(prob.lead), prob.n_q, prob.n_k, prob.d, prob.kv_group
+    kv_heads = heads // g
+    like = q if on_device else None
+    dq = empty(like, heads * n_q * d, FLOAT16)  # (BH·Nq·d,) flat, 16-bit elements
+    dk = empty(like, kv_heads * n_k * d, FLOAT16)  # (BH_kv·Nk·d,)
+    dv = empty(like, kv_heads * n_k * d, FLOAT16)
+    D = empty(like, heads * n_q, FLOAT32)  # (BH·Nq,) rowsum(dO ∘ O)
+    dq_acc = empty(like, heads * n_q * d, FLOAT32)  # (BH·Nq·d,) dQ before its scale, added by atomics
+
+    # 3. three launches: D and the zeroed accumulator, the main kernel, dQ's scale
+    row_dot_words, finish_dq_words = word_rows(element)
+    flat = {name: _flat(x) for name, x in (("Q", q), ("K", k), ("V", v), ("O", o), ("dO", do))}
+    flat.update({name: numba_flat(x) for name, x in (("dQ", dq), ("dK", dk), ("dV", dv))})
+    Lf, Dv, dQa = numba_flat(lse), numba_flat(D), numba_flat(dq_acc)
+    if heads > 0 and n_q > 0:
+        launch(row_dot_words, -(-n_q // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0,
+               LaunchArgs(arrays={"dO": (flat["dO"].view(np.uint32), n_q * d // 2),
+                                  "O": (flat["O"].view(np.uint32), n_q * d // 2), "D": (Dv, n_q),
+                                  "dQ_acc": (dQa, n_q * d)}, scalars={"n_q": n_q, "d": d}, n_heads=heads))
+    if heads > 0 and n_k > 0:  # every key row of dK and dV is written (zeros where no query sees it)
+        main = LaunchArgs(arrays={"Q": (flat["Q"], n_q * d), "K": (flat["K"], n_k * d), "V": (flat["V"], n_k * d),
+                                  "dO": (flat["dO"], n_q * d), "LSE": (Lf, n_q), "Dvec": (Dv, n_q),
+                                  "dQ_acc": (dQa, n_q * d), "dK": (flat["dK"], n_k * d), "dV": (flat["dV"], n_k * d)},
+                          scalars={"n_q": n_q, "n_k": n_k, "scale": np.float32(prob.scale),
+                                   "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal},
+                          n_heads=heads, kv_group=g)
+        kernel_version("v2").launch(main, prob, element=element)
+    if heads > 0 and n_q > 0:
+        launch(finish_dq_words, -(-(n_q * d // 2) // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0,
+               LaunchArgs(arrays={"dQ_acc": (dQa, n_q * d), "dQ": (flat["dQ"].view(np.uint32), n_q * d // 2)},
+                          scalars={"n": n_q * d // 2, "scale": np.float32(prob.scale)}, n_heads=heads))
+    to_host = not on_device
+    grads = (result(dq, q.shape, to_host), result(dk, k.shape, to_host), result(dv, v.shape, to_host))
+    if element == "bfloat16":  # the kernels wrote bfloat16 bits into float16 arrays: relabel them
+        grads = tuple(x.view(q.dtype) for x in grads)
+    return grads

@@ -1,0 +1,133 @@
+"""The backward pass on the tensor cores (backward kernel v2) at tiny sizes on numba's CUDA simulator, where
+its PTX instructions run through their emulations (``gpu/ptx_emulation.py``).
+
+The simulator runs one Python thread per CUDA thread: one warp, 16 keys and 16 query rows per tile, N <= 40,
+d = 64 (one test at 128). Gradients are checked against the float64 reference by FlashAttention's rule for
+gradients (3 × the error of naive attention in the same precision); the GPU tests
+(``test_backward_tensor_cores_gpu.py``) take realistic sizes.
+"""
+
+import numpy as np
+import pytest
+from conftest import make_qkv
+
+import tinyflash as tf
+from tinyflash.backward.kernels import VERSIONS
+from tinyflash.backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling, default_tiling
+from tinyflash.core.checks import check_attention_inputs
+from tinyflash.core.tolerance import assert_fa_rule
+from tinyflash.gpu.launch import LaunchArgs
+from tinyflash.gpu.ptx_emulation import from_bits, to_bits
+
+pytestmark = pytest.mark.simulator
+GRAD_FACTOR = 3.0  # FlashAttention's rule for 16-bit gradients
+
+
+def gradients(rng, lead_q, lead_kv, n_q, n_k, d, causal):
+    """float16 q, k, v, do; the forward's o and lse; tensor_core_attention_backward's (dq, dk, dv)."""
+    q = make_qkv(rng, lead_q, n_q, n_q, d, dtype=np.float16)[0]
+    _, k, v = make_qkv(rng, lead_kv, n_k, n_k, d, dtype=np.float16)
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    o, lse = tf.naive_attention(q, k, v, causal=causal)
+    return (q, k, v, do), tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal)
+
+
+def check(inputs, grads, causal, what):
+    """Each gradient shaped and typed like its input and within FlashAttention's rule; grouped K/V heads
+    against the reference on K and V repeated, summed over each group."""
+    q, k, v, do = inputs
+    group = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
+    kr, vr = (np.repeat(x, group, axis=-3) if group > 1 else x for x in (k, v))
+    ref = tf.reference_attention_backward(q, kr, vr, do, causal=causal)
+    naive = tf.naive_attention_backward(q, kr, vr, do, causal=causal)
+    for name, g, r, n, like in zip(("dq", "dk", "dv"), grads, ref, naive, (q, k, v)):
+        assert g.shape == like.shape and g.dtype == like.dtype, (name, g.shape, g.dtype)
+        if name != "dq" and group > 1:  # (..., H_kv, g, Nk, d) summed over g
+            r, n = (x.reshape(*like.shape[:-2], group, *like.shape[-2:]).sum(axis=-3) for x in (r, n))
+        if k.shape[-2] == 1 and name != "dv":  # softmax over one key: dq = dk = 0 up to rounding (P = 1, dS = dP - D)
+            assert np.abs(g.astype(np.float32)).max() <= 1e-6, (what, name)
+            continue
+        assert_fa_rule(g, n, r, np.float16, factor=GRAD_FACTOR, what=f"{what} {name}")
+
+
+@pytest.mark.parametrize("n_q, n_k, causal", [(17, 20, False), (20, 17, True), (1, 1, True)])
+def test_lengths(rng, n_q, n_k, causal):
+    """Ragged tiles, Nq != Nk both ways, the causal diagonal and the query tiles it skips, one row and one key."""
+    inputs, grads = gradients(rng, (1,), (1,), n_q, n_k, 64, causal)
+    check(inputs, grads, causal, f"{n_q}x{n_k} causal={causal}")
+
+
+def test_grouped_heads_are_summed_without_repeating_k_and_v(rng):
+    """Two query heads on one K/V head: dk and dv are the sums over the group."""
+    inputs, grads = gradients(rng, (2,), (1,), 10, 18, 64, True)
+    check(inputs, grads, True, "GQA 2/1")
+
+
+def test_head_dim_128(rng):
+    inputs, grads = gradients(rng, (), (), 9, 12, 128, True)
+    check(inputs, grads, True, "d=128")
+
+
+def test_bfloat16(rng):
+    """The main kernel on bfloat16 bit patterns (NumPy has no bfloat16): D and dQ's scale in NumPy around it."""
+    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 19, 23, d=64))
+    do = from_bits(to_bits(rng.standard_normal(q.shape), "bfloat16"), "bfloat16")
+    o, lse = tf.reference_attention(q, k, v, causal=True)
+    prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), causal=True,
+                                  scale=None, allowed=(np.dtype(np.float16),))
+    bits = {name: to_bits(x, "bfloat16").reshape(-1) for name, x in (("Q", q), ("K", k), ("V", v), ("dO", do))}
+    dk, dv = np.zeros(k.size, np.uint16), np.zeros(v.size, np.uint16)
+    dq_acc = np.zeros(q.size, np.float32)
+    D = (do.astype(np.float64) * o).sum(-1).astype(np.float32)  # rowsum(dO ∘ O)
+    args = LaunchArgs(arrays={**{name: (x, x.size) for name, x in bits.items()}, "LSE": (lse.astype(np.float32), 19),
+                              "Dvec": (D, 19), "dQ_acc": (dq_acc, q.size), "dK": (dk, k.size), "dV": (dv, v.size)},
+                      scalars={"n_q": 19, "n_k": 23, "scale": np.float32(prob.scale),
+                               "scale_log2": np.float32(prob.scale * np.log2(np.e)), "causal": True}, n_heads=1)
+    VERSIONS["v2"].launch(args, prob, element="bfloat16")
+    grads = [dq_acc.reshape(q.shape) * prob.scale] + [from_bits(x, "bfloat16").reshape(k.shape) for x in (dk, dv)]
+    ref = tf.reference_attention_backward(q, k, v, do, causal=True)
+    naive = [from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in tf.naive_attention_backward(q, k, v, do, causal=True)]
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        r16 = from_bits(to_bits(r, "bfloat16"), "bfloat16").astype(np.float64)
+        atol = 2.0 * float(np.abs(from_bits(to_bits(r16 + 0.3, "bfloat16"), "bfloat16") - 0.3 - r16).max())
+        fast, base = float(np.abs(g - r).max()), float(np.abs(n - r).max())
+        assert fast <= GRAD_FACTOR * base + atol, (name, fast, base, atol)
+
+
+def test_cuda_attention_backward_runs_v2_on_float16(rng):
+    """kernel="v2" through stage 2's wrapper: the same kernel, its float16 arrays handed over as words."""
+    (q, k, v, do), grads = gradients(rng, (), (), 13, 13, 64, False)
+    o, lse = tf.naive_attention(q, k, v)
+    via_stage2 = tf.cuda_attention_backward(q, k, v, o, lse, do, kernel="v2")
+    for a, b in zip(grads, via_stage2):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=0, atol=2e-3)
+
+
+def test_no_queries(rng):
+    """Nq = 0: no gradient reaches k or v (dk = dv = 0)."""
+    q, k, v = make_qkv(rng, (), 0, 5, 64, dtype=np.float16)
+    o, lse = tf.naive_attention(q, k, v)
+    dq, dk, dv = tf.tensor_core_attention_backward(q, k, v, o, lse, o, causal=False)
+    assert dq.shape == (0, 64) and dk.shape == (5, 64) and not dk.any() and not dv.any()
+
+
+def test_bad_inputs_are_refused_before_a_launch(rng):
+    q, k, v = make_qkv(rng, (), 4, 4, 64, dtype=np.float16)
+    o, lse = tf.naive_attention(q, k, v)
+    with pytest.raises(TypeError, match="takes float16 or bfloat16.*cuda_attention_backward"):
+        tf.tensor_core_attention_backward(*(x.astype(np.float32) for x in (q, k, v, o)), lse, o.astype(np.float32))
+    with pytest.raises(TypeError, match="lse must have dtype float32"):
+        tf.tensor_core_attention_backward(q, k, v, o, lse.astype(np.float16), o)
+    with pytest.raises(ValueError, match=r"supports d = dv in \(64, 128\)"):
+        q32, k32, v32 = make_qkv(rng, (), 4, 4, 32, dtype=np.float16)
+        tf.tensor_core_attention_backward(q32, k32, v32, q32, lse, q32)
+    with pytest.raises(ValueError, match="do must have shape"):
+        tf.tensor_core_attention_backward(q, k, v, o, lse, o[:3])
+
+
+def test_tilings():
+    assert default_tiling(128).smem_bytes <= 227 * 1024 and default_tiling(64).BC == 64
+    with pytest.raises(ValueError, match="BR must be a multiple of 16 · WARPS"):
+        BackwardTensorCoreTiling(D=64, WARPS=4, BR=48).validate()
+    with pytest.raises(ValueError, match="D must be one of"):
+        BackwardTensorCoreTiling(D=96, WARPS=1, BR=16).validate()
