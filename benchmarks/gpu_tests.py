@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("csv", help="write one row per test file here")
     ap.add_argument("groups", nargs="*", default=GROUPS, help="groups of test files, each one quoted argument")
     ap.add_argument("--log-dir", help="where each group's pytest log goes (default: the CSV's folder)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # --log-dir before or after the groups
 
     from tinyflash.bench.record import CsvWriter, environment
 
