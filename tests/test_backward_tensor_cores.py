@@ -114,7 +114,8 @@ def test_no_queries(rng):
 def test_bad_inputs_are_refused_before_a_launch(rng):
     q, k, v = make_qkv(rng, (), 4, 4, 64, dtype=np.float16)
     o, lse = tf.naive_attention(q, k, v)
-    with pytest.raises(TypeError, match="takes float16 or bfloat16.*cuda_attention_backward"):
+    with pytest.raises(TypeError, match=r"^tensor_core_attention_backward takes float16 or bfloat16; got q of dtype "
+                                        r"float32 \(tinyflash.cuda_attention_backward takes float16 and float32\)$"):
         tf.tensor_core_attention_backward(*(x.astype(np.float32) for x in (q, k, v, o)), lse, o.astype(np.float32))
     with pytest.raises(TypeError, match="lse must have dtype float32"):
         tf.tensor_core_attention_backward(q, k, v, o, lse.astype(np.float16), o)
@@ -123,6 +124,8 @@ def test_bad_inputs_are_refused_before_a_launch(rng):
         tf.tensor_core_attention_backward(q32, k32, v32, q32, lse, q32)
     with pytest.raises(ValueError, match="do must have shape"):
         tf.tensor_core_attention_backward(q, k, v, o, lse, o[:3])
+    with pytest.raises(TypeError, match="^causal must be True or False"):
+        tf.tensor_core_attention_backward(q, k, v, o, lse, o, causal="yes")
 
 
 def test_tilings():

@@ -151,7 +151,8 @@ class FakeTorchTensor:
 
 
 def test_gpu_tensors_whose_dtype_numpy_does_not_know():
-    """PyTorch tensors' dtypes are read from their interface; bfloat16 gets a clear error."""
+    """PyTorch tensors' dtypes are read from their interface; bfloat16 gets a clear error that says which
+    functions take it; a type no stage takes says so."""
     from tinyflash.core.checks import check_attention_inputs
     from tinyflash.forward.cuda import SUPPORTED
 
@@ -159,8 +160,13 @@ def test_gpu_tensors_whose_dtype_numpy_does_not_know():
     prob = check_attention_inputs(*f32, causal=False, scale=None, allowed=SUPPORTED)
     assert prob.dtype == np.float32 and prob.n_q == 5 and prob.lead == (2,)
     bf16 = [FakeTorchTensor((2, 5, 8), "torch.bfloat16", "<V2") for _ in range(3)]
-    with pytest.raises(TypeError, match=r"q has dtype torch.bfloat16; expected one of float16, float32 \(no stage"):
+    with pytest.raises(TypeError, match=r"q has dtype torch.bfloat16; expected one of float16, float32 \(bfloat16 goes "
+                                        r"to the tensor cores: tinyflash.tensor_core_attention and "
+                                        r"tensor_core_attention_backward take it\)"):
         check_attention_inputs(*bf16, causal=False, scale=None, allowed=SUPPORTED)
+    fp8 = [FakeTorchTensor((2, 5, 8), "torch.float8_e4m3fn", "<V1") for _ in range(3)]
+    with pytest.raises(TypeError, match=r"q has dtype torch.float8_e4m3fn; .* \(no stage of tinyflash takes it\)"):
+        check_attention_inputs(*fp8, causal=False, scale=None, allowed=SUPPORTED)
     with pytest.raises(TypeError, match="q has dtype torch.bfloat16; expected one of float16, float32"):
         tf.cuda_attention(*bf16)
     mixed = [f32[0], FakeTorchTensor((2, 5, 8), "torch.float16", "<f2"), f32[2]]

@@ -136,6 +136,48 @@ def test_paged_cache_rejects_bad_lengths(rng):
         tf.paged_attention(q[0], to_paged(k, v, [8, 3]))
 
 
+def bad_caches(rng):
+    """A good cache and (what is wrong, the cache with it wrong, the words of the error) for each rule of
+    check_cache: nothing a kernel would read outside its pool."""
+    from tinyflash.decode.paged import PagedKVCache
+
+    q, k, v = gqa_cache(rng, 2, 2, 2, 1, 8, 4)
+    good = to_paged(k, v, [8, 3], page_size=4)  # 2 pages and 1 page of a pool of 3 + 3 spare
+
+    def with_(**fields):
+        return PagedKVCache(**{**good.__dict__, **fields})
+
+    table, lens = good.block_table, good.seq_lens
+    outside = table.copy()
+    outside[1, 0] = good.k_pages.shape[0]  # one past the pool
+    negative = table.copy()
+    negative[0, 1] = -1
+    return q, good, [
+        ("an entry past the pool", with_(block_table=outside), r"block_table\[1, 0\] = 6 is not a page of the pool"),
+        ("a negative entry", with_(block_table=negative), r"block_table\[0, 1\] = -1 is not a page"),
+        ("a length past the table", with_(seq_lens=np.array([9, 3], np.int32)), r"seq_lens\[0\] = 9 is outside \[0, 8\]"),
+        ("a negative length", with_(seq_lens=np.array([8, -1], np.int32)), r"seq_lens\[1\] = -1 is outside"),
+        ("lengths of another batch", with_(seq_lens=np.array([8], np.int32)), "seq_lens \\(B,\\) with B = 2"),
+        ("a float table", with_(block_table=table.astype(np.float32)), "block_table must hold integers"),
+        ("K and V pages of two pools", with_(v_pages=good.v_pages[:-1]), "of one pool"),
+    ]
+
+
+def test_a_bad_paged_cache_is_refused_by_name(rng):
+    """Every cache a kernel would read outside its pool is refused before anything runs, naming the sequence and
+    the entry; an unused entry past a sequence's pages may hold anything."""
+    q, good, bad = bad_caches(rng)
+    for what, cache, words in bad:
+        with pytest.raises((ValueError, TypeError), match=words):
+            tf.paged_attention(q, cache)
+    unused = good.block_table.copy()
+    unused[1, 1] = 10**6  # sequence 1 holds 3 tokens: one page, entry 1 is never read
+    from tinyflash.decode.paged import PagedKVCache
+
+    o, _ = tf.paged_attention(q, PagedKVCache(good.k_pages, good.v_pages, unused, good.seq_lens))
+    assert np.isfinite(o).all()
+
+
 def test_bad_num_splits_and_heads_rejected(rng):
     q, k, v = gqa_cache(rng, 1, 4, 2, 1, 8, 4)
     with pytest.raises(ValueError, match="num_splits must be a positive integer; got 0"):

@@ -156,3 +156,34 @@ def test_a_prepared_run_keeps_its_outputs_alive(rng):
     q, k, v = q.get(), k.get(), v.get()
     assert_fa_rule(cupy.asnumpy(o).reshape(q.shape), tf.naive_attention(q, k, v)[0], tf.reference_attention(q, k, v)[0],
                    np.float16, what="the kept output")
+
+
+def test_a_bad_paged_cache_never_reaches_the_kernel(rng):
+    """cuda_paged_attention checks the cache before anything runs (on the simulator: no launch at all)."""
+    from test_decode import bad_caches
+
+    q, good, bad = bad_caches(rng)
+    for what, cache, words in bad:
+        with pytest.raises((ValueError, TypeError), match=words):
+            tf.cuda_paged_attention(q.astype(np.float32), cache)
+
+
+@pytest.mark.gpu
+def test_the_process_keeps_working_after_a_refused_cache(rng):
+    """A cache on the GPU (CuPy) with an entry past its pool is refused with a ValueError; the GPU is untouched,
+    and the same call on the good cache, and CuPy itself, work after it."""
+    import cupy
+
+    from test_decode import bad_caches
+    from tinyflash.decode.paged import PagedKVCache
+
+    q, good, bad = bad_caches(rng)
+    on_gpu = [PagedKVCache(*(cupy.asarray(x) for x in (c.k_pages, c.v_pages, c.block_table, c.seq_lens)))
+              for c in (good, bad[0][1], bad[3][1])]
+    qg = cupy.asarray(q.astype(np.float32))
+    for cache, (_, _, words) in zip(on_gpu[1:], (bad[0], bad[3])):
+        with pytest.raises(ValueError, match=words):
+            tf.cuda_paged_attention(qg, cache)
+    o, _ = tf.cuda_paged_attention(qg, on_gpu[0])
+    ref, _ = tf.paged_attention(q.astype(np.float32), good)
+    assert np.abs(cupy.asnumpy(o) - ref).max() < 1e-4 and float(cupy.arange(3).sum()) == 3.0

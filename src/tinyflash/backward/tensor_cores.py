@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_backward_inputs
 from ..core.online_softmax import LOG2E
-from ..forward.tensor_cores import FLOAT16, FLOAT32, _flat16, _shape_only, element_type
+from ..forward.tensor_cores import FLOAT16, FLOAT32, _flat16, _shape_only, sixteen_bit
 from ..gpu.arrays import empty, is_device_array, numba_flat, result
 from ..gpu.launch import LaunchArgs, launch
 from ..gpu.runtime import require_gpu
@@ -48,18 +48,14 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
         raise TypeError(f"{', '.join(names)} must all be device arrays or all host arrays; got a mix")
     if not on_device:
         q, k, v, o, lse, do = (as_array(x, n) for x, n in zip(arrays, names))
-    sixteen = (q, k, v, o, do)
-    elements = [element_type(x) for x in sixteen]
-    if any(elements) and not all(elements):
-        raise TypeError(f"q, k, v, o and do must share one dtype; got {[str(x.dtype) for x in sixteen]}")
-    element = elements[0] or "float16"
-    stand_ins = [_shape_only(x) if elements[0] else x for x in sixteen]
-    try:
-        prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
-        check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
-    except TypeError as exc:
-        raise TypeError(f"tensor_core_attention_backward takes float16 or bfloat16 (lse float32): {exc} (for "
-                        "float32 inputs use tinyflash.cuda_attention_backward)") from None
+    for name, x in zip(names, arrays):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array; got {type(x).__name__}")
+    element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, "tensor_core_attention_backward",
+                          "tinyflash.cuda_attention_backward takes float16 and float32")
+    stand_ins = [_shape_only(x) for x in (q, k, v, o, do)]
+    prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
+    check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
         raise ValueError(f"tensor_core_attention_backward supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention_backward takes any head dim up to 256)")

@@ -98,8 +98,10 @@ def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}, which NumPy does not know; expected one of "
                             f"{expected}") from exc
         if dt.kind != "f":  # e.g. '<V2': raw bytes, what PyTorch's interface says for bfloat16
-            raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} "
-                            "(no stage of tinyflash supports it yet)")
+            where = ("bfloat16 goes to the tensor cores: tinyflash.tensor_core_attention and "
+                     "tensor_core_attention_backward take it" if torch_name == "bfloat16" else
+                     "no stage of tinyflash takes it")
+            raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} ({where})")
     if dt not in allowed:
         hint = ""
         if dt.kind in "biuf" and np.dtype(np.float32) in allowed:  # a number type: say how to convert it

@@ -22,6 +22,7 @@ from ..gpu.driver_launch import driver_kernel
 from ..hardware import current
 from . import kernels
 from .kernels import combine as combine_kernel
+from .paged import check_cache as check_paged_cache
 from .split_kv import BLOCKS_PER_SM, choose_num_splits
 
 SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
@@ -161,8 +162,9 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
 
 
 def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
-                  **tuning):
-    """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``."""
+                  check_cache: bool = True, **tuning):
+    """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``. ``check_cache``:
+    :func:`tinyflash.decode.paged.check_cache` first (False: for a decode loop that checked its cache once)."""
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)
     k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
@@ -170,6 +172,8 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
         raise ValueError(f"q must be (B, H, Nq, d), the pages (num_pages, H_kv, page_size, d) and the block table "
                          f"(B, max_pages); got q {tuple(q.shape)}, pages {tuple(k_pages.shape)}, table "
                          f"{tuple(table.shape)}")
+    if check_cache:
+        check_paged_cache(cache, q.shape[0])
     if not is_device_array(table):
         table, lens = np.asarray(table, dtype=np.int32), np.asarray(lens, dtype=np.int32)  # what the kernel reads
     n_k = int(lens.max()) if not is_device_array(lens) else int(table.shape[1] * k_pages.shape[2])
@@ -184,14 +188,18 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
 
 
 def cuda_paged_attention(q, cache, *, num_splits: int | None = None, causal: bool = False,
-                         scale: float | None = None):
+                         scale: float | None = None, check_cache: bool = True):
     """Decode attention on a paged cache (:class:`tinyflash.decode.paged.PagedKVCache`, NumPy or
     device arrays in its fields) on the GPU, reading every key through the block table.
 
     q (B, H, Nq, d); sequence b attends its seq_lens[b] keys. Returns ``(o, lse)`` as
-    :func:`tinyflash.decode.paged.paged_attention` does.
+    :func:`tinyflash.decode.paged.paged_attention` does. The cache is checked first
+    (:func:`tinyflash.decode.paged.check_cache`: a block-table entry outside the pool or a length outside the
+    table is a ValueError, never a read outside the pool); ``check_cache=False`` skips it, for a decode
+    loop that checked its cache once.
     """
-    run, o, lse, prob = prepare_paged(q, cache, num_splits=num_splits, causal=causal, scale=scale)
+    run, o, lse, prob = prepare_paged(q, cache, num_splits=num_splits, causal=causal, scale=scale,
+                                      check_cache=check_cache)
     run()
     to_host = not is_device_array(q)
     return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)

@@ -51,6 +51,40 @@ class PagedKVCache:
         return K, V
 
 
+def check_cache(cache: PagedKVCache, batch: int) -> None:
+    """Refuse, with a ValueError naming the sequence and the entry, a cache that a kernel would read outside
+    its pool: pages of four dims with one shape for K and V (but dv), a block table (B, max_pages) and B
+    lengths, integers; every length in [0, max_pages · page_size]; every block-table entry a sequence uses
+    (its first ceil(len / page_size)) a page of the pool. The table and the lengths are read on the host (a
+    copy, for a cache on the GPU: small arrays, one synchronisation)."""
+    k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
+    if len(k_pages.shape) != 4 or len(v_pages.shape) != 4 or tuple(k_pages.shape[:3]) != tuple(v_pages.shape[:3]):
+        raise ValueError(f"k_pages and v_pages must be (num_pages, H_kv, page_size, d) and (..., dv) of one pool; got "
+                         f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}")
+    if len(table.shape) != 2 or tuple(lens.shape) != (table.shape[0],) or table.shape[0] != batch:
+        raise ValueError(f"block_table must be (B, max_pages) and seq_lens (B,) with B = {batch} sequences (q's "
+                         f"batch); got {tuple(table.shape)} and {tuple(lens.shape)}")
+    if not (isinstance(table, np.ndarray) and isinstance(lens, np.ndarray)):  # on the GPU: numba is imported by now
+        from ..gpu.arrays import host_copy
+
+        table, lens = host_copy(table), host_copy(lens)
+    for name, x in (("block_table", table), ("seq_lens", lens)):
+        if x.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers; got dtype {x.dtype}")
+    num_pages, page_size = k_pages.shape[0], k_pages.shape[2]
+    capacity = table.shape[1] * page_size
+    for b, n in enumerate(lens.tolist()):
+        if not 0 <= n <= capacity:
+            raise ValueError(f"seq_lens[{b}] = {n} is outside [0, {capacity}] (the block table's {table.shape[1]} "
+                             f"pages of {page_size} tokens)")
+        used = table[b, :-(-n // page_size)]
+        bad = np.flatnonzero((used < 0) | (used >= num_pages))
+        if bad.size:
+            j = int(bad[0])
+            raise ValueError(f"block_table[{b}, {j}] = {int(used[j])} is not a page of the pool [0, {num_pages}) "
+                             f"(sequence {b} holds {n} tokens: its first {used.size} entries are read)")
+
+
 def to_paged(k, v, seq_lens, page_size: int = PAGE_SIZE, rng=None, spare_pages: int = 3) -> PagedKVCache:
     """Copy a contiguous cache k (B, H_kv, Nk, d), v (B, H_kv, Nk, dv) into pages, sequence b
     keeping its first seq_lens[b] tokens. Pages are handed out in a random order (``rng``, a NumPy
@@ -112,6 +146,7 @@ def paged_attention(q, cache: PagedKVCache, *, num_splits: int | None = None, ca
     if q.ndim != 4 or q.shape[0] != cache.block_table.shape[0]:
         raise ValueError(f"q must have shape (B, H, Nq, d) with B = {cache.block_table.shape[0]} sequences; "
                          f"got {q.shape}")
+    check_cache(cache, q.shape[0])
     results = [split_kv_attention(q[b], *cache.gather(b), num_splits=num_splits, causal=causal, scale=scale)
                for b in range(q.shape[0])]
     return np.stack([o for o, _ in results]), np.stack([lse for _, lse in results])  # (B, H, Nq, dv), (B, H, Nq)

@@ -40,6 +40,20 @@ def element_type(x) -> str | None:
     return "bfloat16" if str(dt).rsplit(".", 1)[-1] == "bfloat16" else None  # 'torch.bfloat16' -> 'bfloat16'
 
 
+def sixteen_bit(arrays: dict, who: str, instead: str) -> str:
+    """'float16' or 'bfloat16', the one 16-bit type of ``arrays`` (name -> array); else a TypeError that names
+    the argument, its dtype and where it can go instead (``instead``)."""
+    found = {}
+    for name, x in arrays.items():
+        dt = element_type(x) or str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
+        if dt not in ("float16", "bfloat16"):
+            raise TypeError(f"{who} takes float16 or bfloat16; got {name} of dtype {dt} ({instead})")
+        found[name] = dt
+    if len(set(found.values())) > 1:
+        raise TypeError(f"{', '.join(found)} must share one dtype; got {', '.join(f'{n} {t}' for n, t in found.items())}")
+    return next(iter(found.values()))
+
+
 def _shape_only(x):
     """A stand-in with ``x``'s shape and dtype float16: the shared checks know no bfloat16, and the
     rules on shapes are the same for both 16-bit types."""
@@ -96,16 +110,12 @@ def plan_call(q, k, v, causal, scale) -> CallPlan:
     on_device = is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
-    elements = [element_type(x) for x in (q, k, v)]
-    if any(elements) and not all(elements):
-        raise TypeError(f"q, k and v must share one dtype; got {[str(x.dtype) for x in (q, k, v)]}")
-    element = elements[0] or "float16"
-    stand_ins = [_shape_only(x) if elements[0] else x for x in (q, k, v)]
-    try:
-        prob = check_attention_inputs(*stand_ins, causal=causal, scale=scale, allowed=(FLOAT16,))
-    except TypeError as exc:
-        raise TypeError(f"tensor_core_attention takes float16 or bfloat16: {exc} (for float32 inputs use "
-                        "tinyflash.cuda_attention)") from None
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
+    element = sixteen_bit({"q": q, "k": k, "v": v}, "tensor_core_attention",
+                          "tinyflash.cuda_attention takes float16 and float32")
+    prob = check_attention_inputs(*(_shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
         raise ValueError(f"tensor_core_attention supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")

@@ -137,3 +137,15 @@ def result(x, shape: tuple, to_host: bool):
     """An output in the caller's form: reshaped, and copied to a NumPy array if the inputs were."""
     x = x.reshape(shape)
     return x.copy_to_host() if to_host else x
+
+
+def host_copy(x) -> np.ndarray:
+    """A NumPy copy of ``x``, wherever it lives (NumPy, CuPy, PyTorch, numba): for small arrays a host check reads."""
+    if not is_device_array(x):
+        return np.asarray(x)
+    lib = library(x)
+    if lib == "cupy":
+        return x.get()
+    if lib == "torch":
+        return x.detach().cpu().numpy()
+    return x.copy_to_host()
