@@ -102,21 +102,26 @@ def signature_by_name(kernel, dtype: str) -> tuple:
     return tuple(of_kind[kinds[name]] for name in parameters(kernel))
 
 
-def v5_jobs() -> list[Job]:
-    from tinyflash.forward.kernels import tiling, v5_branch_free as v5
-
+def cuda_core_jobs(kernel_name: str, module, tiling, variant) -> list[Job]:
+    """A CUDA-core kernel (``module.make_kernel(cfg, vector)``) at ``tiling.default_config``, d = 64 and 128,
+    float16 and float32, its signature by parameter name; ``variant(cfg)`` names the tiling."""
     def build(cfg, dtype):
-        kernel = v5.make_kernel(cfg, v5.vector_width(dtype))
+        kernel = module.make_kernel(cfg, module.vector_width(dtype))
         return kernel, signature_by_name(kernel, dtype)
 
     found = []
     for d in (64, 128):
         cfg = tiling.default_config(d, d)
         for dtype in ("float16", "float32"):
-            variant = (f"d={d} {dtype} BR={cfg.BR} BC={cfg.BC} TM={cfg.TM} NT={cfg.NT} "
-                       f"vector={v5.vector_width(dtype)}")
-            found.append(Job("forward v5", variant, lambda cfg=cfg, dtype=dtype: build(cfg, dtype)))
+            found.append(Job(kernel_name, f"d={d} {dtype} {variant(cfg)} vector={module.vector_width(dtype)}",
+                             lambda cfg=cfg, dtype=dtype: build(cfg, dtype)))
     return found
+
+
+def v5_jobs() -> list[Job]:
+    from tinyflash.forward.kernels import tiling, v5_branch_free as v5
+
+    return cuda_core_jobs("forward v5", v5, tiling, lambda c: f"BR={c.BR} BC={c.BC} TM={c.TM} NT={c.NT}")
 
 
 def v6_jobs() -> list[Job]:
@@ -182,18 +187,7 @@ def decode_jobs() -> list[Job]:
 def backward_jobs() -> list[Job]:
     from tinyflash.backward.kernels import tiling, v1_atomic_dq as v1
 
-    def build(cfg, dtype):
-        kernel = v1.make_kernel(cfg, v1.vector_width(dtype))
-        return kernel, signature_by_name(kernel, dtype)
-
-    found = []
-    for d in (64, 128):
-        cfg = tiling.default_config(d, d)
-        for dtype in ("float16", "float32"):
-            variant = (f"d={d} {dtype} BR={cfg.BR} BC={cfg.BC} NT={cfg.NT} TM={cfg.TM} TK={cfg.TK} "
-                       f"vector={v1.vector_width(dtype)}")
-            found.append(Job("backward v1", variant, lambda cfg=cfg, dtype=dtype: build(cfg, dtype)))
-    return found
+    return cuda_core_jobs("backward v1", v1, tiling, lambda c: f"BR={c.BR} BC={c.BC} NT={c.NT} TM={c.TM} TK={c.TK}")
 
 
 def backward_tensor_core_jobs() -> list[Job]:

@@ -41,6 +41,7 @@ WARP = 32  # lanes per warp
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
 PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
+HEAD_DIMS = (64, 128)  # d = dv that a warp's tile takes (its fragments and registers are sized for them)
 # Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the flags that
 # assume no inf or NaN ('ninf', 'nnan'): the mask and the rows that see no key rely on -inf.
 FAST_MATH = {"afn", "arcp", "contract"}
@@ -85,6 +86,14 @@ class WarpTile:
     @property
     def P_STEPS(self) -> int:  # mma steps over the keys of P_ij V_j
         return self.BC // MMA_K
+
+
+def tile_problems(D: int, ROW_TILES: int, rows: str) -> list[str]:
+    """What makes a tensor-core tiling's warp tile invalid (empty if nothing): its head dim, its 16-``rows`` tiles."""
+    problems = [] if D in HEAD_DIMS else [f"D must be one of {HEAD_DIMS}"]
+    if ROW_TILES not in (1, 2):
+        problems.append(f"ROW_TILES (16-{rows} tiles per warp) must be 1 or 2")
+    return problems
 
 
 @lru_cache(maxsize=None)

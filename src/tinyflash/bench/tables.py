@@ -121,6 +121,13 @@ def example_32k_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def against_baseline(row) -> str:
+    """Three cells of a peer timed against the baseline: queued, the middle half of the rounds, one call alone."""
+    q1, q3 = cell(row, "vs_baseline_q1", "{:.2f}"), cell(row, "vs_baseline_q3", "{:.2f}")
+    return (f"{cell(row, 'vs_baseline', '{:.2f}×')} | {DASH if q1 == DASH else f'{q1}–{q3}×'} | "
+            f"{cell(row, 'latency_vs_baseline', '{:.2f}×')}")
+
+
 def tensor_core_table(rows: list[dict]) -> str:
     """Stage 3 against its peers (``tensor-cores``): v6's TFLOP/s and its speed over SDPA flash per
     configuration (queued; the middle half of the rounds' ratios; one call alone), the peers' TFLOP/s."""
@@ -131,9 +138,7 @@ def tensor_core_table(rows: list[dict]) -> str:
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, n_q=n)
 
         v6 = get("tinyflash", "v6")
-        q1, q3 = cell(v6, "vs_baseline_q1", "{:.2f}"), cell(v6, "vs_baseline_q3", "{:.2f}")
-        lines.append(f"| {dtype} | {d} | {causal} | {n} | {cell(v6)} | {cell(v6, 'vs_baseline', '{:.2f}×')} | "
-                     f"{DASH if q1 == DASH else f'{q1}–{q3}×'} | {cell(v6, 'latency_vs_baseline', '{:.2f}×')} | "
+        lines.append(f"| {dtype} | {d} | {causal} | {n} | {cell(v6)} | {against_baseline(v6)} | "
                      f"{cell(get('torch_flash'))} | {cell(get('torch_cudnn'))} | {cell(get('tinyflash', 'v5'))} |")
     return "\n".join(lines)
 
@@ -148,9 +153,7 @@ def backward_tensor_core_table(rows: list[dict]) -> str:
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
 
         v2 = get("tinyflash", "v2")
-        q1, q3 = cell(v2, "vs_baseline_q1", "{:.2f}"), cell(v2, "vs_baseline_q3", "{:.2f}")
-        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v2)} | {cell(v2, 'vs_baseline', '{:.2f}×')} "
-                     f"| {DASH if q1 == DASH else f'{q1}–{q3}×'} | {cell(v2, 'latency_vs_baseline', '{:.2f}×')} | "
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v2)} | {against_baseline(v2)} | "
                      f"{cell(get('torch_flash'))} |")
     return "\n".join(lines)
 

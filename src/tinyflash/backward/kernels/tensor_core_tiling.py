@@ -25,9 +25,7 @@ import numpy as np
 
 from ...gpu.launch import LaunchArgs, Tiling, launch
 from ...gpu.runtime import simulator_enabled
-from ...warp_tile import MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile
-
-HEAD_DIMS = (64, 128)  # d = dv supported
+from ...warp_tile import HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
 
 
 @dataclass(frozen=True)
@@ -82,11 +80,7 @@ class BackwardTensorCoreTiling(Tiling):
         return 4 * self.smem_layout()["end"]
 
     def shape_problems(self) -> list[str]:
-        problems = []
-        if self.D not in HEAD_DIMS:
-            problems.append(f"D must be one of {HEAD_DIMS}")
-        if self.ROW_TILES not in (1, 2):
-            problems.append("ROW_TILES (16-key tiles per warp) must be 1 or 2")
+        problems = tile_problems(self.D, self.ROW_TILES, "key")
         if self.BR % (MMA_K * self.WARPS) or self.BR > self.NT:
             problems.append("BR must be a multiple of 16 · WARPS (dQ_i's rows, 16 per warp tile) and at most NT")
         if (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:

@@ -45,10 +45,9 @@ from ...gpu.launch import Tiling
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
 from ...hardware import current
-from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, PAD_WORDS, WARP, WarpTile, warp_tile
+from ...warp_tile import FAST_MATH, HEAD_DIMS, MMA_M, NEG_INF, PAD_WORDS, WARP, WarpTile, tile_problems, warp_tile
 from .split import NO_PAGE, SplitKernel, key_row_offset, split_keys
 
-HEAD_DIMS = (64, 128)  # d = dv
 ROWS = MMA_M  # packed query rows per block: the rows of one mma
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
@@ -77,9 +76,7 @@ class DecodeTiling(Tiling):
         return max(1, current().blocks_per_sm(self.smem_bytes))
 
     def shape_problems(self) -> list[str]:
-        problems = []
-        if self.D not in HEAD_DIMS:
-            problems.append(f"D must be one of {HEAD_DIMS}")
+        problems = tile_problems(self.D, 1, "row")  # one row tile of 16 packed rows
         if self.BC < 16 or self.BC % 16:
             problems.append("BC (keys per tile) must be a positive multiple of 16")
         if self.STAGES < 2:

@@ -21,9 +21,7 @@ from ...gpu.arrays import is_device_array, numba_flat
 from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.launch import MAX_GRID_Y, LaunchArgs, Tiling, launch as launch_grid
 from ...gpu.runtime import simulator_enabled
-from ...warp_tile import ELEMENTS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile
-
-HEAD_DIMS = (64, 128)  # d = dv supported
+from ...warp_tile import ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,7 @@ class TensorCoreTiling(Tiling):
         return 4 * self.smem_layout()["end"]
 
     def shape_problems(self) -> list[str]:
-        problems = []
-        if self.D not in HEAD_DIMS:
-            problems.append(f"D must be one of {HEAD_DIMS}")
-        if self.ROW_TILES not in (1, 2):
-            problems.append("ROW_TILES (16-row tiles per warp) must be 1 or 2")
+        problems = tile_problems(self.D, self.ROW_TILES, "row")
         if self.BC % MMA_K or (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
             problems.append("BC must be a multiple of 16, and each tile's 16-byte chunks a multiple of the threads")
         if self.HEAD_GROUP is not None and self.HEAD_GROUP < 1:
