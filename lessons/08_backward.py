@@ -9,7 +9,9 @@ What you will learn
       recomputed as exp(S_ij − lse_i), one block per key tile accumulates dK_j and dV_j, and
       dQ is added up across blocks (with atomics on the GPU: what that does to determinism);
     * that the three stages (naive, blocked, numba.cuda) give the same gradients, and that a
-      tiny attention layer trains the same with either.
+      tiny attention layer trains the same with either;
+    * what moves to the tensor cores in the backward: the tile turned on its side, so that P and dS
+      feed dV and dK from the registers, while dQ still goes through shared memory and atomics.
 
 What changed since lesson 05: the forward stages are unchanged; their output (o, lse) now feeds
 a backward stage. New notation: dO, dP, dS (gradients of O, P, S) and D (one number per row).
@@ -192,3 +194,46 @@ for n in sorted({int(r["n"]) for r in rows}):
           f"{int(flash_row['backward_peak_bytes']) / 2**20:10.2f} MiB")
 naive_rows = sorted((int(r["n"]), int(r["kept_bytes"])) for r in rows if r["stage"] == "naive")
 assert naive_rows[-1][1] / naive_rows[0][1] > 0.8 * (naive_rows[-1][0] / naive_rows[0][0]) ** 2  # quadratic in N
+
+# %% [9] On the tensor cores: the same loop, the tile turned on its side (backward kernel v2)
+# Lesson 07's warp owns query rows: the rows of its mma tiles. For dK_j and dV_j a warp wants the keys as
+# rows instead, so backward kernel v2 gives each warp 16 keys of the block's key tile and computes the
+# transposed tiles: Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ. Then Pᵀ = exp(Sᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − D) sit in
+# the accumulators in exactly the layout of an A operand (lesson 07's trick), and feed dV_j += Pᵀ dO_i and
+# dK_j += dSᵀ Q_i without leaving the registers. dQ_i += dS K_j needs dS by query rows: that one goes through
+# shared memory (written as dSᵀ, read back transposed by ldmatrix.trans) and into HBM by atomics, as before.
+# On this machine's kernel (a GPU, or the simulator at a tiny size), float16, d = 64, causal, with 2 query
+# heads sharing one K/V head (grouped-query attention: dK and dV sum over the two):
+n_q = 300 if HAS_GPU else 20
+q16 = rng.standard_normal((2, n_q, 64)).astype(np.float16)
+k16, v16 = (rng.standard_normal((1, n_q, 64)).astype(np.float16) for _ in range(2))
+do16 = rng.standard_normal(q16.shape).astype(np.float16)
+o16, lse16 = tf.naive_attention(q16, k16, v16, causal=True)
+dq16, dk16, dv16 = tf.tensor_core_attention_backward(q16, k16, v16, o16, lse16, do16, causal=True)
+ref = tf.reference_attention_backward(q16, np.repeat(k16, 2, 0), np.repeat(v16, 2, 0), do16, causal=True)
+errors = [np.abs(g.astype(np.float64) - r).max() / np.abs(r).max()
+          for g, r in zip((dq16, dk16, dv16), (ref[0], ref[1].sum(0, keepdims=True), ref[2].sum(0, keepdims=True)))]
+print(f"\ntensor-core backward, float16, d = 64, N = {n_q}, 2 query heads on 1 K/V head: relative errors "
+      f"dq {errors[0]:.1e}, dk {errors[1]:.1e}, dv {errors[2]:.1e} (float16 rounding of P and dS)")
+assert max(errors) < 1e-2  # float16 keeps 11 bits; the tests hold every gradient to FlashAttention's rule
+
+# Measured on an H200 against PyTorch's flash backward (FlashAttention-2), calls queued in interleaved rounds
+# (figures/data/backward_tensor_cores_h200.csv; docs/results.md has the table):
+rows = [r for r in record("backward_tensor_cores_h200") if r["status"] == "ok"]
+print("  dtype     d  causal  B × N        tensor-core backward   SDPA flash backward   ratio")
+for r in rows:
+    if r["impl"] == "tinyflash":
+        flash = next(x for x in rows if x["impl"] == "torch_flash" and all(
+            x[c] == r[c] for c in ("dtype", "d", "causal", "batch", "n_q")))
+        print(f"  {r['dtype']:8} {r['d']:>3}  {r['causal']:6}  {r['batch']} × {int(r['n_q']):6,}  "
+              f"{float(r['tflops']):13.1f} TFLOP/s {float(flash['tflops']):13.1f} TFLOP/s {float(r['vs_baseline']):8.2f}×")
+ratios = [float(r["vs_baseline"]) for r in rows if r["impl"] == "tinyflash"]
+# the CUDA-core kernel computes in float32 whatever its inputs: its float32 rows at the same sizes
+cuda_cores = {(r["d"], r["causal"]): float(r["tflops"]) for r in record("backward_h200")
+              if r["impl"] == "tinyflash" and r["dtype"] == "float32" and r["n_q"] == "16384" and r["status"] == "ok"}
+speedups = [float(r["tflops"]) / cuda_cores[r["d"], r["causal"]] for r in rows
+            if r["impl"] == "tinyflash" and r["dtype"] == "float16" and r["n_q"] == "16384"]
+print(f"  the tensor-core backward runs at {min(ratios):.2f}–{max(ratios):.2f}× FlashAttention-2's, "
+      f"{min(speedups):.1f}–{max(speedups):.1f}× the CUDA-core kernel's speed (N = 16,384): well short "
+      "of the tensor-core forward, which matches FlashAttention-2 (lesson 07)")
+assert 0 < min(ratios) <= max(ratios) < 1.0  # what the record says: faster work is left to do
