@@ -1,6 +1,6 @@
 """The README's two commands timed on this machine: the lessons, then the tests, one CSV row each.
 
-    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only lessons|tests]
+    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests|lessons]
 
 Run from the repository root in the environment of ``requirements.txt``, without a GPU (the tests'
 kernels then run on numba's simulator, as in CI). Each command runs once, as a user runs it; its wall
@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tinyflash.bench.record import environment  # noqa: E402
 
-COMMANDS = {"lessons": "python lessons/run_all.py", "tests": "python -m pytest"}
+# the tests first: they check that the README quotes this file, which must not change while they run
+COMMANDS = {"tests": "python -m pytest", "lessons": "python lessons/run_all.py"}
 FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
           "failed", "skipped", "exit_code"]
 
@@ -59,8 +60,10 @@ def run(command: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--csv", type=Path, default=ROOT / "figures" / "data" / "cpu_runs.csv")
-    ap.add_argument("--only", choices=list(COMMANDS), nargs="+", default=list(COMMANDS))
+    ap.add_argument("--csv", type=Path, default=ROOT / "figures" / "data" / "cpu_runs.csv",
+                    help="where the rows go (a row replaces the earlier row of its command)")
+    ap.add_argument("--only", choices=list(COMMANDS), nargs="+", default=list(COMMANDS),
+                    help="which of the two commands to time (default: both, the tests first)")
     args = ap.parse_args(argv)
     rows = {}
     if args.csv.exists():
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
         with open(args.csv, "w", newline="") as f:  # after each command: a run cut short keeps what it measured
             writer = csv.DictWriter(f, fieldnames=FIELDS)
             writer.writeheader()
-            writer.writerows(rows[c] for c in COMMANDS.values() if c in rows)
+            writer.writerows(rows[c] for c in sorted(rows))
         print(f"{row['command']}: {row['seconds']} s, exit code {row['exit_code']}", flush=True)
     return 1 if failed else 0
 
