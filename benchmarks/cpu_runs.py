@@ -1,4 +1,4 @@
-"""The README's two commands timed on this machine: the lessons, then the tests, one CSV row each.
+"""The README's two commands timed on this machine: the tests, then the lessons, one CSV row each.
 
     python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests|lessons]
 
