@@ -63,8 +63,8 @@ def case_file(case: ET.Element, files: list[str]) -> str:
 def count(report: Path, files: list[str]) -> dict:
     """file -> {tests, passed, failed, skipped, errors, seconds} from a JUnit XML report; every file of the
     group gets a row (one that ran no test: zeros). A group may name tests ('tests/a.py::test_b'): their file's row."""
-    files = list(dict.fromkeys(f.split("::")[0] for f in files))
     found = count_nothing(files)
+    files = list(found)  # the group's files, a test named in it ('tests/a.py::test_b') as its file
     for case in ET.parse(report).getroot().iter("testcase"):
         row = found.setdefault(case_file(case, files), count_nothing(["?"])["?"])
         row["tests"] += 1
@@ -74,8 +74,10 @@ def count(report: Path, files: list[str]) -> dict:
 
 
 def count_nothing(files: list[str]) -> dict:
-    """The rows of a group that left no report: no test counted in any of its files."""
-    return {f: {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "errors": 0, "seconds": 0.0} for f in files}
+    """The rows of a group that left no report: no test counted in any of its files (a test named in the group,
+    'tests/a.py::test_b', counts in its file's row)."""
+    return {f.split("::")[0]: {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "errors": 0, "seconds": 0.0}
+            for f in files}
 
 
 def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path) -> list[tuple]:
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
         print(f"{env['device']}  numba-cuda {env['numba_cuda']}  cupy {env['cupy'] or '-'}  torch {env['torch'] or '-'}"
               f"  commit {env['commit'] or '-'}  {env['date']}")
         for files, report, log, code in done:
-            found = count(report, files) if report.exists() else count_nothing([f.split("::")[0] for f in files])
+            found = count(report, files) if report.exists() else count_nothing(files)
             if code not in (0, 1, 5) and not any(row["failed"] or row["errors"] for row in found.values()):
                 # pytest stopped without a failing test in its report (a file not found, a crash): the files
                 # that ran no test get an error each (all of them if every file ran some); the log says why

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_backward_inputs
 from ..core.online_softmax import LOG2E
-from ..forward.tensor_cores import FLOAT16, FLOAT32, _flat16, _shape_only, sixteen_bit
+from ..forward.tensor_cores import FLOAT16, FLOAT32, flat16, shape_only, sixteen_bit
 from ..gpu.arrays import empty, is_device_array, numba_flat, result
 from ..gpu.launch import LaunchArgs, launch
 from ..gpu.runtime import require_gpu
@@ -28,7 +28,7 @@ from .kernels.tensor_core_tiling import HEAD_DIMS
 
 def _flat(x):
     """A flat numba or CuPy device array of ``x``'s 16-bit elements (bfloat16 seen as int16)."""
-    return numba_flat(_flat16(x))
+    return numba_flat(flat16(x))
 
 
 def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None):
@@ -53,7 +53,7 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
             raise TypeError(f"{name} must be an array; got {type(x).__name__}")
     element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, "tensor_core_attention_backward",
                           "tinyflash.cuda_attention_backward takes float16 and float32")
-    stand_ins = [_shape_only(x) for x in (q, k, v, o, do)]
+    stand_ins = [shape_only(x) for x in (q, k, v, o, do)]
     prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
     check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:

@@ -54,13 +54,13 @@ def sixteen_bit(arrays: dict, who: str, instead: str) -> str:
     return next(iter(found.values()))
 
 
-def _shape_only(x):
+def shape_only(x):
     """A stand-in with ``x``'s shape and dtype float16: the shared checks know no bfloat16, and the
     rules on shapes are the same for both 16-bit types."""
     return SimpleNamespace(shape=tuple(x.shape), dtype=FLOAT16)
 
 
-def _flat16(x):
+def flat16(x):
     """A flat device array of ``x``'s 16-bit elements, in ``x``'s library (NumPy: numba's); bfloat16
     seen as int16 (numba knows no bfloat16; the kernel only moves the bits). On a GPU it is launched
     through the driver, which reads its address (``gpu/driver_launch.py``): no numba view is made,
@@ -115,7 +115,7 @@ def plan_call(q, k, v, causal, scale) -> CallPlan:
             raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
     element = sixteen_bit({"q": q, "k": k, "v": v}, "tensor_core_attention",
                           "tinyflash.cuda_attention takes float16 and float32")
-    prob = check_attention_inputs(*(_shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
+    prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
         raise ValueError(f"tensor_core_attention supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
@@ -179,7 +179,7 @@ def _general_call(q, k, v, plan: CallPlan):
     # 3. size the grid and launch (v6's launch)
     if prob.n_q > 0 and heads > 0:
         n_q, n_k, d = prob.n_q, prob.n_k, prob.d
-        args = LaunchArgs(arrays={"Q": (_flat16(q), n_q * d), "K": (_flat16(k), n_k * d), "V": (_flat16(v), n_k * d),
+        args = LaunchArgs(arrays={"Q": (flat16(q), n_q * d), "K": (flat16(k), n_k * d), "V": (flat16(v), n_k * d),
                                   "O": (o, n_q * d), "LSE": (lse, n_q)},  # K and V: one matrix per K/V head (GQA)
                           scalars={"n_q": n_q, "n_k": n_k, "scale_log2": np.float32(prob.scale * LOG2E),
                                    "causal": prob.causal, "kv_group": prob.kv_group},
