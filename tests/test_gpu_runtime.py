@@ -143,3 +143,23 @@ def test_the_simulators_rate_is_the_records_order_of_magnitude():
         rates = [float(r["seconds_per_thread_tile"]) for r in csv.DictReader(f)]
     assert rates and all(SIMULATOR_SECONDS_PER_THREAD_TILE / 3 <= r <= 3 * SIMULATOR_SECONDS_PER_THREAD_TILE
                          for r in rates), rates
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("entry", ["forward", "backward", "decode"])
+def test_a_gpu_without_the_tensor_core_instructions_is_refused_clearly(monkeypatch, rng, entry):
+    """On a GPU of compute capability below 8.0 (made up here: the simulator runs every instruction), the
+    tensor-core and decode entry points refuse before any kernel is compiled or launched, naming the device's
+    capability and what runs there; the CUDA-core forward still runs."""
+    monkeypatch.setattr(runtime, "simulator_enabled", lambda: False)  # what require_compute_capability reads
+    monkeypatch.setattr(runtime, "compute_capability", lambda: (7, 5))
+    launched = []
+    monkeypatch.setattr(launch_module, "launch", lambda *a, **k: launched.append(a))
+    q, k, v = (rng.standard_normal((2, 20, 64)).astype(np.float16) for _ in range(3))
+    calls = {"forward": lambda: tf.tensor_core_attention(q, k, v),
+             "backward": lambda: tf.tensor_core_attention_backward(q, k, v, q, np.zeros((2, 20), np.float32), q),
+             "decode": lambda: tf.cuda_split_kv_attention(q[:, :1], k, v)}
+    with pytest.raises(runtime.UnsupportedGPUError, match=r"compute capability 8\.0 or newer .* has 7\.5\. "
+                                                          r"tinyflash\.cuda_attention"):
+        calls[entry]()
+    assert not launched

@@ -39,6 +39,7 @@ from .gpu.runtime import u
 
 WARP = 32  # lanes per warp
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
+MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 on float16 and bfloat16, cp.async, ldmatrix: Ampere on
 PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
 HEAD_DIMS = (64, 128)  # d = dv that a warp's tile takes (its fragments and registers are sized for them)

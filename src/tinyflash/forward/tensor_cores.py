@@ -22,10 +22,11 @@ import numpy as np
 
 from ..core.checks import AttentionProblem, as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import dense, empty, is_device_array, library, numba_flat, result
+from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result
 from ..gpu.driver_launch import GridLaunch
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs
-from ..gpu.runtime import require_gpu, simulator_enabled
+from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
+from ..warp_tile import MIN_COMPUTE_CAPABILITY
 from .kernels import get as kernel_version
 from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
@@ -121,6 +122,7 @@ def plan_call(q, k, v, causal, scale) -> CallPlan:
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
     if on_device != is_device_array(k) or on_device != is_device_array(v):
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+    require_compute_capability(MIN_COMPUTE_CAPABILITY, "tensor_core_attention")
     heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
     launch = None
     if on_device and not simulator_enabled() and 0 < heads <= MAX_GRID_Y and prob.n_q > 0:
@@ -159,7 +161,8 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
     prob = plan.prob
     if plan.launch is not None:  # device arrays on a GPU: o and lse in their library, one launch through the driver
         o, lse = empty(q, prob.out_shape), empty(q, prob.lse_shape, FLOAT32)  # 2. allocate (like q)
-        plan.launch(dense(q), dense(k), dense(v), o, lse)  # 3. launch (dense: a copy only if not contiguous)
+        # 3. launch (dense: a copy only if not contiguous), on the stream q's library works on
+        plan.launch(dense(q), dense(k), dense(v), o, lse, stream=current_stream(q))
         return o, lse
     return _general_call(q, k, v, plan)
 

@@ -13,7 +13,8 @@ PyTorch is never imported unless the caller passed a tensor. The ways in and out
 * :func:`numba_flat`: an input or output as a launch through numba takes it;
 * :func:`dense`: an array as a launch through the driver reads it (its address and size);
 * :func:`to_device`: a host array copied to the GPU in the caller's library;
-* :func:`empty`: an output, allocated in the caller's library; :func:`result`: an output in the caller's form.
+* :func:`empty`, :func:`zeros`: an output, allocated in the caller's library; :func:`result`: an output in the caller's form;
+* :func:`current_stream`: the caller's library's stream, which the launches through the driver go to.
 """
 
 from __future__ import annotations
@@ -131,6 +132,37 @@ def empty(like, shape, dtype=None):
         dtype = like.dtype if dtype is None else getattr(torch, _TORCH_NAMES.get(dtype) or np.dtype(dtype).name)
         return like.new_empty(shape, dtype=dtype)
     return cuda.device_array(shape, dtype=dtype)
+
+
+def zeros(like, shape, dtype):
+    """A device array of zeros, as :func:`empty` allocates it (on ``like``'s library's current stream)."""
+    lib = None if like is None else library(like)
+    if lib == "cupy":
+        import cupy
+
+        return cupy.zeros(shape, dtype=dtype)
+    if lib == "torch":
+        import torch
+
+        return like.new_zeros(shape, dtype=getattr(torch, np.dtype(dtype).name))
+    return cuda.to_device(np.zeros(shape, dtype=dtype))
+
+
+def current_stream(x) -> int:
+    """The stream the library of device array ``x`` is working on now, as a CUstream handle (an int; 0 is the
+    default stream): PyTorch's ``torch.cuda.current_stream``, CuPy's ``get_current_stream``, else 0. A launch on
+    it is ordered with the caller's own work on that stream, and is recorded when PyTorch captures a CUDA graph
+    (which refuses launches on the default stream while it captures)."""
+    lib = library(x)
+    if lib == "torch":
+        import torch
+
+        return torch.cuda.current_stream(x.device).cuda_stream
+    if lib == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return 0
 
 
 def result(x, shape: tuple, to_host: bool):

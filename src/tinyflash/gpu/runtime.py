@@ -4,6 +4,9 @@ small conventions.
 * :func:`require_gpu`: the first call of every GPU entry point. It returns at once when a CUDA GPU
   is there or numba's simulator is on, and otherwise raises :class:`NoGPUError`, one message that
   says what to do, instead of numba's chained driver traceback.
+* :func:`require_compute_capability`: the check before a kernel that needs newer instructions (the tensor
+  cores' ``mma.sync`` on 16-bit inputs, ``cp.async``: compute capability 8.0) is compiled or launched: one
+  clear error instead of a compiler or driver failure.
 * :func:`simulator_enabled`: numba runs kernels on a real GPU, or on its CUDA simulator (one
   Python thread per CUDA thread) when ``NUMBA_ENABLE_CUDASIM=1`` was set before numba was imported.
 * :func:`simulator_cost`: what a launch will cost on the simulator; ``gpu/launch.py`` warns before
@@ -60,6 +63,37 @@ def require_gpu() -> None:
     if not cuda.is_available():  # False, not an exception, when the driver library is missing
         raise NoGPUError(NO_GPU_MESSAGE)
     _gpu_seen = True
+
+
+class UnsupportedGPUError(RuntimeError):
+    """The GPU lacks an instruction a kernel needs (its compute capability is too low)."""
+
+
+_capabilities: dict = {}  # device id -> (major, minor)
+
+
+def compute_capability() -> tuple[int, int]:
+    """The current device's compute capability, (major, minor); asked once per device."""
+    device = cuda.get_current_device()
+    if device.id not in _capabilities:
+        _capabilities[device.id] = tuple(device.compute_capability)
+    return _capabilities[device.id]
+
+
+def require_compute_capability(minimum: tuple[int, int], who: str) -> None:
+    """Return if the current GPU has compute capability ``minimum`` or more (always on the simulator, which
+    emulates every instruction); else raise :class:`UnsupportedGPUError` naming ``who``, the device and what
+    it needs."""
+    if simulator_enabled():
+        return
+    found = compute_capability()
+    if found < tuple(minimum):
+        name = getattr(cuda.get_current_device(), "name", "GPU")
+        name = name.decode() if isinstance(name, bytes) else name
+        raise UnsupportedGPUError(
+            f"{who} needs a GPU of compute capability {minimum[0]}.{minimum[1]} or newer (Ampere, Ada, Hopper, ...): "
+            f"the instructions it is built on (cp.async, ldmatrix, mma.sync) do not exist before; this {name} has "
+            f"{found[0]}.{found[1]}. tinyflash.cuda_attention and cuda_attention_backward (the CUDA cores) run there")
 
 
 def simulator_cost(threads: int, key_tiles: int) -> tuple[int, float]:
