@@ -23,8 +23,13 @@ An array argument may be a PyTorch CUDA tensor, a CuPy array, a numba device arr
 C-contiguous ``__cuda_array_interface__`` array, of any dtype: the kernel sees its bytes as the
 signature's element type (nitems = bytes / itemsize). The caller keeps its arrays alive until the
 kernel has run, and gives addresses aligned as the kernel needs (16 bytes for ``cp.async``).
-Launches go to stream 0, as numba's do, unless a bound launch is given another. Only for a GPU:
+Launches go to stream 0, as numba's do, unless the call names another (the host wrappers pass the
+caller's library's current stream, ``gpu.arrays.current_stream``). Only for a GPU:
 on numba's simulator, launch the dispatcher.
+
+The kernel's code comes from the disk cache (``gpu/kernel_cache.py``) when a process before compiled
+it, else from numba, which compiles it (seconds for the tensor-core kernels) and the cache keeps it;
+either way it is loaded as a module of its own (``cuModuleLoadData``) and launched by its handle.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..hardware import STATIC_SMEM_PER_BLOCK
 from .arrays import library
 from .launch import by_name, parameters
 
@@ -145,20 +151,57 @@ class DriverKernel:
     def __init__(self, dispatcher, signature: tuple, smem_bytes: int = 0):
         from cuda.bindings import driver
 
-        from .smem import allow_large_shared_memory_compiled
-
         self._driver = driver
         self.dispatcher = dispatcher
         self.signature = signature
-        self.compiled = dispatcher.compile(tuple(signature))  # numba's compiled kernel (types, code, registers)
-        allow_large_shared_memory_compiled(self.compiled, smem_bytes)
-        self.argument_types = tuple(self.compiled.argument_types)
+        self.argument_types = tuple(signature)  # the types numba compiles for, and flattens as it passes them
         self._sizes = item_sizes(self.argument_types)
-        self.handle = self.compiled.library.get_cufunc().handle  # the driver's CUkernel
+        self.cached = False  # loaded from the disk cache (gpu/kernel_cache.py), not compiled in this process
+        self.handle = self._load_or_compile()  # the driver's function handle
+        if smem_bytes > STATIC_SMEM_PER_BLOCK:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self._check(driver.cuFuncSetAttribute(self.handle, attr, int(smem_bytes))[0], "cuFuncSetAttribute")
         self.format = slot_format(self.argument_types)
         self._params = PackedParams(self.format)
         self._lock = threading.Lock()  # the slots are shared: one launch writes them at a time
         self._stream0 = driver.CUstream(0)
+
+    def _load_or_compile(self):
+        """The kernel's handle: its cubin from the disk cache, loaded as a module of this context; else compiled
+        by numba (and its cubin kept for the next process)."""
+        from numba import cuda
+
+        from . import kernel_cache
+
+        driver = self._driver
+        device = cuda.get_current_device()  # and numba's context, made current on this thread
+        cuda.current_context()
+        key, parts = kernel_cache.kernel_key(self.dispatcher, self.signature, device.compute_capability)
+        found = kernel_cache.load(key)
+        if found is not None:
+            cubin, entry = found
+            err, module = driver.cuModuleLoadData(cubin)
+            if err == driver.CUresult.CUDA_SUCCESS:
+                err, function = driver.cuModuleGetFunction(module, entry.encode())
+                if err == driver.CUresult.CUDA_SUCCESS:
+                    self._module, self.cached = module, True
+                    kernel_cache.stats["hits"] += 1
+                    return function
+        kernel_cache.stats["misses"] += 1
+        compiled = self.dispatcher.compile(self.argument_types)  # numba's compiled kernel
+        library = compiled.library
+        kernel_cache.store(key, library.get_cubin(), library._entry_name, parts)
+        err, module = driver.cuModuleLoadData(library.get_cubin())  # one module per DriverKernel, as on a hit
+        self._check(err, "cuModuleLoadData")
+        err, function = driver.cuModuleGetFunction(module, library._entry_name.encode())
+        self._check(err, "cuModuleGetFunction")
+        self._module = module
+        return function
+
+    def _check(self, err, what: str) -> None:
+        if err != self._driver.CUresult.CUDA_SUCCESS:
+            _, name = self._driver.cuGetErrorName(err)
+            raise RuntimeError(f"{what} failed: {name.decode() if name else err}")
 
     def _launch(self, grid, block, smem_bytes: int, params_address: int, stream: int = 0) -> None:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
@@ -180,10 +223,10 @@ class DriverKernel:
         """The kernel's arguments in the order of its parameters, taken from ``values`` by name."""
         return by_name(self.dispatcher, values)
 
-    def __call__(self, grid, block, smem_bytes: int, *args) -> None:
+    def __call__(self, grid, block, smem_bytes: int, *args, stream: int = 0) -> None:
         values = param_values(self.argument_types, args, self._sizes)
         with self._lock:
-            self._launch(grid, block, smem_bytes, self._params.pack(values))
+            self._launch(grid, block, smem_bytes, self._params.pack(values), stream)
 
     def bind(self, grid, block, smem_bytes: int, *args):
         """``launch(stream=0)``: this kernel on ``args`` (packed now, once), on ``stream`` (a CUstream
@@ -197,15 +240,20 @@ class DriverKernel:
         launch.params = params  # keeps the packed parameters alive as long as the function
         return launch
 
+    def _attribute(self, name: str) -> int:
+        err, value = self._driver.cuFuncGetAttribute(getattr(self._driver.CUfunction_attribute, name), self.handle)
+        self._check(err, "cuFuncGetAttribute")
+        return int(value)
+
     @property
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""
-        return self.compiled.regs_per_thread
+        return self._attribute("CU_FUNC_ATTRIBUTE_NUM_REGS")
 
     @property
     def local_bytes(self) -> int:
         """Local memory per thread (registers spilled), in bytes."""
-        return self.compiled.local_mem_per_thread
+        return self._attribute("CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES")
 
 
 @dataclass(frozen=True)
@@ -230,8 +278,10 @@ class GridLaunch:
                             f"{', '.join(trailing)}; got {', '.join(scalars)}")
         return cls(kernel, tuple(grid), threads, smem_bytes, tuple(scalars[n] for n in trailing))
 
-    def __call__(self, *arrays) -> None:
-        self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars)
+    def __call__(self, *arrays, stream: int = 0) -> None:
+        """Launch on ``arrays`` (the kernel's leading parameters), on ``stream`` (a CUstream handle as an int;
+        0: the default stream)."""
+        self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars, stream=stream)
 
 
 _CACHE: dict = {}
