@@ -134,3 +134,20 @@ def test_tilings():
         BackwardTensorCoreTiling(D=64, WARPS=4, BR=48).validate()
     with pytest.raises(ValueError, match="D must be one of"):
         BackwardTensorCoreTiling(D=96, WARPS=1, BR=16).validate()
+
+
+@pytest.mark.parametrize("n_q, n_k, causal", [(40, 40, True), (50, 20, True), (20, 50, True), (33, 47, False)])
+def test_deterministic_mode(rng, n_q, n_k, causal):
+    """dQ added in key-tile order: the same gradients within the rule, grouped heads and ragged tiles included,
+    and every key tile's turn comes (a wrong count would wait for ever): Nq > Nk, where the first queries see no
+    key, and Nq < Nk causal, where the last key tiles see only the last queries. (On the simulator the blocks
+    run one after another, so the order is the same in either mode; test_backward_tensor_cores_gpu.py shows
+    that dq is reproducible bit for bit on a GPU.)"""
+    q, k, v = make_qkv(rng, (2,), n_q, n_k, 64, dtype=np.float16)
+    k, v = k[:1], v[:1]  # two query heads on one K/V head
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    o, lse = tf.naive_attention(q, k, v, causal=causal)
+    grads = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
+    check((q, k, v, do), grads, causal, f"deterministic {n_q}x{n_k}")
+    with pytest.raises(TypeError, match="deterministic must be a bool; got int"):
+        tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=1)

@@ -4,18 +4,29 @@
     o = tinyflash.torch.attention(q, k, v, causal=True)   # q, k, v: CUDA tensors (..., N, d)
     o.sum().backward()                                   # q.grad, k.grad, v.grad from the numba backward
 
-:class:`FlashAttentionFunction` runs the numba forward, saves (q, k, v, o, lse) — O(N) beyond the inputs, not
-the N × N matrix P — and runs the numba backward on them. float16 and bfloat16 with d = dv = 64 or 128 go to
-the tensor cores (:func:`tinyflash.tensor_core_attention` and :func:`tinyflash.tensor_core_attention_backward`),
-and may have fewer K/V heads than query heads (grouped-query attention: k.grad and v.grad sum over each group);
+The forward and the backward are PyTorch custom operators, ``tinyflash::attention_forward`` and
+``tinyflash::attention_backward`` (``torch.library.custom_op``), each with a fake implementation that
+gives the outputs' shapes without running anything, and the forward's autograd formula is the backward
+operator. So ``torch.compile(fullgraph=True)`` traces a model through them without a graph break, and
+on the tensor-core path a training step can be captured in a CUDA graph (``torch.cuda.graph``): the
+kernels go to PyTorch's current stream, the outputs come from its allocator.
+
+The forward saves (q, k, v, o, lse) — O(N) beyond the inputs, not the N × N matrix P — and the backward
+recomputes P from them. float16 and bfloat16 with d = dv = 64 or 128 go to the tensor cores
+(:func:`tinyflash.tensor_core_attention` and :func:`tinyflash.tensor_core_attention_backward`), and may
+have fewer K/V heads than query heads (grouped-query attention: k.grad and v.grad sum over each group);
 float16 at other head dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
-:func:`tinyflash.cuda_attention_backward`, without grouped heads). This module imports PyTorch; nothing else
-in tinyflash does unless a tensor is passed in. The causal mask is bottom-right aligned (the project's rule,
-:func:`tinyflash.core.masks.key_stop`: the last query sees every key); PyTorch's ``is_causal`` is top-left
-aligned, so the two agree only for Nq == Nk.
+:func:`tinyflash.cuda_attention_backward`, without grouped heads), whose launches go to the default
+stream and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does
+unless a tensor is passed in.
+
+The causal mask is bottom-right aligned (the project's rule, :func:`tinyflash.core.masks.key_stop`: the
+last query sees every key, as in FlashAttention-2 from version 2.1). SDPA's ``is_causal`` is top-left
+aligned (query i sees keys 0..i). The two are the same mask when Nq == Nk, as in training; for Nq < Nk
+(decoding, or a prompt's continuation) tinyflash's query i sees keys 0..i + Nk − Nq, SDPA's fewer.
 """
 
-from __future__ import annotations
+from typing import Optional
 
 try:
     import torch
@@ -29,6 +40,8 @@ from .forward.cuda import cuda_attention
 from .forward.kernels.tensor_core_tiling import HEAD_DIMS
 from .forward.tensor_cores import tensor_core_attention
 
+Tensor = torch.Tensor
+
 
 def on_tensor_cores(q, k, v) -> bool:
     """Whether the tensor-core kernels take these inputs: float16 or bfloat16, d = dv in HEAD_DIMS."""
@@ -36,35 +49,93 @@ def on_tensor_cores(q, k, v) -> bool:
             and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] in HEAD_DIMS)
 
 
-class FlashAttentionFunction(torch.autograd.Function):
-    """o = softmax(scale · q kᵀ) v with tinyflash's numba kernels forward and backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        # numba reads a tensor through __cuda_array_interface__, which PyTorch refuses for tensors that
-        # require grad: the kernels get detached views of the same memory.
-        ctx.tensor_cores = on_tensor_cores(q, k, v)
-        forward = tensor_core_attention if ctx.tensor_cores else cuda_attention
-        o, lse = forward(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)  # (..., Nq, dv), (..., Nq)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = (x.detach() for x in ctx.saved_tensors)
-        backward = tensor_core_attention_backward if ctx.tensor_cores else cuda_attention_backward
-        dq, dk, dv = backward(q, k, v, o, lse, do.detach().contiguous(), causal=ctx.causal, scale=ctx.scale)
-        return dq, dk, dv, None, None  # no gradient for causal and scale
+def _refuse_capture_off_tensor_cores(q) -> None:
+    """The CUDA-core kernels launch through numba on the default stream, which a graph capture forbids: a
+    clear error instead of the capture's."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"tinyflash.torch.attention can be captured in a CUDA graph only on the tensor cores "
+                           f"(float16 or bfloat16, d = dv in {HEAD_DIMS}); got {q.dtype}, d = {q.shape[-1]}")
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+# Operands inside a custom operator are detached views: numba reads a tensor through
+# __cuda_array_interface__, which PyTorch refuses for tensors that require grad.
+
+@torch.library.custom_op("tinyflash::attention_forward", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
+                      deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of the numba forward: the tensor cores where they take the inputs, else the CUDA cores
+    (``deterministic`` is the backward's: the forward is deterministic anyway)."""
+    if on_tensor_cores(q, k, v):
+        return tensor_core_attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
+    _refuse_capture_off_tensor_cores(q)
+    return cuda_attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
+
+
+@attention_forward.register_fake
+def _(q, k, v, causal, scale, deterministic):
+    """The shapes and dtypes of (o, lse), for tracing: o (..., Nq, dv) like q, lse (..., Nq) float32."""
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("tinyflash::attention_backward", mutates_args=())
+def attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
+                       scale: Optional[float], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of the numba backward, on the same kernels' path as the forward's; ``deterministic``: dq
+    bitwise reproducible on the tensor cores (dk and dv always are)."""
+    saved = [x.detach() for x in (q, k, v, o, lse)]
+    if on_tensor_cores(q, k, v):
+        return tensor_core_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale,
+                                              deterministic=deterministic)
+    if deterministic:
+        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in {HEAD_DIMS}); "
+                         f"got {q.dtype}, d = {q.shape[-1]}")
+    _refuse_capture_off_tensor_cores(q)
+    return cuda_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale)
+
+
+@attention_backward.register_fake
+def _(q, k, v, o, lse, do, causal, scale, deterministic):
+    """dq, dk, dv: contiguous, of q's, k's and v's shapes and dtype."""
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None  # no gradient for causal, scale and deterministic
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, deterministic: bool = False):
     """Differentiable attention on CUDA tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): the numba
     kernels forward and backward, on the tensor cores for float16 and bfloat16 at d = dv = 64 or 128 (k and v
     may then have fewer heads than q), on the CUDA cores for float16 and float32 otherwise. Returns o
-    (..., Nq, dv). ``causal`` is bottom-right aligned (module docstring)."""
+    (..., Nq, dv). ``causal`` is bottom-right aligned: SDPA's ``is_causal=True`` when Nq == Nk (module
+    docstring). ``deterministic``: q.grad bitwise reproducible from run to run (tensor cores only; k.grad and
+    v.grad always are), at a cost in time (docs/results.md). Works under ``torch.compile(fullgraph=True)``; a
+    CUDA graph can capture it on the tensor cores."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA torch.Tensor; got {type(x).__name__}"
                             f"{' on ' + str(x.device) if isinstance(x, torch.Tensor) else ''}")
-    return FlashAttentionFunction.apply(q, k, v, causal, scale)
+    if type(causal) is not bool:
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__} {causal!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
+    if type(deterministic) is not bool:
+        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
+    if deterministic and not on_tensor_cores(q, k, v):  # refused now, not after a forward pass
+        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in {HEAD_DIMS}); "
+                         f"got {q.dtype}, d = {q.shape[-1]}")
+    o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
+    return o

@@ -34,6 +34,9 @@ class BackwardVersion:
     max_head_dim: int = 256
     dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes
     head_dims: tuple | None = None  # the only d (= dv) it takes, if it does not take every d up to max_head_dim
+    # driver_launches(n_q, n_k, heads, kv_group, scale, causal, element, tiling, deterministic): the kernels sized
+    # for one problem, launched through the driver (gpu/driver_launch.py); None where there is no such path
+    driver_launches: Callable | None = None
 
 
 VERSIONS = {v.name: v for v in (
@@ -41,9 +44,11 @@ VERSIONS = {v.name: v for v in (
                     "recomputed from lse; dQ added with float32 atomics", v1_atomic_dq.launch, ("config", "vector")),
     BackwardVersion("v2", "v2_tensor_cores.py", "tensor cores: every product an mma.sync, a warp's keys as the "
                     "mma rows so that Pᵀ and dSᵀ stay in registers for dV and dK; dS through shared memory for dQ "
-                    "(atomics); float16 and bfloat16, d = 64 or 128; grouped-query heads summed in the block",
-                    v2_tensor_cores.launch, ("config", "element"), max_head_dim=128,
-                    dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=tensor_core_tiling.HEAD_DIMS),
+                    "(atomics, in key-tile order in deterministic mode); float16 and bfloat16, d = 64 or 128; "
+                    "grouped-query heads summed in the block",
+                    v2_tensor_cores.launch, ("config", "element", "deterministic"), max_head_dim=128,
+                    dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=tensor_core_tiling.HEAD_DIMS,
+                    driver_launches=v2_tensor_cores.driver_launches),
 )}
 LATEST = "v1"
 

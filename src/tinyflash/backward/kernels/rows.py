@@ -16,8 +16,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 from numba import cuda, float32, uint64
+from numba.cuda import types
 
 from ...gpu import ptx
+
+WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
+ROW_DOT_WORDS_SIGNATURE = (WORDS, WORDS, FLOATS, FLOATS, types.int64, types.int64)  # dO, O, D, dQ_acc, n_q, d
+FINISH_DQ_WORDS_SIGNATURE = (FLOATS, WORDS, types.int64, types.float32)  # dQ_acc, dQ, n, scale
 
 ROWS_PER_BLOCK = 128  # threads per block of both kernels
 

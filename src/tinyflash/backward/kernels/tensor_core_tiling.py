@@ -98,7 +98,7 @@ def simulator_tiling(d: int) -> BackwardTensorCoreTiling:
     return BackwardTensorCoreTiling(D=d, WARPS=1, BR=16).validate()
 
 
-QUERY_ARRAYS = ("Q", "dO", "LSE", "Dvec", "dQ_acc")  # one matrix per query head; the rest one per K/V head
+QUERY_ARRAYS = ("Q", "dO", "LSE", "Dvec", "dQ_acc", "dQ_turn")  # one per query head; the rest one per K/V head
 
 
 def launch_backward_tensor_cores(make_kernel, args: LaunchArgs, prob, config: BackwardTensorCoreTiling | None,

@@ -24,6 +24,7 @@ are ``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -33,25 +34,27 @@ from numba.cuda import types
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu import ptx
+from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats, shared_words
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, MMA_N, WARP, warp_tile
+from .rows import FINISH_DQ_WORDS_SIGNATURE, FLOATS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK, WORDS, word_rows
 from .tensor_core_tiling import BackwardTensorCoreTiling, launch_backward_tensor_cores
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
-WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C")
-# flash_bwd_tc's argument types: Q, K, V, dO as 16-bit pairs; LSE, Dvec, dQ_acc; dK, dV as pairs; n_q, n_k,
-# scale, scale·log2(e), causal, kv_group
-SIGNATURE = ((WORDS,) * 4 + (FLOATS,) * 3 + (WORDS,) * 2
+# flash_bwd_tc's argument types: Q, K, V, dO as 16-bit pairs; LSE, Dvec, dQ_acc; dK, dV as pairs; dQ_turn (int32);
+# n_q, n_k, scale, scale·log2(e), causal, kv_group
+SIGNATURE = ((WORDS,) * 4 + (FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.int32, 1, "C"),)
              + (types.int64, types.int64, types.float32, types.float32, types.boolean, types.int64))
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
-    """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16)."""
+def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False):
+    """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16); ``deterministic``: the key
+    tiles add their dQ_i in turn (:func:`wait_turn`), so that dQ is the same, bit for bit, at every run."""
     cfg.validate()
     spec = cfg.warp_tile(element)
     tile = warp_tile(spec)
@@ -73,6 +76,7 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
     LOG2E_ = float32(LOG2E)
+    DETERMINISTIC = bool(deterministic)
 
     @cuda.jit(device=True, inline="always")
     def load_query_tile(Q, dO, LSE, Dvec, smemf, stage_addr, stage_word, head, q_start, n_q, tid):
@@ -133,6 +137,24 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
                             dq[qt, n + h, 0], dq[qt, n + h, 1], dq[qt, n + h, 2], dq[qt, n + h, 3])
 
     @cuda.jit(device=True, inline="always")
+    def wait_turn(dQ_turn, at, rank, tid):
+        """Deterministic mode: wait until the key tiles before this one have added their dQ_i (``dQ_turn[at]``
+        counts them), so that the float32 sums of dQ happen in one order, key tile 0 first. The key tiles
+        that see a query tile are 0, 1, ... up to the last one (causal: a later key tile's first query is never
+        earlier), and blocks start in order, so the tile waited for has started."""
+        if DETERMINISTIC:
+            if tid == ZERO:
+                while cuda.atomic.add(dQ_turn, at, 0) != rank:  # an atomic read: from L2, never a stale copy
+                    pass
+            cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
+    def pass_turn(dQ_turn, at, tid):
+        """Deterministic mode, after a barrier that follows this block's atomics and fence: the next key tile's turn."""
+        if DETERMINISTIC and tid == ZERO:
+            cuda.atomic.add(dQ_turn, at, 1)
+
+    @cuda.jit(device=True, inline="always")
     def add_dq(dQ_acc, dq, dq_row0, q_off, g, t, n_q):
         """dQ_acc += the warp's dq (rows dq_row0 + 16qt + g, + 8; columns 8n + 2t, +1), rows below Nq, by atomics."""
         for qt in range(DQ_TILES):
@@ -157,7 +179,7 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
                         dV[at] = pack(dv[r, n, 2 * half], dv[r, n, 2 * half + 1])
 
     @cuda.jit(fastmath=FAST_MATH)
-    def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, n_q, n_k, scale, scale_log2, causal, kv_group):
+    def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group):
         smem, smemf = shared_words(), shared_floats()  # cfg.smem_layout(), as words and as floats (one memory)
         tid = uint64(cuda.threadIdx.x)
         warp, lane = tid // uint64(WARP), tid % uint64(WARP)
@@ -171,6 +193,7 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
         q_first = k_start + n_q - n_k if causal and k_start + n_q > n_k else ZERO
         tiles = (n_q + BR - ONE) // BR - q_first // BR if q_first < n_q else ZERO  # per query head
         steps = tiles * group  # (query head, query tile) pairs, head by head
+        q_tiles = (n_q + BR - ONE) // BR  # query tiles per query head
 
         copy_rows(K, kv_off, k_start, n_k, base + uint32(K_OFF * FOUR), tid, KV_CHUNKS)  # K_j, V_j, once
         copy_rows(V, kv_off, k_start, n_k, base + uint32(V_OFF * FOUR), tid, KV_CHUNKS)
@@ -223,17 +246,65 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str):
             store_ds(smem, dp, warp, g, t)
             cuda.syncthreads()  # every warp's dSᵀ is in shared memory
             ds_times_k(dq, ds_lane, k_block)
+            turn = head * q_tiles + q_start // BR  # deterministic mode: this query tile's counter
+            wait_turn(dQ_turn, turn, cuda.blockIdx.x, tid)
             add_dq(dQ_acc, dq, q_start + warp * uint64(DQ_TILES * MMA_M), head * n_q * D_, g, t, n_q)
+            if DETERMINISTIC:
+                cuda.threadfence()  # this thread's additions are seen before the next key tile's turn
             ptx.cp_async_wait_all()  # this thread's copies of the next query tile have landed
             cuda.syncthreads()  # everyone's have, and no warp still reads this stage or dSᵀ
+            pass_turn(dQ_turn, turn, tid)
 
         write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, g, t, n_k, scale)
 
     return flash_bwd_tc
 
 
-def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, element: str | None = None) -> None:
+def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, element: str | None = None,
+           deterministic: bool = False) -> None:
     """Launch v2 on ``args`` (``tinyflash.gpu.launch.LaunchArgs`` as the host wrappers build them: Q, K, V, dO,
-    dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32); ``element`` 'bfloat16' for bfloat16 inputs
-    (None: float16); ``config`` overrides the tiling."""
-    launch_backward_tensor_cores(make_kernel, args, prob, config, element)
+    dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32, dQ_turn int32 zeros, one per query tile);
+    ``element`` 'bfloat16' for bfloat16 inputs (None: float16); ``config`` overrides the tiling;
+    ``deterministic``: dQ added in one order (:func:`make_kernel`)."""
+    if "dQ_turn" not in args.arrays:  # not needed unless deterministic: a stand-in the kernel never reads
+        if deterministic:
+            raise ValueError("deterministic mode needs dQ_turn: int32 zeros, one per query tile and query head")
+        args = replace(args, arrays={**args.arrays, "dQ_turn": (np.zeros(1, np.int32), 0)})
+    launch_backward_tensor_cores(lambda cfg, element: make_kernel(cfg, element, deterministic), args, prob, config,
+                                 element)
+
+
+@dataclass(frozen=True)
+class DriverLaunches:
+    """The backward's three kernels sized for one problem, launched through the driver (``gpu/driver_launch.py``):
+    D = rowsum(dO ∘ O) with dQ's accumulator zeroed, the main kernel, dQ scaled and rounded. A call passes
+    C-contiguous device arrays of any library (16-bit ones as they are: the kernels read them as words)."""
+
+    row_dot: GridLaunch
+    main: GridLaunch
+    finish_dq: GridLaunch
+
+    def __call__(self, q, k, v, o, lse, do, dq, dk, dv, D, dq_acc, dq_turn, *, stream: int = 0) -> None:
+        """``dq_turn``: deterministic mode's counters, int32, one per query tile and query head, zero (else
+        any device array: the kernel does not read it)."""
+        self.row_dot(do, o, D, dq_acc, stream=stream)
+        self.main(q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream=stream)
+        self.finish_dq(dq_acc, dq, stream=stream)
+
+
+@lru_cache(maxsize=256)
+def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
+                    cfg: BackwardTensorCoreTiling, deterministic: bool = False) -> DriverLaunches:
+    """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use
+    and kept: the grids of ``launch_backward_tensor_cores`` and of the two row kernels, in one launch each."""
+    row_dot, finish_dq = word_rows(element)
+    words = n_q * cfg.D // 2  # words of one head's dQ
+    return DriverLaunches(
+        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROWS_PER_BLOCK), n_heads),
+                         ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
+        GridLaunch.sized(driver_kernel(make_kernel(cfg, element, deterministic), SIGNATURE, cfg.smem_bytes),
+                         (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
+                         scale=np.float32(scale), scale_log2=np.float32(scale * LOG2E), causal=bool(causal),
+                         kv_group=kv_group),
+        GridLaunch.sized(driver_kernel(finish_dq, FINISH_DQ_WORDS_SIGNATURE), (-(-words // ROWS_PER_BLOCK), n_heads),
+                         ROWS_PER_BLOCK, 0, n=words, scale=np.float32(scale)))
