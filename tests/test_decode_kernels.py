@@ -187,3 +187,25 @@ def test_the_process_keeps_working_after_a_refused_cache(rng):
     o, _ = tf.cuda_paged_attention(qg, on_gpu[0])
     ref, _ = tf.paged_attention(q.astype(np.float32), good)
     assert np.abs(cupy.asnumpy(o) - ref).max() < 1e-4 and float(cupy.arange(3).sum()) == 3.0
+
+
+@pytest.mark.simulator
+def test_combine_kernel_writes_bfloat16_bits(rng):
+    """The combine kernel for bfloat16 outputs: O as uint16 bit patterns, each the float32 merge rounded to
+    nearest even (what to_bits does to the same float32 values), lse as float32."""
+    from tinyflash.decode.kernels import combine as combine_kernel
+    from tinyflash.gpu.ptx_emulation import to_bits
+
+    n_splits, rows, d = 3, 5, 8
+    o_part = rng.standard_normal((n_splits, rows, d)).astype(np.float32)
+    lse_part = rng.standard_normal((n_splits, rows)).astype(np.float32)
+    lse_part[1, 2] = -np.inf  # an empty split for one row
+    O, LSE = np.zeros(rows * d, np.uint16), np.zeros(rows, np.float32)
+    kernel = combine_kernel.make_combine_kernel("bfloat16")
+    kernel[(-(-rows * d // combine_kernel.THREADS), 1), combine_kernel.THREADS](
+        o_part.reshape(-1), lse_part.reshape(-1), O, LSE, n_splits, rows, d)
+    w = np.exp(lse_part.astype(np.float64) - np.logaddexp.reduce(lse_part.astype(np.float64), axis=0))
+    expected = (w[:, :, None] * o_part).sum(0)
+    got = O.reshape(rows, d)
+    assert np.abs(got.astype(np.int32) - to_bits(expected.astype(np.float32), "bfloat16").astype(np.int32)).max() <= 1
+    np.testing.assert_allclose(LSE, np.logaddexp.reduce(lse_part.astype(np.float64), axis=0), rtol=1e-6, atol=1e-6)

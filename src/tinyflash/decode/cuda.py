@@ -3,29 +3,57 @@
 :func:`cuda_split_kv_attention` (a contiguous cache) and :func:`cuda_paged_attention` (a paged
 one) do what every host wrapper here does, in this order: check the inputs, allocate the outputs
 (and the splits' partials), size the grid, launch the split kernel and then the combine kernel.
+
+A decode step is short (tens of µs at short contexts), so the host's part counts. For PyTorch and CuPy
+inputs on a GPU, :func:`cuda_split_kv_attention` does the checks and the sizing once for each
+combination of shapes, dtypes, ``num_splits``, ``causal`` and ``scale`` (a :class:`SizedDecode`, kept);
+a call then allocates its outputs and launches two kernels through the driver, on the stream of the
+inputs' library, so that a decode step can be captured in a CUDA graph. :func:`prepare_split_kv` and
+:func:`prepare_paged` go further for a decode loop: their ``run()`` launches on buffers fixed once.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import dense, empty, is_device_array, numba_flat, result, to_device
+from ..forward.tensor_cores import FLOAT16, call_key, element_type, shape_only, sixteen_bit
+from ..gpu.arrays import current_stream, dense, empty, is_device_array, numba_flat, result, to_device
 from ..gpu.launch import MAX_GRID_Y, by_name
 from ..gpu.ptx_emulation import fast_barriers
-from ..gpu.runtime import require_gpu, simulator_enabled
-from ..gpu.driver_launch import driver_kernel
+from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
+from ..warp_tile import MIN_COMPUTE_CAPABILITY
+from ..gpu.driver_launch import GridLaunch, driver_kernel
+from ..gpu.launch import parameters
 from ..hardware import current
 from . import kernels
 from .kernels import combine as combine_kernel
 from .paged import check_cache as check_paged_cache
 from .split_kv import BLOCKS_PER_SM, choose_num_splits
 
-SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))  # and bfloat16 (PyTorch tensors): checked_problem
+DTYPES = "float16, bfloat16 (the tensor-core kernel's head dims) or float32"
+
+
+def checked_problem(q, k, v, *, causal, scale, who: str = "cuda_split_kv_attention"):
+    """:func:`check_attention_inputs` for decode's dtypes: float16 and float32 as NumPy knows them, and bfloat16
+    (PyTorch tensors), which NumPy does not: its shapes are checked on stand-ins and the problem says 'bfloat16'."""
+    if element_type(q) or element_type(k) or element_type(v):
+        sixteen_bit({"q": q, "k": k, "v": v}, who, f"it takes {DTYPES}")
+        prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale,
+                                      allowed=(FLOAT16,))
+        return replace(prob, dtype="bfloat16")
+    return check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+
+
+def out_dtype(prob):
+    """The dtype :func:`empty` allocates o in: the problem's, or None (q's own) for bfloat16."""
+    return None if prob.dtype == "bfloat16" else prob.dtype
 
 
 def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=None, *, max_rows: int,
@@ -39,6 +67,32 @@ def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=No
         num_splits = choose_num_splits(batch * h_kv * chunks, n_k, current().sms, blocks_per_sm)
     num_splits = check_positive_int(num_splits, "num_splits")
     return {"rows": rows, "rb": rb, "grid": (num_splits, batch * h_kv, chunks), "num_splits": num_splits}
+
+
+def _split_kernel(prob, *, batch, h_kv, n_k, page_size, num_splits, kernel=None, **tuning):
+    """The split kernel that takes the problem (``kernel``: a name of :data:`tinyflash.decode.kernels.VERSIONS`, or
+    None: the first that takes it) with its options ``tuning``, and the launch's :func:`plan`."""
+    chosen = kernels.choose(prob, kernel)
+    unknown = sorted(set(tuning) - set(chosen.options))
+    if unknown:
+        raise ValueError(f"the {chosen.name} decode kernel takes the options {list(chosen.options)}; got {unknown}")
+    # both split kernels load K and V with cp.async (and the tensor cores' with mma.sync): Ampere on
+    require_compute_capability(MIN_COMPUTE_CAPABILITY, f"the {chosen.name} decode kernel")
+    split_kernel = chosen.split_kernel(prob, page_size, **tuning)
+    if batch * h_kv > MAX_GRID_Y:
+        raise ValueError(f"the decode kernels support B·H_kv <= {MAX_GRID_Y}; got {batch * h_kv}")
+    return split_kernel, plan(batch, h_kv, prob.kv_group, prob.n_q, n_k, num_splits, max_rows=split_kernel.max_rows,
+                              blocks_per_sm=split_kernel.blocks_per_sm)
+
+
+def _split_scalars(prob, n_k: int, h_kv: int, max_pages: int) -> dict:
+    """The split kernels' scalar arguments by name (each kernel takes those it has parameters for)."""
+    return {"n_q": int(prob.n_q), "d": int(prob.d), "n_k": int(n_k), "h_kv": int(h_kv), "max_pages": int(max_pages),
+            "scale_log2": np.float32(prob.scale * LOG2E), "causal": bool(prob.causal), "kv_group": int(prob.kv_group)}
+
+
+def _combine_scalars(p: dict, d: int) -> dict:
+    return {"n_splits": int(p["num_splits"]), "rows": int(p["rows"]), "d": int(d)}
 
 
 def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
@@ -55,17 +109,10 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     arguments are packed once, here).
     """
     d = prob.d
-    chosen = kernels.choose(prob, kernel)
-    unknown = sorted(set(tuning) - set(chosen.options))
-    if unknown:
-        raise ValueError(f"the {chosen.name} decode kernel takes the options {list(chosen.options)}; got {unknown}")
-    split_kernel = chosen.split_kernel(prob, page_size, **tuning)
-    if batch * h_kv > MAX_GRID_Y:
-        raise ValueError(f"the decode kernels support B·H_kv <= {MAX_GRID_Y}; got {batch * h_kv}")
-    p = plan(batch, h_kv, prob.kv_group, prob.n_q, n_k, num_splits, max_rows=split_kernel.max_rows,
-             blocks_per_sm=split_kernel.blocks_per_sm)
+    split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=n_k, page_size=page_size, num_splits=num_splits,
+                                    kernel=kernel, **tuning)
     like = q if on_device else None
-    o = empty(like, batch * h_kv * p["rows"] * d, prob.dtype)  # (B·H·Nq·d,) flat: packed rows of each K/V head
+    o = empty(like, batch * h_kv * p["rows"] * d, out_dtype(prob))  # (B·H·Nq·d,) flat: packed rows of each K/V head
     lse = empty(like, batch * h_kv * p["rows"], np.float32)  # (B·H·Nq,)
     if batch * h_kv * p["rows"] == 0:
         def nothing(stream=0):
@@ -76,19 +123,16 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     o_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
     split, smem = split_kernel.build(p["rb"])
-    combine = combine_kernel.make_combine_kernel()
+    combine = combine_kernel.make_combine_kernel(str(prob.dtype))
     on_gpu = not simulator_enabled()  # a launch through the driver reads arrays as they are; numba's, flat
     q, k, v = (dense(x) if on_device and on_gpu else numba_flat(x) for x in (q, k, v))
     table, lens = ((dense(x) if on_gpu else numba_flat(x)) if is_device_array(x) else to_device(x, like)
                    for x in (table, lens))
     split_args = {"Q": q, "K": k, "V": v, "TABLE": table, "LENS": lens, "O_PART": o_part, "LSE_PART": lse_part,
-                  "n_q": int(prob.n_q), "d": int(d), "n_k": int(n_k), "h_kv": int(h_kv), "max_pages": int(max_pages),
-                  "scale_log2": np.float32(prob.scale * LOG2E), "causal": bool(prob.causal),
-                  "kv_group": int(prob.kv_group)}
+                  **_split_scalars(prob, n_k, h_kv, max_pages)}
     nc = combine_kernel.THREADS
     combine_grid = (-(-p["rows"] * d // nc), batch * h_kv)  # one thread per (packed row, column)
-    combine_args = {"O_PART": o_part, "LSE_PART": lse_part, "O": o, "LSE": lse, "n_splits": int(p["num_splits"]),
-                    "rows": int(p["rows"]), "d": int(d)}
+    combine_args = {"O_PART": o_part, "LSE_PART": lse_part, "O": o, "LSE": lse, **_combine_scalars(p, d)}
 
     if not on_gpu:  # numba's launches, on its (simulated) arrays; some arrays as uint32 words, as the kernel reads them
         for name in split_kernel.word_args:
@@ -135,7 +179,7 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     on_device = is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
-    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    prob = checked_problem(q, k, v, causal=causal, scale=scale)
     if on_device != is_device_array(k) or on_device != is_device_array(v):
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
     batch, h_kv = _lead(prob)
@@ -146,15 +190,82 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     return run, o, lse, prob
 
 
+@dataclass(frozen=True)
+class SizedDecode:
+    """A contiguous-cache decode call sized once for PyTorch or CuPy inputs of one shape on a GPU: the split and
+    combine kernels' launches (grids, threads, shared memory and scalars fixed), the sizes of the outputs and the
+    partials, and the block table and lengths the split kernel reads (device arrays, made once). A call allocates
+    o, lse and the partials in the inputs' library and launches the two kernels on its current stream."""
+
+    prob: object
+    split: GridLaunch
+    combine: GridLaunch
+    sizes: tuple  # elements of o, lse, the splits' O partials, their lse partials
+    table: object
+    lens: object
+
+    def __call__(self, q, k, v):
+        n_o, n_lse, n_o_part, n_lse_part = self.sizes
+        o, lse = empty(q, n_o, out_dtype(self.prob)), empty(q, n_lse, np.float32)
+        o_part, lse_part = empty(q, n_o_part, np.float32), empty(q, n_lse_part, np.float32)
+        stream = current_stream(q)
+        self.split(dense(q), dense(k), dense(v), self.table, self.lens, o_part, lse_part, stream=stream)
+        self.combine(o_part, lse_part, o, lse, stream=stream)
+        return o.reshape(self.prob.out_shape), lse.reshape(self.prob.lse_shape)
+
+
+_SIZED: dict = {}  # key -> SizedDecode
+MAX_SIZED = 1024  # then forgotten and made again: a program of ever new shapes holds no more
+
+
+def sized_decode(q, k, v, num_splits, causal, scale) -> SizedDecode | None:
+    """The :class:`SizedDecode` of these inputs, made on first use and kept; None where the whole-call path does
+    not apply (NumPy or numba arrays, the simulator, an empty problem), and the general path runs."""
+    key = call_key(q, k, v, causal, scale)
+    if key is None or simulator_enabled() or (num_splits is not None and type(num_splits) is not int):
+        return None
+    key += (num_splits,)
+    sized = _SIZED.get(key)
+    if sized is None:
+        prob = checked_problem(q, k, v, causal=causal, scale=scale)
+        batch, h_kv = _lead(prob)
+        if batch * h_kv * prob.n_q * prob.d == 0:
+            return None
+        split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, page_size=0, num_splits=num_splits)
+        split, smem = split_kernel.build(p["rb"])
+        scalars = _split_scalars(prob, prob.n_k, h_kv, 1)
+        split_launch = GridLaunch.sized(driver_kernel(split, split_kernel.signature, smem), p["grid"],
+                                        split_kernel.threads, smem,
+                                        **{n: scalars[n] for n in parameters(split) if n in scalars})
+        combine = combine_kernel.make_combine_kernel(str(prob.dtype))
+        combine_launch = GridLaunch.sized(driver_kernel(combine, combine_kernel.combine_signature(prob.dtype)),
+                                          (-(-p["rows"] * prob.d // combine_kernel.THREADS), batch * h_kv),
+                                          combine_kernel.THREADS, 0, **_combine_scalars(p, prob.d))
+        rows = batch * h_kv * p["rows"]
+        sizes = (rows * prob.d, rows, rows * p["num_splits"] * prob.d, rows * p["num_splits"])
+        table, lens = to_device(np.zeros(1, np.int32), q), to_device(np.full(batch, prob.n_k, np.int32), q)
+        sized = SizedDecode(prob, split_launch, combine_launch, sizes, table, lens)
+        if len(_SIZED) >= MAX_SIZED:
+            _SIZED.clear()
+        _SIZED[key] = sized
+    return sized
+
+
 def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: bool = False,
                             scale: float | None = None):
     """Split-KV (Flash-Decoding) attention on the GPU. Returns ``(o, lse)``.
 
     The contract of :func:`tinyflash.split_kv_attention`: q (..., H, Nq, d), k and v
-    (..., H_kv, Nk, d), H a multiple of H_kv; here float16 or float32, dv == d, d up to 256
+    (..., H_kv, Nk, d), H a multiple of H_kv; here float16, bfloat16 or float32, dv == d, d up to 256
     (float16) or 128 (float32). NumPy in, NumPy out; device arrays in, device arrays out.
-    ``num_splits=None``: :func:`tinyflash.decode.split_kv.choose_num_splits` for this GPU.
+    ``num_splits=None``: :func:`tinyflash.decode.split_kv.choose_num_splits` for this GPU. bfloat16 (PyTorch
+    tensors) at the tensor-core kernel's head dims. PyTorch and CuPy inputs on a GPU take the whole-call path
+    (:class:`SizedDecode`: checked and sized once per shape, launched on the library's current stream).
     """
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
+    sized = sized_decode(q, k, v, num_splits, causal, scale)
+    if sized is not None:
+        return sized(q, k, v)
     run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, scale=scale)
     run()
     to_host = not is_device_array(q)
@@ -180,7 +291,7 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
     batch, (_, h_kv, page_size, d) = q.shape[0], k_pages.shape
     like_k = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
     like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
-    prob = check_attention_inputs(q, like_k, like_v, causal=causal, scale=scale, allowed=SUPPORTED)
+    prob = checked_problem(q, like_k, like_v, causal=causal, scale=scale, who="cuda_paged_attention")
     run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
                            max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device,
                            **tuning)

@@ -11,9 +11,10 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types, uint64
+from numba import cuda, float32, types, uint16, uint32, uint64
 
 from ...core.online_softmax import LN2, LOG2E, merge_weights
+from ...gpu import ptx
 from ...gpu.driver_launch import flat_type
 from ...gpu.runtime import device_function, u
 
@@ -24,8 +25,19 @@ merge_weights = device_function(merge_weights)  # the online softmax's merge, fr
 
 
 @lru_cache(maxsize=None)
-def make_combine_kernel():
-    """The combine kernel: O and lse from the splits' partials, one thread per (packed row, column)."""
+def make_combine_kernel(element: str = ""):
+    """The combine kernel: O and lse from the splits' partials, one thread per (packed row, column). O is written
+    in its array's type (float16, float32); for ``element`` 'bfloat16' O is a uint16 array of bfloat16 bits, each
+    rounded to nearest even (``gpu.ptx.pack``, the high half unused)."""
+    BF16 = element == "bfloat16"
+    pack = ptx.pack("bfloat16")
+
+    @cuda.jit(device=True, inline="always")
+    def store(O, at, value):
+        if BF16:
+            O[at] = uint16(pack(value, float32(0.0)) & uint32(0xFFFF))
+        else:
+            O[at] = value
 
     @cuda.jit
     def combine_splits(O_PART, LSE_PART, O, LSE, n_splits, rows, d):
@@ -40,7 +52,7 @@ def make_combine_kernel():
                 m, w_run, w_split = merge_weights(m, LSE_PART[part] * float32(LOG2E))  # lse_s in base 2
                 l_sum = float32(l_sum * w_run + w_split)
                 o = float32(o * w_run + O_PART[part * d + c] * w_split)
-            O[(bkv * rows + r) * d + c] = o / l_sum if l_sum != 0 else float32(0.0)
+            store(O, (bkv * rows + r) * d + c, o / l_sum if l_sum != 0 else float32(0.0))
             if c == ZERO:
                 LSE[bkv * rows + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
 
@@ -49,5 +61,7 @@ def make_combine_kernel():
 
 @lru_cache(maxsize=None)
 def combine_signature(dtype) -> tuple:
-    """combine_splits' argument types: O_PART, LSE_PART, O (``dtype``), LSE, then n_splits, rows, d."""
-    return (flat_type(np.float32), flat_type(np.float32), flat_type(dtype), flat_type(np.float32)) + (types.int64,) * 3
+    """combine_splits' argument types: O_PART, LSE_PART, O (``dtype``; uint16 for 'bfloat16'), LSE, then n_splits,
+    rows, d."""
+    out = flat_type(np.uint16) if str(dtype) == "bfloat16" else flat_type(dtype)
+    return (flat_type(np.float32), flat_type(np.float32), out, flat_type(np.float32)) + (types.int64,) * 3
