@@ -157,17 +157,18 @@ def backward_stage2(config=None, label: str | None = None) -> Peer:
     return Peer("tinyflash", label or LATEST, make, ("float16", "float32"))
 
 
-def backward_stage3() -> Peer:
-    """tinyflash.tensor_core_attention_backward (backward kernel v2), given the tensor-core forward's o and lse."""
+def backward_stage3(deterministic: bool = False) -> Peer:
+    """tinyflash.tensor_core_attention_backward (backward kernel v2), given the tensor-core forward's o and lse;
+    ``deterministic``: dQ added in key-tile order (variant 'v2 deterministic')."""
     def make(x):
         from ..backward.tensor_cores import tensor_core_attention_backward
         from ..forward.tensor_cores import tensor_core_attention
 
         q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]
         o, lse = tensor_core_attention(q, k, v, causal=causal)
-        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal)
+        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic)
 
-    return Peer("tinyflash", "v2", make, ("float16", "bfloat16"))
+    return Peer("tinyflash", "v2 deterministic" if deterministic else "v2", make, ("float16", "bfloat16"))
 
 
 def backward_sdpa(backend: str, dtypes=ALL_DTYPES) -> Peer:
@@ -191,6 +192,45 @@ def backward_naive() -> Peer:
         return lambda: checking.naive_attention_backward(x["q"], x["k"], x["v"], x["do"], causal=x["causal"])
 
     return Peer("naive", "", make)
+
+
+# --- a training step: forward and backward through autograd -------------------------------------------
+
+
+def training_sdpa(backend: str) -> Peer:
+    """PyTorch SDPA with one ``backend``, forward and backward: the gradients of a fresh forward each call."""
+    def make(x):
+        import torch
+        import torch.nn.functional as F
+
+        q, k, v = (torch_view(x[name]).detach().requires_grad_() for name in ("q", "k", "v"))
+        do, causal = torch_view(x["do"]), x["causal"]
+
+        def step():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return torch.autograd.grad(o, (q, k, v), do)
+
+        return step
+
+    return Peer(f"torch_{backend}", "", make, ("float16", "bfloat16"), sdpa_backend(backend))
+
+
+def training_tinyflash() -> Peer:
+    """tinyflash.torch.attention forward and backward: the gradients of a fresh forward each call."""
+    def make(x):
+        import torch
+
+        from ..torch import attention
+
+        q, k, v = (torch_view(x[name]).detach().requires_grad_() for name in ("q", "k", "v"))
+        do, causal = torch_view(x["do"]), x["causal"]
+
+        def step():
+            return torch.autograd.grad(attention(q, k, v, causal=causal), (q, k, v), do)
+
+        return step
+
+    return Peer("tinyflash", "torch", make, ("float16", "bfloat16", "float32"))
 
 
 # --- decoding -----------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ def backward_flops(batch, heads, n_q, n_k, d, causal) -> float:
     return 2.5 * attention_flops(batch, heads, n_q, n_k, d, causal)
 
 
+def training_flops(batch, heads, n_q, n_k, d, causal) -> float:
+    """A training step's attention: the forward's products and the backward's, 3.5 × the forward's."""
+    return 3.5 * attention_flops(batch, heads, n_q, n_k, d, causal)
+
+
 def points(bench: Benchmark, overrides: dict | None = None) -> list[dict]:
     """Every combination of the axes' values (``overrides``: axis -> values replacing the defaults), each
     with the fixed sizes; the axis ``n`` sets Nq = Nk."""
@@ -51,7 +56,7 @@ def make_inputs(bench: Benchmark, point: dict, seed: int) -> dict:
     benchmark's library and the point's dtype (float16 and bfloat16 rounded from float32 draws)."""
     b, n_q, n_k, d = point["batch"], point["n_q"], point["n_k"], point["d"]
     shapes = {"q": (b, point["heads"], n_q, d), "k": (b, point["kv_heads"], n_k, d), "v": (b, point["kv_heads"], n_k, d)}
-    if bench.kind == "backward":
+    if bench.kind in ("backward", "training"):
         shapes["do"] = shapes["q"]
     if bench.library == "torch":
         import torch
@@ -109,7 +114,7 @@ def _torch():
 
 def check(bench: Benchmark, out, x: dict, rng):
     """The check of one peer's result (``checking``): an output, or the gradients."""
-    if bench.kind == "backward":
+    if bench.kind in ("backward", "training"):
         key = "reference"
         if key not in x:  # the float64 gradients, once per input
             x[key] = checking.reference_backward(*(t[(0,) * (t.ndim - 2)] for t in (x["q"], x["k"], x["v"], x["do"])),
@@ -148,7 +153,8 @@ def rate(bench: Benchmark, point: dict, impl: str, ms: float) -> dict:
     if bench.kind == "decode":
         kv_bytes = 2 * b * point["kv_heads"] * n_k * d * np.dtype(point["dtype"]).itemsize
         return {"tb_per_s": (2 if impl == "copy" else 1) * kv_bytes / (ms * 1e-3) / 1e12}
-    flops = (backward_flops if bench.kind == "backward" else attention_flops)(b, h, n_q, n_k, d, point["causal"])
+    flops = {"backward": backward_flops, "training": training_flops}.get(bench.kind, attention_flops)(
+        b, h, n_q, n_k, d, point["causal"])
     return {"tflops": flops / (ms * 1e9)}
 
 

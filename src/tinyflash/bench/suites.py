@@ -22,7 +22,7 @@ class Benchmark:
 
     name: str
     doc: str  # one line: what it measures
-    kind: str  # 'forward', 'backward' or 'decode': which check, which rate (TFLOP/s or TB/s of K and V)
+    kind: str  # 'forward', 'backward', 'training' or 'decode': which check, which rate (TFLOP/s or TB/s of K and V)
     axes: dict  # dtype, d, causal, n (Nq = Nk) or n_k, batch: the values measured unless told otherwise
     peers: Callable  # peers(point) -> [Peer, ...], the baseline first
     fixed: dict = field(default_factory=lambda: {"batch": 1, "heads": 32})
@@ -108,8 +108,14 @@ def backward_peers(point) -> list:
 
 
 def backward_tensor_core_peers(point) -> list:
-    """SDPA's flash backward (the baseline) and the tensor-core backward."""
-    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3()]
+    """SDPA's flash backward (the baseline) and the tensor-core backward, atomic and deterministic."""
+    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3(), p.backward_stage3(deterministic=True)]
+
+
+def training_step_peers(point) -> list:
+    """A training step's attention, forward and backward through autograd: SDPA's flash (the baseline) and
+    tinyflash.torch.attention."""
+    return [p.training_sdpa("flash"), p.training_tinyflash()]
 
 
 BACKWARD_TILINGS = {  # (BR, BC, NT, TM, TK) of the backward kernel tried per head dim; the first is the default
@@ -178,6 +184,9 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("backward-tensor-cores", "the tensor-core backward beside SDPA's flash backward", "backward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_peers, library="torch", by_n={4096: {"batch": 4}}),
+    Benchmark("training-step", "forward and backward through autograd: tinyflash.torch against SDPA flash",
+              "training", {"dtype": ("float16", "bfloat16"), "d": (128,), "causal": (True,), "n": (4096, 16384)},
+              training_step_peers, library="torch", by_n={4096: {"batch": 4}}),
     Benchmark("backward-tiles", "tilings of the backward kernel", "backward",
               {"dtype": ("float32",), "d": (64, 128), "causal": (False, True), "n": (16384,)}, backward_tile_peers,
               rounds=5, baseline=None),

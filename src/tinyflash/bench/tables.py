@@ -158,6 +158,22 @@ def backward_tensor_core_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def training_step_table(rows: list[dict]) -> str:
+    """A training step through tinyflash.torch against SDPA flash's (``training-step``), per configuration: its
+    TFLOP/s, speed over flash's, and the memory each holds beyond the inputs at its peak."""
+    lines = ["| dtype | d | causal | B × N | tinyflash TFLOP/s | tinyflash / flash | its rounds' middle half | one call "
+             "alone: tinyflash / flash | SDPA flash | peak MiB: tinyflash | flash |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
+
+        ours, flash = get("tinyflash", "torch"), get("torch_flash")
+        mib = [f"{number(r, 'peak_bytes', float('nan')) / 2**20:,.0f}" if r else "–" for r in (ours, flash)]
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(ours)} | {against_baseline(ours)} | "
+                     f"{cell(flash)} | {mib[0]} | {mib[1]} |")
+    return "\n".join(lines)
+
+
 def tiling_of(variant: str) -> dict:
     """'v6 warps=8 row_tiles=2 ... group=4 kernel=grouped' -> {'warps': '8', ...}."""
     return dict(part.split("=", 1) for part in variant.split() if "=" in part)
@@ -297,7 +313,8 @@ def decode_bar_sentence(rows: list[dict]) -> str:
 
 TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
-          "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table}
+          "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table,
+          "training-step": training_step_table}
 
 
 def summary(rows: list[dict]) -> str:

@@ -1,0 +1,58 @@
+"""Two training runs of one model compared: tinyflash's attention against SDPA's (``examples/train_gpt.py``).
+
+The example writes one row per (implementation, step) to ``figures/data/gpt_training_<device>.csv``;
+:func:`compare` reads the two curves back and says how far apart they are and how fast each trained.
+The example, the figure (``python -m tinyflash.plots --only gpt_training``), the docs' numbers and the
+tests use this one reading.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SMOOTH = 20  # steps in the moving average of the training loss
+TOLERANCE = 0.05  # nats: the largest allowed gap between the two smoothed curves, and between held-out losses
+IMPLS = ("tinyflash", "sdpa_flash")
+WARMUP = 10  # first steps of each run left out of its speed (compilation, allocator growth)
+
+
+def smoothed(losses, window: int = SMOOTH) -> np.ndarray:
+    """The moving average over the last ``window`` steps (fewer at the start)."""
+    losses = np.asarray(losses, dtype=float)
+    sums = np.concatenate([[0.0], np.cumsum(losses)])
+    idx = np.arange(1, len(losses) + 1)
+    first = np.maximum(idx - window, 0)
+    return (sums[idx] - sums[first]) / (idx - first)
+
+
+def curves(rows: list[dict]) -> dict:
+    """impl -> (steps, training losses, steps of held-out losses, held-out losses, step times in ms), from rows
+    as the example writes them (numbers or the strings of a CSV read back)."""
+    out = {}
+    for impl in IMPLS:
+        mine = sorted((r for r in rows if r["impl"] == impl), key=lambda r: int(r["step"]))
+        held = [r for r in mine if r.get("eval_loss") not in (None, "")]
+        out[impl] = (np.array([int(r["step"]) for r in mine]), np.array([float(r["loss"]) for r in mine]),
+                     np.array([int(r["step"]) for r in held]), np.array([float(r["eval_loss"]) for r in held]),
+                     np.array([float(r["step_ms"]) for r in mine]))
+    return out
+
+
+def compare(rows: list[dict], tokens_per_step: int | None = None) -> dict:
+    """The largest gaps between the two runs (smoothed training loss, held-out loss), each run's final smoothed
+    loss, and, with ``tokens_per_step``, each run's tokens per second after WARMUP steps. Raises if the runs'
+    steps differ."""
+    c = curves(rows)
+    (steps_a, loss_a, held_a, eval_a, _), (steps_b, loss_b, held_b, eval_b, _) = (c[i] for i in IMPLS)
+    if len(steps_a) == 0 or not (np.array_equal(steps_a, steps_b) and np.array_equal(held_a, held_b)):
+        raise ValueError(f"the two runs must have the same steps; got {len(steps_a)} and {len(steps_b)}")
+    result = {"steps": len(steps_a),
+              "max_train_gap": float(np.abs(smoothed(loss_a) - smoothed(loss_b)).max()),
+              "max_eval_gap": float(np.abs(eval_a - eval_b).max()) if len(eval_a) else float("nan"),
+              "final_loss": {i: float(smoothed(c[i][1])[-1]) for i in IMPLS},
+              "final_eval": {i: float(c[i][3][-1]) if len(c[i][3]) else float("nan") for i in IMPLS}}
+    result["within"] = result["max_train_gap"] <= TOLERANCE and result["max_eval_gap"] <= TOLERANCE
+    if tokens_per_step:
+        result["tokens_per_s"] = {i: tokens_per_step * len(c[i][4][WARMUP:]) / (c[i][4][WARMUP:].sum() / 1e3)
+                                  for i in IMPLS}
+    return result
