@@ -63,7 +63,8 @@ FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "commit", "e
 
 def child(entry: str, cache: str) -> dict:
     dtype, call = ENTRIES[entry]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TINYFLASH_KERNEL_CACHE": cache}
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "TINYFLASH_KERNEL_CACHE": cache}
     done = subprocess.run([sys.executable, "-c", CHILD.format(dtype=dtype, call=call)], capture_output=True,
                           text=True, env=env, timeout=600)
     if done.returncode:

@@ -31,7 +31,8 @@ FINGERPRINT = """
 
 
 def run_python(code: str, env: dict | None = None, pythonpath: Path = ROOT / "src") -> str:
-    env = {**os.environ, "PYTHONPATH": str(pythonpath), **(env or {})}
+    path = os.pathsep.join(p for p in (str(pythonpath), os.environ.get("PYTHONPATH", "")) if p)  # keep the rest
+    env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, done.stderr
@@ -122,3 +123,12 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     (copy / "gpu" / "ptx.py").write_text((copy / "gpu" / "ptx.py").read_text() + "\n# edited\n")
     hits3, misses3, total3 = run_python(FIRST_CALL, env, pythonpath=tmp_path / "src").split()
     assert int(hits3) == 0 and int(misses3) == int(misses) and total3 == total
+
+
+def test_cubin_bytes_from_what_numba_returns(tmp_path):
+    """numba's get_cubin gives bytes, or an object whose ``code`` is the bytes or a file's path."""
+    data = b"\x7fELF cubin"
+    (tmp_path / "k.cubin").write_bytes(data)
+    assert kernel_cache.cubin_bytes(data) == data
+    assert kernel_cache.cubin_bytes(type("ObjectCode", (), {"code": data})()) == data
+    assert kernel_cache.cubin_bytes(type("ObjectCode", (), {"code": str(tmp_path / "k.cubin")})()) == data

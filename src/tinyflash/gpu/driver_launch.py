@@ -190,8 +190,9 @@ class DriverKernel:
         kernel_cache.stats["misses"] += 1
         compiled = self.dispatcher.compile(self.argument_types)  # numba's compiled kernel
         library = compiled.library
-        kernel_cache.store(key, library.get_cubin(), library._entry_name, parts)
-        err, module = driver.cuModuleLoadData(library.get_cubin())  # one module per DriverKernel, as on a hit
+        cubin = kernel_cache.cubin_bytes(library.get_cubin())
+        kernel_cache.store(key, cubin, library._entry_name, parts)
+        err, module = driver.cuModuleLoadData(cubin)  # one module per DriverKernel, as on a hit
         self._check(err, "cuModuleLoadData")
         err, function = driver.cuModuleGetFunction(module, library._entry_name.encode())
         self._check(err, "cuModuleGetFunction")

@@ -111,6 +111,15 @@ def kernel_key(dispatcher, signature, cc) -> tuple[str, dict]:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32], parts
 
 
+def cubin_bytes(cubin) -> bytes:
+    """The bytes of what numba's ``get_cubin`` returns: bytes, or (numba-cuda 0.30 with cuda.core) an ``ObjectCode``
+    whose ``code`` is the bytes or a file's path."""
+    code = getattr(cubin, "code", cubin)
+    if isinstance(code, (bytes, bytearray, memoryview)):
+        return bytes(code)
+    return Path(code).read_bytes()
+
+
 def load(key: str):
     """(cubin bytes, entry name) of a kept kernel, or None."""
     folder = cache_dir()
