@@ -249,7 +249,7 @@ def split_kv(label: str = "", kernel_args: dict | None = None, impl: str = "spli
         fn.run = run
         return fn
 
-    return Peer(impl, label, make, ("float16", "float32"))
+    return Peer(impl, label, make, ALL_DTYPES)
 
 
 def split_kv_graph() -> Peer:
@@ -282,7 +282,29 @@ def split_kv_whole_call() -> Peer:
 
         return lambda: cuda_split_kv_attention(x["q"], x["k"], x["v"])[0]
 
-    return Peer("split_kv", "whole call", make, ("float16", "float32"))
+    return Peer("split_kv", "whole call", make, ALL_DTYPES)
+
+
+def split_kv_whole_call_graph() -> Peer:
+    """tinyflash.cuda_split_kv_attention called whole inside a PyTorch CUDA graph, replayed: a decode step as
+    a server captures it (PyTorch inputs)."""
+    def make(x):
+        import torch
+
+        from ..decode.cuda import cuda_split_kv_attention
+
+        q, k, v = (torch_view(x[name]) for name in ("q", "k", "v"))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            cuda_split_kv_attention(q, k, v)  # compile and size outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = cuda_split_kv_attention(q, k, v)[0]
+        return lambda: (graph.replay(), out)[1]
+
+    return Peer("split_kv", "whole call, CUDA graph", make, ("float16", "bfloat16"))
 
 
 def paged(page_size: int = 16) -> Peer:

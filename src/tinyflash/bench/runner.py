@@ -151,7 +151,8 @@ def rate(bench: Benchmark, point: dict, impl: str, ms: float) -> dict:
     """TFLOP/s of an attention peer, TB/s of K and V read (a copy: read and written) when decoding."""
     b, h, n_q, n_k, d = point["batch"], point["heads"], point["n_q"], point["n_k"], point["d"]
     if bench.kind == "decode":
-        kv_bytes = 2 * b * point["kv_heads"] * n_k * d * np.dtype(point["dtype"]).itemsize
+        itemsize = 2 if point["dtype"] == "bfloat16" else np.dtype(point["dtype"]).itemsize  # NumPy has no bfloat16
+        kv_bytes = 2 * b * point["kv_heads"] * n_k * d * itemsize
         return {"tb_per_s": (2 if impl == "copy" else 1) * kv_bytes / (ms * 1e-3) / 1e12}
     flops = {"backward": backward_flops, "training": training_flops}.get(bench.kind, attention_flops)(
         b, h, n_q, n_k, d, point["causal"])

@@ -156,6 +156,18 @@ DECODE = Benchmark("decode", "split-KV decoding (GQA, paged cache) beside SDPA a
                    {"batch": (1, 8), "n_k": (4096, 32768, 131072), "dtype": ("float16",)}, decode_peers,
                    fixed={"heads": 32, "kv_heads": 8, "d": 128, "n_q": 1, "causal": False}, rounds=7)
 
+def decode_call_peers(point) -> list:
+    """Decode as a PyTorch program calls it: SDPA flash with grouped-query heads called whole (the baseline) and
+    from a CUDA graph; tinyflash called whole, prepared once (a decode loop's run()), and called whole inside a
+    CUDA graph."""
+    return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa_graph("flash"), p.split_kv_whole_call(), p.split_kv(),
+            p.split_kv_whole_call_graph()]
+
+
+DECODE_CALL = Benchmark("decode-whole-call", "decoding called as a PyTorch program calls it, float16 and bfloat16",
+                        "decode", {"batch": (1, 8), "n_k": (4096, 32768, 131072), "dtype": ("float16", "bfloat16")},
+                        decode_call_peers, fixed=DECODE.fixed, library="torch", rounds=7)
+
 BENCHMARKS = {b.name: b for b in (
     Benchmark("sweep", "stages 2 and 3 beside naive attention and PyTorch SDPA, against N", "forward",
               {"dtype": ("float16", "float32"), "d": (64, 128), "causal": (False, True), "n": NS}, sweep_peers,
@@ -191,4 +203,5 @@ BENCHMARKS = {b.name: b for b in (
               {"dtype": ("float32",), "d": (64, 128), "causal": (False, True), "n": (16384,)}, backward_tile_peers,
               rounds=5, baseline=None),
     DECODE,
+    DECODE_CALL,
 )}

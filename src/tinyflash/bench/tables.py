@@ -174,6 +174,31 @@ def training_step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def decode_call_table(rows: list[dict]) -> str:
+    """Decoding as a PyTorch program calls it (``decode-whole-call``): per dtype, batch and cache length, µs per
+    call (queued) of SDPA flash and tinyflash called whole, tinyflash's speed over flash's, its prepared run() over
+    flash called whole, and the two captured in CUDA graphs."""
+    lines = ["| dtype | B | Nk | SDPA flash µs | tinyflash whole call µs | whole / flash | its rounds' middle half | "
+             "one call alone | prepared run() / flash | graph: tinyflash / SDPA's graph |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def us(row) -> str:
+        return cell(row, "time_ms", "{:.4f}") if row is None or row["status"] != "ok" else \
+            f"{number(row, 'time_ms') * 1e3:,.0f}"
+
+    for dtype, b, n_k in configs(rows, "dtype", "batch", "n_k"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, batch=b, n_k=n_k)
+
+        whole = get("split_kv", "whole call")
+        graphs = [get("torch_flash", "CUDA graph"), get("split_kv", "whole call, CUDA graph")]
+        ratio = (f"{number(graphs[0], 'time_ms') / number(graphs[1], 'time_ms'):.2f}×"
+                 if all(r and r["status"] == "ok" for r in graphs) else DASH)
+        lines.append(f"| {dtype} | {b} | {int(n_k):,} | {us(get('torch_flash'))} | {us(whole)} | "
+                     f"{against_baseline(whole)} | {cell(get('split_kv'), 'vs_baseline', '{:.2f}×')} | {ratio} |")
+    return "\n".join(lines)
+
+
 def tiling_of(variant: str) -> dict:
     """'v6 warps=8 row_tiles=2 ... group=4 kernel=grouped' -> {'warps': '8', ...}."""
     return dict(part.split("=", 1) for part in variant.split() if "=" in part)
@@ -314,7 +339,7 @@ def decode_bar_sentence(rows: list[dict]) -> str:
 TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
           "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table,
-          "training-step": training_step_table}
+          "training-step": training_step_table, "decode-whole-call": decode_call_table}
 
 
 def summary(rows: list[dict]) -> str:

@@ -17,9 +17,10 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | time_gpu.png                | time and TFLOP/s per implementation    | bench_h200.csv (benchmark)         |
 | training_memory.png         | what the backward keeps and takes      | tracemalloc (committed CSV)        |
 | kv_cache.png                | KV-cache bytes vs context, MHA/GQA/MQA | decode.cache_memory (formula)      |
+| gpt_training.png            | a GPT's loss with tinyflash and SDPA   | examples/train_gpt.py (GPU CSV)    |
 
-The figures themselves are drawn in memory.py, traffic.py, gpu.py, training_memory.py and
-kv_cache.py beside this file; common.py holds what they share. Tooling, not teaching code: nothing in
+The figures themselves are drawn in memory.py, traffic.py, gpu.py, training_memory.py,
+kv_cache.py and training_run.py beside this file; common.py holds what they share. Tooling, not teaching code: nothing in
 the teaching modules imports this package.
 """
 
@@ -38,10 +39,12 @@ from .kv_cache import plot_kv_cache
 from .memory import plot_memory_cpu_measured, plot_memory_model
 from .traffic import plot_hbm_traffic
 from .training_memory import plot_training_memory
+from .training_run import plot_gpt_training
 
 FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu",
-                "training_memory", "kv_cache")
+                "training_memory", "kv_cache", "gpt_training")
 GPU_CSV_NAME = "bench_h200.csv"
+GPT_CSV_NAME = "gpt_training_h200.csv"  # examples/train_gpt.py --csv, run on the H200
 
 
 def remeasure_gpu(csv_path: Path) -> None:
@@ -80,6 +83,7 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
             p, data / "training_memory.csv", progress=progress,
             remeasure=remeasure_cpu or not (data / "training_memory.csv").exists()),
         "kv_cache": lambda p: plot_kv_cache(p, data / "kv_cache.csv"),
+        "gpt_training": lambda p: plot_gpt_training(p, data / GPT_CSV_NAME),
     }
     written = []
     for name in names:
