@@ -178,8 +178,8 @@ def test_the_process_keeps_working_after_a_refused_cache(rng):
     from tinyflash.decode.paged import PagedKVCache
 
     q, good, bad = bad_caches(rng)
-    on_gpu = [PagedKVCache(*(cupy.asarray(x) for x in (c.k_pages, c.v_pages, c.block_table, c.seq_lens)))
-              for c in (good, bad[0][1], bad[3][1])]
+    on_gpu = [PagedKVCache(cupy.asarray(c.k_pages, dtype=np.float32), cupy.asarray(c.v_pages, dtype=np.float32),
+                           cupy.asarray(c.block_table), cupy.asarray(c.seq_lens)) for c in (good, bad[0][1], bad[3][1])]
     qg = cupy.asarray(q.astype(np.float32))
     for cache, (_, _, words) in zip(on_gpu[1:], (bad[0], bad[3])):
         with pytest.raises(ValueError, match=words):

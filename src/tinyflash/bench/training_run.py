@@ -1,7 +1,9 @@
 """Two training runs of one model compared: tinyflash's attention against SDPA's (``examples/train_gpt.py``).
 
 The example writes one row per (implementation, step) to ``figures/data/gpt_training_<device>.csv``;
-:func:`compare` reads the two curves back and says how far apart they are and how fast each trained.
+:func:`compare` reads the two curves back and says how far apart they are and how fast each trained. A
+third run, SDPA again from the same seed (:data:`REPEAT`), says how far SDPA's curve is from itself: its
+backward adds dQ with atomics, so two runs round differently, and training carries the difference on.
 The example, the figure (``python -m tinyflash.plots --only gpt_training``), the docs' numbers and the
 tests use this one reading.
 """
@@ -13,6 +15,7 @@ import numpy as np
 SMOOTH = 20  # steps in the moving average of the training loss
 TOLERANCE = 0.05  # nats: the largest allowed gap between the two smoothed curves, and between held-out losses
 IMPLS = ("tinyflash", "sdpa_flash")
+REPEAT = "sdpa_flash_repeat"  # SDPA trained a second time from the same seed: how far SDPA is from itself
 WARMUP = 10  # first steps of each run left out of its speed (compilation, allocator growth)
 
 
@@ -29,7 +32,7 @@ def curves(rows: list[dict]) -> dict:
     """impl -> (steps, training losses, steps of held-out losses, held-out losses, step times in ms), from rows
     as the example writes them (numbers or the strings of a CSV read back)."""
     out = {}
-    for impl in IMPLS:
+    for impl in IMPLS + ((REPEAT,) if any(r["impl"] == REPEAT for r in rows) else ()):
         mine = sorted((r for r in rows if r["impl"] == impl), key=lambda r: int(r["step"]))
         held = [r for r in mine if r.get("eval_loss") not in (None, "")]
         out[impl] = (np.array([int(r["step"]) for r in mine]), np.array([float(r["loss"]) for r in mine]),
@@ -49,10 +52,14 @@ def compare(rows: list[dict], tokens_per_step: int | None = None) -> dict:
     result = {"steps": len(steps_a),
               "max_train_gap": float(np.abs(smoothed(loss_a) - smoothed(loss_b)).max()),
               "max_eval_gap": float(np.abs(eval_a - eval_b).max()) if len(eval_a) else float("nan"),
-              "final_loss": {i: float(smoothed(c[i][1])[-1]) for i in IMPLS},
+              "final_loss": {i: float(smoothed(c[i][1])[-1]) for i in c},
               "final_eval": {i: float(c[i][3][-1]) if len(c[i][3]) else float("nan") for i in IMPLS}}
     result["within"] = result["max_train_gap"] <= TOLERANCE and result["max_eval_gap"] <= TOLERANCE
+    result["worst_step"] = int(steps_a[np.abs(smoothed(loss_a) - smoothed(loss_b)).argmax()])
+    if REPEAT in c:  # SDPA against itself: the spread that rounding alone (its atomics) leaves between two runs
+        result["sdpa_self_train_gap"] = float(np.abs(smoothed(c[REPEAT][1]) - smoothed(loss_b)).max())
+        result["sdpa_self_eval_gap"] = float(np.abs(c[REPEAT][3] - eval_b).max())
     if tokens_per_step:
         result["tokens_per_s"] = {i: tokens_per_step * len(c[i][4][WARMUP:]) / (c[i][4][WARMUP:].sum() / 1e3)
-                                  for i in IMPLS}
+                                  for i in c}
     return result
