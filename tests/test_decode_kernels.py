@@ -185,7 +185,9 @@ def test_the_process_keeps_working_after_a_refused_cache(rng):
         with pytest.raises(ValueError, match=words):
             tf.cuda_paged_attention(qg, cache)
     o, _ = tf.cuda_paged_attention(qg, on_gpu[0])
-    ref, _ = tf.paged_attention(q.astype(np.float32), good)
+    good32 = PagedKVCache(good.k_pages.astype(np.float32), good.v_pages.astype(np.float32), good.block_table,
+                          good.seq_lens)
+    ref, _ = tf.paged_attention(q.astype(np.float32), good32)
     assert np.abs(cupy.asnumpy(o) - ref).max() < 1e-4 and float(cupy.arange(3).sum()) == 3.0
 
 
