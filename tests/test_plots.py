@@ -248,7 +248,7 @@ def test_main_writes_named_figures(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown"):
         plots.make_figures(tmp_path, ["memory_model", "nope"])
     assert plots.FIGURE_NAMES == ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic",
-                                  "time_gpu", "training_memory", "kv_cache")
+                                  "time_gpu", "training_memory", "kv_cache", "gpt_training")
 
 
 def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypatch):

@@ -62,7 +62,8 @@ def headlines() -> str:
     tc_bw = [float(r["vs_baseline"]) for r in ok(record("backward_tensor_cores_h200"), impl="tinyflash", variant="v2")]
     decode = record("decode_h200")
     per_call = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="")]
-    whole = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="whole call")]
+    whole = [float(r["vs_baseline"]) for r in ok(record("decode_whole_call_h200"), impl="split_kv", variant="whole call")]
+    step = [float(r["vs_baseline"]) for r in ok(record("training_step_h200"), impl="tinyflash", variant="torch")]
     return "\n".join([
         f"* **Stage 2** (CUDA cores, v5): {span([float(r['tflops']) for r in versions], '{:.1f}', ' TFLOP/s')} in "
         "float32 at N = 16,384 on an H200, each of its five versions faster than the one before.",
@@ -70,10 +71,11 @@ def headlines() -> str:
         f"backend) in all {len(tc)} configurations measured, calls queued back to back; one call alone, "
         f"{span(alone)}.",
         f"* **Training** (the backward pass): on the tensor cores {span(tc_bw)} the speed of FlashAttention-2's "
-        f"backward (SDPA flash) in float16 and bfloat16, calls queued; on the CUDA cores {span(bw_eff)} of SDPA's "
-        f"float32 efficient backward.",
+        f"backward (SDPA flash) in float16 and bfloat16, calls queued; a whole training step through "
+        f"`tinyflash.torch` (forward and backward) {span(step)}; on the CUDA cores {span(bw_eff)} of SDPA's "
+        f"float32 efficient backward. A small GPT trains with it as with SDPA (docs/results.md).",
         f"* **Decoding** (split-KV, grouped-query heads): {span(per_call)} SDPA flash's speed per prepared call; "
-        f"called whole, the Python around the kernels brings it to {span(whole)}.",
+        f"called whole from PyTorch, {span(whole)} SDPA flash called whole.",
     ])
 
 
@@ -241,6 +243,72 @@ def backward_tensor_cores_sentence() -> str:
             f"configuration, is {'met' if min(float(r['vs_baseline']) for r in v2) >= 1 else 'not met'}.")
 
 
+def deterministic_sentence() -> str:
+    """What deterministic mode costs: its time over the atomic kernel's, per configuration of the same run."""
+    rows = record("backward_tensor_cores_h200")
+    cost, causal_cost = [], []
+    for r in ok(rows, impl="tinyflash", variant="v2 deterministic"):
+        same = {k: r[k] for k in ("dtype", "d", "causal", "batch", "n_q")}
+        base = tables.find(rows, impl="tinyflash", variant="v2", **same)
+        (causal_cost if r["causal"] == "True" else cost).append(float(r["time_ms"]) / float(base["time_ms"]))
+    return (f"In deterministic mode (`deterministic=True`) the key tiles add to each query tile's dQ in turn, key "
+            f"tile 0 first, counted by one integer per query tile and head, so dq is the same, bit for bit, at every "
+            f"run. The waiting costs {span(cost)} the time of the atomic kernel without the causal mask and "
+            f"{span(causal_cost)} with it, where a key tile's first query tile is the one every key tile before it "
+            f"reaches last (same run as the table above).")
+
+
+def training_step_block() -> str:
+    return tables.training_step_table(record("training_step_h200"))
+
+
+def training_step_sentence() -> str:
+    rows = record("training_step_h200")
+    ours = ok(rows, impl="tinyflash", variant="torch")
+    mem = []
+    for r in ours:
+        same = {k: r[k] for k in ("dtype", "d", "causal", "batch", "n_q")}
+        mem.append(number(r, "peak_bytes") / number(tables.find(rows, impl="torch_flash", **same), "peak_bytes"))
+    met = min(float(r["vs_baseline"]) for r in ours) >= 1
+    return (f"A training step through `tinyflash.torch.attention` runs at {span([float(r['vs_baseline']) for r in ours])} "
+            f"the speed of SDPA flash's, calls queued, with {span(mem, '{:.2f}')} of its peak memory ({len(ours)} "
+            f"configurations, measured {ours[0]['date'][:10]}): the bar, at least 1.0× with no more memory, is "
+            f"{'met' if met else 'met for memory, not for speed'}.")
+
+
+def gpt_training() -> str:
+    from .training_run import sentence
+
+    return sentence(record("gpt_training_h200"))
+
+
+def decode_call_block() -> str:
+    return tables.decode_call_table(record("decode_whole_call_h200"))
+
+
+def decode_call_bar() -> str:
+    rows = record("decode_whole_call_h200")
+    whole = [float(r["vs_baseline"]) for r in ok(rows, impl="split_kv", variant="whole call")]
+    prepared = [float(r["vs_baseline"]) for r in ok(rows, impl="split_kv", variant="")]
+    graphs = []
+    for r in ok(rows, impl="split_kv", variant="whole call, CUDA graph"):
+        same = {k: r[k] for k in ("dtype", "batch", "n_k")}
+        graphs.append(float(tables.find(rows, impl="torch_flash", variant="CUDA graph", **same)["time_ms"])
+                      / float(r["time_ms"]))
+    short = [float(r["vs_baseline"]) for r in ok(rows, impl="split_kv", variant="whole call")
+             if r["batch"] == "1" or r["n_k"] == "4096"]
+    return (f"Called whole, tinyflash's decode runs at {span(whole)} SDPA flash called whole ({len(whole)} "
+            f"configurations, float16 and bfloat16, measured {rows[0]['date'][:10]}); where the kernels are short (one "
+            f"sequence, or 4,096 keys) at {span(short)}, the Python of a call (its lookups, four allocations, two "
+            f"launches: tens of µs) still showing. Prepared once (a decode loop's `run()`), {span(prepared)}; in CUDA "
+            f"graphs, {span(graphs)} SDPA's graph. The bar, 0.9× called whole and 1.0× prepared and in a graph at every "
+            f"shape, is {'met' if min(whole) >= 0.9 and min(prepared + graphs) >= 1 else 'not met'}.")
+
+
+def cold_start_block() -> str:
+    return tables.cold_start_table(record("cold_start_h200"))
+
+
 # --- the figures' captions: from the models ---------------------------------------------------------------
 
 
@@ -339,6 +407,9 @@ BLOCKS = {
     "tensor-core-tiles": tiles_block, "tensor-core-groups": groups_block, "backward": backward_block,
     "backward-longest": backward_longest,
     "backward-tensor-cores": backward_tensor_cores_block, "backward-tensor-cores-sentence": backward_tensor_cores_sentence, "decode": decode_block, "decode-bar": decode_bar, "ptxas": ptxas_block,
+    "deterministic": deterministic_sentence, "training-step": training_step_block,
+    "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": decode_call_block,
+    "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block,
     "gpu-tests": gpu_tests, "memory-fit": memory_fit, "traffic": traffic, "cpu-memory": cpu_memory, "training-memory": training_memory,
     "kv-cache": kv_cache, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
 }

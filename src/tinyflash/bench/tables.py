@@ -199,6 +199,24 @@ def decode_call_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cold_start_table(rows: list[dict]) -> str:
+    """A new process's first call, with the kernel cache empty, filled and off (``benchmarks/cold_start.py``)."""
+    def span(values, fmt):
+        lo, hi = fmt.format(min(values)), fmt.format(max(values))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    lines = ["| entry point | imports, s | first call, cache empty, s | first call, cache filled, s | first call, "
+             "cache off, s | second call, ms | kernels loaded from the cache |", "|---|---|---|---|---|---|---|"]
+    for entry in dict.fromkeys(r["entry"] for r in rows):
+        mine = [r for r in rows if r["entry"] == entry]
+        first = {state: [float(r["first_call_s"]) for r in mine if r["cache"] == state] for state in ("miss", "hit", "off")}
+        lines.append(f"| {entry} | {span([float(r['import_s']) for r in mine], '{:.1f}')} | {span(first['miss'], '{:.2f}')} "
+                     f"| {span(first['hit'], '{:.2f}')} | {span(first['off'], '{:.2f}')} | "
+                     f"{span([float(r['second_call_s']) * 1e3 for r in mine], '{:.2f}')} | "
+                     f"{max(int(r['hits']) for r in mine)} |")
+    return "\n".join(lines) + f"\n\n(measured {rows[0]['date'][:10]}, {rows[0]['device']}, torch {rows[0]['torch']})"
+
+
 def tiling_of(variant: str) -> dict:
     """'v6 warps=8 row_tiles=2 ... group=4 kernel=grouped' -> {'warps': '8', ...}."""
     return dict(part.split("=", 1) for part in variant.split() if "=" in part)

@@ -63,3 +63,22 @@ def compare(rows: list[dict], tokens_per_step: int | None = None) -> dict:
         result["tokens_per_s"] = {i: tokens_per_step * len(c[i][4][WARMUP:]) / (c[i][4][WARMUP:].sum() / 1e3)
                                   for i in c}
     return result
+
+
+def sentence(rows: list[dict]) -> str:
+    """What docs/results.md says of the example's run: the gaps, SDPA's own, the final losses, the speeds."""
+    r0 = rows[0]
+    c = compare(rows, int(r0["batch"]) * int(r0["context"]))
+    speed = c["tokens_per_s"]
+    again = (f" SDPA against its own second run from the same seed (its backward adds dQ with atomics too) parts by "
+             f"up to {c['sdpa_self_train_gap']:.3f}." if REPEAT in speed else "")
+    return (f"A character-level GPT ({r0['layers']} layers, width {r0['width']}, {r0['heads']} heads of "
+            f"{int(r0['width']) // int(r0['heads'])}, context {r0['context']}, {r0['dtype']}) trained for {c['steps']} "
+            f"steps from one seed with `tinyflash.torch.attention` and with SDPA's flash backend "
+            f"(`examples/train_gpt.py`): the two training-loss curves, each averaged over {SMOOTH} steps, part by at "
+            f"most {c['max_train_gap']:.3f} (at step {c['worst_step']}) and the held-out "
+            f"losses by at most {c['max_eval_gap']:.3f}; the tolerance stated before the run, {TOLERANCE}, is "
+            f"{'met' if c['within'] else 'not met'}.{again} Final losses: {c['final_loss']['tinyflash']:.4f} and "
+            f"{c['final_loss']['sdpa_flash']:.4f}. Tokens per second in the same interleaved run: "
+            f"{speed['tinyflash']:,.0f} and {speed['sdpa_flash']:,.0f} "
+            f"({speed['tinyflash'] / speed['sdpa_flash']:.2f}×; measured {r0['date'][:10]}).")
