@@ -9,6 +9,8 @@
 #   bash benchmarks/run_gpu.sh OUTDIR bench-backward
 #   bash benchmarks/run_gpu.sh OUTDIR bench-backward-tensor-cores
 #   bash benchmarks/run_gpu.sh OUTDIR bench-decode
+#   bash benchmarks/run_gpu.sh OUTDIR bench-training-step bench-decode-whole-call
+#   bash benchmarks/run_gpu.sh OUTDIR gpt cold-start accuracy   # the example and the scripts beside the benchmarks
 #
 # Run from the repository root; tinyflash is imported from this checkout's src/. The tests step runs
 # benchmarks/gpu_tests.py: test files as separate pytest processes in parallel (most of their time is
@@ -45,8 +47,14 @@ for what in "$@"; do
     bench-backward) bench backward || status=1 ;;
     bench-backward-tensor-cores) bench backward-tensor-cores || status=1 ;;
     bench-decode) bench decode || status=1 ;;
+    bench-training-step) bench training-step || status=1 ;;
+    bench-decode-whole-call) bench decode-whole-call || status=1 ;;
+    gpt) $py examples/train_gpt.py --csv "$out/gpt_training_$device.csv" 2>&1 | tee "$out/gpt_training_$device.log" || status=1 ;;
+    cold-start) $py benchmarks/cold_start.py "$out/cold_start_$device.csv" 2>&1 | tee "$out/cold_start_$device.log" || status=1 ;;
+    accuracy) $py benchmarks/accuracy.py "$out/accuracy_$device.csv" 2>&1 | tee "$out/accuracy_$device.log" || status=1 ;;
     *) echo "unknown step: $what (steps: tests lessons bench-tensor-cores bench-tensor-core-tiles" \
-            "bench-example-32k bench-backward bench-backward-tensor-cores bench-decode)" >&2; exit 2 ;;
+            "bench-example-32k bench-backward bench-backward-tensor-cores bench-decode bench-training-step" \
+            "bench-decode-whole-call gpt cold-start accuracy)" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -305,6 +305,15 @@ def decode_call_bar() -> str:
             f"shape, is {'met' if min(whole) >= 0.9 and min(prepared + graphs) >= 1 else 'not met'}.")
 
 
+def accuracy_block() -> str:
+    rows = record("accuracy_h200")
+    within = sum(r["within_rule"] == "True" for r in rows)
+    worst = max(float(r["err_tinyflash"]) / float(r["err_naive"]) for r in rows)
+    return (tables.accuracy_table(rows) + f"\n\n{within} of {len(rows)} inputs within the rule; the largest error "
+            f"{worst:.2f}× naive attention's (N = {int(rows[0]['n']):,}, B = 1, H = {rows[0]['heads']}; measured "
+            f"{rows[0]['date'][:10]}, {rows[0]['device']}, torch {rows[0]['torch']}).")
+
+
 def cold_start_block() -> str:
     return tables.cold_start_table(record("cold_start_h200"))
 
@@ -409,7 +418,7 @@ BLOCKS = {
     "backward-tensor-cores": backward_tensor_cores_block, "backward-tensor-cores-sentence": backward_tensor_cores_sentence, "decode": decode_block, "decode-bar": decode_bar, "ptxas": ptxas_block,
     "deterministic": deterministic_sentence, "training-step": training_step_block,
     "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": decode_call_block,
-    "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block,
+    "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,
     "gpu-tests": gpu_tests, "memory-fit": memory_fit, "traffic": traffic, "cpu-memory": cpu_memory, "training-memory": training_memory,
     "kv-cache": kv_cache, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
 }

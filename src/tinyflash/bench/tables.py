@@ -217,6 +217,19 @@ def cold_start_table(rows: list[dict]) -> str:
     return "\n".join(lines) + f"\n\n(measured {rows[0]['date'][:10]}, {rows[0]['device']}, torch {rows[0]['torch']})"
 
 
+def accuracy_table(rows: list[dict]) -> str:
+    """The tensor-core forward's error seed by seed (``benchmarks/accuracy.py``): per configuration, the largest
+    ratio of its error to naive attention's in the same type and to SDPA flash's, and the seeds outside the rule."""
+    lines = ["| dtype | d | causal | seeds | largest error / naive's | largest error / SDPA flash's | outside the rule |",
+             "|---|---|---|---|---|---|---|"]
+    for dtype, d, causal in configs(rows, "dtype", "d", "causal"):
+        mine = [r for r in rows if (r["dtype"], r["d"], r["causal"]) == (dtype, d, causal)]
+        ratio = lambda other: max(float(r["err_tinyflash"]) / float(r[other]) for r in mine)  # noqa: E731
+        lines.append(f"| {dtype} | {d} | {causal} | {len(mine)} | {ratio('err_naive'):.2f}× | "
+                     f"{ratio('err_sdpa_flash'):.2f}× | {sum(r['within_rule'] != 'True' for r in mine)} |")
+    return "\n".join(lines)
+
+
 def tiling_of(variant: str) -> dict:
     """'v6 warps=8 row_tiles=2 ... group=4 kernel=grouped' -> {'warps': '8', ...}."""
     return dict(part.split("=", 1) for part in variant.split() if "=" in part)
