@@ -254,8 +254,8 @@ def deterministic_sentence() -> str:
     return (f"In deterministic mode (`deterministic=True`) the key tiles add to each query tile's dQ in turn, key "
             f"tile 0 first, counted by one integer per query tile and head, so dq is the same, bit for bit, at every "
             f"run. The waiting costs {span(cost)} the time of the atomic kernel without the causal mask and "
-            f"{span(causal_cost)} with it, where a key tile's first query tile is the one every key tile before it "
-            f"reaches last (same run as the table above).")
+            f"{span(causal_cost)} with it, where a key tile's first query tile comes late in the work of the key tiles "
+            f"before it, which must all add to it first (same run as the table above).")
 
 
 def training_step_block() -> str:
