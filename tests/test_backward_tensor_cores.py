@@ -136,7 +136,7 @@ def test_tilings():
         BackwardTensorCoreTiling(D=96, WARPS=1, BR=16).validate()
 
 
-@pytest.mark.parametrize("n_q, n_k, causal", [(40, 40, True), (50, 20, True), (20, 50, True), (33, 47, False)])
+@pytest.mark.parametrize("n_q, n_k, causal", [(34, 20, True), (20, 34, True)])  # without the mask: the GPU tests
 def test_deterministic_mode(rng, n_q, n_k, causal):
     """dQ added in key-tile order: the same gradients within the rule, grouped heads and ragged tiles included,
     and every key tile's turn comes (a wrong count would wait for ever): Nq > Nk, where the first queries see no
