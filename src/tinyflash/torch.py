@@ -57,6 +57,13 @@ def _refuse_capture_off_tensor_cores(q) -> None:
                            f"(float16 or bfloat16, d = dv in {HEAD_DIMS}); got {q.dtype}, d = {q.shape[-1]}")
 
 
+def _refuse_deterministic_off_tensor_cores(q, deterministic: bool) -> None:
+    """Only the tensor-core backward has a deterministic dQ: a ValueError for inputs the CUDA cores take."""
+    if deterministic:
+        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in {HEAD_DIMS}); "
+                         f"got {q.dtype}, d = {q.shape[-1]}")
+
+
 # Operands inside a custom operator are detached views: numba reads a tensor through
 # __cuda_array_interface__, which PyTorch refuses for tensors that require grad.
 
@@ -86,9 +93,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, 
     if on_tensor_cores(q, k, v):
         return tensor_core_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale,
                                               deterministic=deterministic)
-    if deterministic:
-        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in {HEAD_DIMS}); "
-                         f"got {q.dtype}, d = {q.shape[-1]}")
+    _refuse_deterministic_off_tensor_cores(q, deterministic)
     _refuse_capture_off_tensor_cores(q)
     return cuda_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale)
 
@@ -134,8 +139,7 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, d
         raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
-    if deterministic and not on_tensor_cores(q, k, v):  # refused now, not after a forward pass
-        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in {HEAD_DIMS}); "
-                         f"got {q.dtype}, d = {q.shape[-1]}")
+    if not on_tensor_cores(q, k, v):  # refused now, not after a forward pass
+        _refuse_deterministic_off_tensor_cores(q, deterministic)
     o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
     return o

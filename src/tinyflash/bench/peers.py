@@ -197,40 +197,37 @@ def backward_naive() -> Peer:
 # --- a training step: forward and backward through autograd -------------------------------------------
 
 
-def training_sdpa(backend: str) -> Peer:
-    """PyTorch SDPA with one ``backend``, forward and backward: the gradients of a fresh forward each call."""
+def training_step(attention):
+    """``make(inputs)`` of a training step's peer: q, k, v as leaves, and a call that runs ``attention(q, k, v,
+    causal)`` forward (fresh each call) and returns autograd's gradients for do."""
     def make(x):
         import torch
-        import torch.nn.functional as F
 
         q, k, v = (torch_view(x[name]).detach().requires_grad_() for name in ("q", "k", "v"))
         do, causal = torch_view(x["do"]), x["causal"]
+        return lambda: torch.autograd.grad(attention(q, k, v, causal), (q, k, v), do)
 
-        def step():
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            return torch.autograd.grad(o, (q, k, v), do)
+    return make
 
-        return step
 
-    return Peer(f"torch_{backend}", "", make, ("float16", "bfloat16"), sdpa_backend(backend))
+def training_sdpa(backend: str) -> Peer:
+    """PyTorch SDPA with one ``backend``, forward and backward."""
+    def sdpa(q, k, v, causal):
+        import torch.nn.functional as F
+
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return Peer(f"torch_{backend}", "", training_step(sdpa), ("float16", "bfloat16"), sdpa_backend(backend))
 
 
 def training_tinyflash() -> Peer:
-    """tinyflash.torch.attention forward and backward: the gradients of a fresh forward each call."""
-    def make(x):
-        import torch
-
+    """tinyflash.torch.attention forward and backward."""
+    def ours(q, k, v, causal):
         from ..torch import attention
 
-        q, k, v = (torch_view(x[name]).detach().requires_grad_() for name in ("q", "k", "v"))
-        do, causal = torch_view(x["do"]), x["causal"]
+        return attention(q, k, v, causal=causal)
 
-        def step():
-            return torch.autograd.grad(attention(q, k, v, causal=causal), (q, k, v), do)
-
-        return step
-
-    return Peer("tinyflash", "torch", make, ("float16", "bfloat16", "float32"))
+    return Peer("tinyflash", "torch", training_step(ours), ("float16", "bfloat16", "float32"))
 
 
 # --- decoding -----------------------------------------------------------------------------------------

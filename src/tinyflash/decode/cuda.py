@@ -95,6 +95,11 @@ def _combine_scalars(p: dict, d: int) -> dict:
     return {"n_splits": int(p["num_splits"]), "rows": int(p["rows"]), "d": int(d)}
 
 
+def _combine_grid(p: dict, d: int, batch: int, h_kv: int) -> tuple:
+    """One thread of the combine kernel per (packed row, column), a row of blocks per (sequence, K/V head)."""
+    return -(-p["rows"] * d // combine_kernel.THREADS), batch * h_kv
+
+
 def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,
              kernel=None, **tuning):
     """Check what the kernels need, allocate the outputs and the splits' partials, size the grid.
@@ -131,7 +136,7 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     split_args = {"Q": q, "K": k, "V": v, "TABLE": table, "LENS": lens, "O_PART": o_part, "LSE_PART": lse_part,
                   **_split_scalars(prob, n_k, h_kv, max_pages)}
     nc = combine_kernel.THREADS
-    combine_grid = (-(-p["rows"] * d // nc), batch * h_kv)  # one thread per (packed row, column)
+    combine_grid = _combine_grid(p, d, batch, h_kv)
     combine_args = {"O_PART": o_part, "LSE_PART": lse_part, "O": o, "LSE": lse, **_combine_scalars(p, d)}
 
     if not on_gpu:  # numba's launches, on its (simulated) arrays; some arrays as uint32 words, as the kernel reads them
@@ -239,7 +244,7 @@ def sized_decode(q, k, v, num_splits, causal, scale) -> SizedDecode | None:
                                         **{n: scalars[n] for n in parameters(split) if n in scalars})
         combine = combine_kernel.make_combine_kernel(str(prob.dtype))
         combine_launch = GridLaunch.sized(driver_kernel(combine, combine_kernel.combine_signature(prob.dtype)),
-                                          (-(-p["rows"] * prob.d // combine_kernel.THREADS), batch * h_kv),
+                                          _combine_grid(p, prob.d, batch, h_kv),
                                           combine_kernel.THREADS, 0, **_combine_scalars(p, prob.d))
         rows = batch * h_kv * p["rows"]
         sizes = (rows * prob.d, rows, rows * p["num_splits"] * prob.d, rows * p["num_splits"])

@@ -156,7 +156,6 @@ class DriverKernel:
         self.signature = signature
         self.argument_types = tuple(signature)  # the types numba compiles for, and flattens as it passes them
         self._sizes = item_sizes(self.argument_types)
-        self.cached = False  # loaded from the disk cache (gpu/kernel_cache.py), not compiled in this process
         self.handle = self._load_or_compile()  # the driver's function handle
         if smem_bytes > STATIC_SMEM_PER_BLOCK:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -168,36 +167,39 @@ class DriverKernel:
 
     def _load_or_compile(self):
         """The kernel's handle: its cubin from the disk cache, loaded as a module of this context; else compiled
-        by numba (and its cubin kept for the next process)."""
+        by numba (and its cubin kept for the next process), loaded the same way."""
         from numba import cuda
 
         from . import kernel_cache
 
-        driver = self._driver
         device = cuda.get_current_device()  # and numba's context, made current on this thread
         cuda.current_context()
         key, parts = kernel_cache.kernel_key(self.dispatcher, self.signature, device.compute_capability)
         found = kernel_cache.load(key)
         if found is not None:
-            cubin, entry = found
-            err, module = driver.cuModuleLoadData(cubin)
-            if err == driver.CUresult.CUDA_SUCCESS:
-                err, function = driver.cuModuleGetFunction(module, entry.encode())
-                if err == driver.CUresult.CUDA_SUCCESS:
-                    self._module, self.cached = module, True
-                    kernel_cache.stats["hits"] += 1
-                    return function
+            function = self._load(*found, strict=False)  # a damaged cubin: compile as without a cache
+            if function is not None:
+                kernel_cache.stats["hits"] += 1
+                return function
         kernel_cache.stats["misses"] += 1
-        compiled = self.dispatcher.compile(self.argument_types)  # numba's compiled kernel
-        library = compiled.library
+        library = self.dispatcher.compile(self.argument_types).library  # numba's compiled kernel
         cubin = kernel_cache.cubin_bytes(library.get_cubin())
         kernel_cache.store(key, cubin, library._entry_name, parts)
-        err, module = driver.cuModuleLoadData(cubin)  # one module per DriverKernel, as on a hit
-        self._check(err, "cuModuleLoadData")
-        err, function = driver.cuModuleGetFunction(module, library._entry_name.encode())
-        self._check(err, "cuModuleGetFunction")
-        self._module = module
-        return function
+        return self._load(cubin, library._entry_name)
+
+    def _load(self, cubin: bytes, entry: str, strict: bool = True):
+        """``entry`` of ``cubin`` loaded as a module of its own (kept as long as this object); None if the driver
+        refuses and not ``strict``, else its error."""
+        driver = self._driver
+        err, module = driver.cuModuleLoadData(cubin)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, function = driver.cuModuleGetFunction(module, entry.encode())
+            if err == driver.CUresult.CUDA_SUCCESS:
+                self._module = module
+                return function
+        if strict:
+            self._check(err, "loading the compiled kernel (cuModuleLoadData, cuModuleGetFunction)")
+        return None
 
     def _check(self, err, what: str) -> None:
         if err != self._driver.CUresult.CUDA_SUCCESS:

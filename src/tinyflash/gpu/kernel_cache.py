@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,7 +36,7 @@ ENV = "TINYFLASH_KERNEL_CACHE"
 PACKAGE = Path(__file__).resolve().parents[1]  # src/tinyflash
 
 _source_hash: str | None = None
-stats = {"hits": 0, "misses": 0, "writes": 0}  # this process's lookups, for the tests and the cold-start benchmark
+stats = {"hits": 0, "misses": 0}  # this process's lookups, for the tests and the cold-start benchmark
 
 
 def cache_dir() -> Path | None:
@@ -98,16 +99,21 @@ def _filled(cell) -> bool:
     return True
 
 
-def kernel_key(dispatcher, signature, cc) -> tuple[str, dict]:
-    """(the key, its parts) of ``dispatcher`` compiled for ``signature`` on a device of capability ``cc``."""
+@lru_cache(maxsize=None)
+def versions() -> dict:
+    """The versions a cubin depends on beyond the package: numba-cuda, numba and the CUDA driver (once per process)."""
     from importlib.metadata import version
 
     from cuda.bindings import driver
 
     _, driver_version = driver.cuDriverGetVersion()
+    return {"numba_cuda": version("numba-cuda"), "numba": version("numba"), "driver": int(driver_version)}
+
+
+def kernel_key(dispatcher, signature, cc) -> tuple[str, dict]:
+    """(the key, its parts) of ``dispatcher`` compiled for ``signature`` on a device of capability ``cc``."""
     parts = {"source": source_hash(), "kernel": fingerprint(dispatcher), "signature": repr(tuple(signature)),
-             "options": fingerprint(dict(dispatcher.targetoptions)), "cc": list(cc),
-             "numba_cuda": version("numba-cuda"), "numba": version("numba"), "driver": int(driver_version)}
+             "options": fingerprint(dict(dispatcher.targetoptions)), "cc": list(cc), **versions()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32], parts
 
 
@@ -144,6 +150,5 @@ def store(key: str, cubin: bytes, entry: str, parts: dict) -> None:
             with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".tmp") as f:
                 f.write(data)
             os.replace(f.name, folder / f"{key}{suffix}")
-        stats["writes"] += 1
     except OSError:  # a read-only or full disk: the kernel still runs, compiled
         pass

@@ -83,18 +83,12 @@ def allow_large_shared_memory(kernel, args, nbytes: int) -> None:
     first. numba has no public API for it, so this compiles the kernel for the argument types,
     takes the driver handle of the compiled function and calls cuKernelSetAttribute, as numba's
     own ``set_shared_memory_carveout`` does. Raises the driver's error if the device refuses.
+    (Kernels launched through the driver set it on their own handle: ``driver_launch.DriverKernel``.)
     """
-    if nbytes <= STATIC_SMEM_PER_BLOCK or simulator_enabled():
-        return
-    allow_large_shared_memory_compiled(kernel.compile(tuple(kernel.typeof_pyval(a) for a in args)), nbytes)
-
-
-def allow_large_shared_memory_compiled(compiled, nbytes: int) -> None:
-    """:func:`allow_large_shared_memory` for a kernel already compiled (``dispatcher.compile(signature)``)."""
     if nbytes <= STATIC_SMEM_PER_BLOCK or simulator_enabled():
         return
     from numba.cuda.cudadrv.driver import binding, driver
 
-    cufunc = compiled.library.get_cufunc()
+    cufunc = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args)).library.get_cufunc()
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
