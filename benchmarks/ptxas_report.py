@@ -199,8 +199,8 @@ def backward_tensor_core_jobs() -> list[Job]:
         for d in tct.HEAD_DIMS:
             cfg = tct.default_tiling(d)
             variant = f"d={d} {element} warps={cfg.WARPS} keys={cfg.BC} BR={cfg.BR}"
-            found.append(Job("backward v2", variant, lambda cfg=cfg, element=element:
-                             (v2.make_kernel(cfg, element), v2.SIGNATURE)))
+            found.append(Job("backward v2", variant, lambda cfg=cfg, element=element:  # paired atomics, as on sm_90
+                             (v2.make_kernel(cfg, element, pair_atomics=True), v2.SIGNATURE)))
     return found
 
 

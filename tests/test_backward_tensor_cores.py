@@ -128,9 +128,18 @@ def test_bad_inputs_are_refused_before_a_launch(rng):
         tf.tensor_core_attention_backward(q, k, v, o, lse, o, causal="yes")
 
 
+def test_warps_share_dq_by_columns(rng):
+    """Two warps on one 16-row query tile: each takes half of dQ_i's columns (the tiling of 8 warps, BR = 64)."""
+    cfg = BackwardTensorCoreTiling(D=64, WARPS=2, BR=16).validate()
+    assert (cfg.DQ_ROW_WARPS, cfg.DQ_COLUMN_GROUPS, cfg.BC) == (1, 2, 32)
+    (q, k, v, do), _ = gradients(rng, (), (), 19, 37, 64, False)
+    o, lse = tf.naive_attention(q, k, v)
+    check((q, k, v, do), tf.cuda_attention_backward(q, k, v, o, lse, do, kernel="v2", config=cfg), False, "2 warps")
+
+
 def test_tilings():
-    assert default_tiling(128).smem_bytes <= 227 * 1024 and default_tiling(64).BC == 64
-    with pytest.raises(ValueError, match="BR must be a multiple of 16 · WARPS"):
+    assert default_tiling(128).smem_bytes <= 227 * 1024 and default_tiling(64).BC in (64, 128)
+    with pytest.raises(ValueError, match="its 16-row tiles a multiple or a divisor of WARPS"):
         BackwardTensorCoreTiling(D=64, WARPS=4, BR=48).validate()
     with pytest.raises(ValueError, match="D must be one of"):
         BackwardTensorCoreTiling(D=96, WARPS=1, BR=16).validate()

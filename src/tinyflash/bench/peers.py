@@ -171,6 +171,37 @@ def backward_stage3(deterministic: bool = False) -> Peer:
     return Peer("tinyflash", "v2 deterministic" if deterministic else "v2", make, ("float16", "bfloat16"))
 
 
+def backward_stage3_tiling(cfg, pair_atomics: bool) -> Peer:
+    """Backward kernel v2 with the tiling ``cfg``, dQ added by paired or scalar atomics, through its driver launches
+    (as tensor_core_attention_backward's plan runs them, with this tiling): the sweep behind ``default_tiling``."""
+    label = f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES} pairs={pair_atomics}"
+
+    def make(x):
+        import torch
+
+        from ..backward.kernels import v2_tensor_cores as v2
+        from ..forward.tensor_cores import tensor_core_attention
+
+        q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]  # (B, H, N, d) PyTorch tensors
+        o, lse = tensor_core_attention(q, k, v, causal=causal)
+        b, h, n_q, d = q.shape
+        launches = v2.driver_launches(n_q, k.shape[-2], b * h, h // k.shape[1], d ** -0.5, bool(causal),
+                                      checking.dtype_name(q), cfg, False, pair_atomics)
+        D, dq_acc = (torch.empty(b * h * n_q * m, device=q.device, dtype=torch.float32) for m in (1, d))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def fn():
+            launches(q, k, v, o, lse, do, dq, dk, dv, D, dq_acc, D, stream=stream)
+            return dq, dk, dv
+
+        fn.details = {"regs": launches.main.kernel.registers, "local_bytes": launches.main.kernel.local_bytes,
+                      "smem_bytes": cfg.smem_bytes}
+        return fn
+
+    return Peer("tinyflash", label, make, ("float16", "bfloat16"))
+
+
 def backward_sdpa(backend: str, dtypes=ALL_DTYPES) -> Peer:
     """PyTorch SDPA's backward with one ``backend``: autograd's gradients of one forward, kept."""
     def make(x):

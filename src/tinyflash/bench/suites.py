@@ -132,6 +132,22 @@ def backward_tile_peers(point) -> list:
                               f"v1 BR={br} BC={bc} NT={nt} TM={tm} TK={tk}") for br, bc, nt, tm, tk in BACKWARD_TILINGS[d]]
 
 
+BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128))  # (WARPS, BR) of backward kernel v2 tried per head dim
+
+
+def backward_tensor_core_tile_peers(point) -> list:
+    """SDPA's flash backward (the baseline) and backward kernel v2 at each tiling, dQ added by paired atomics or
+    by scalar ones (``v2_tensor_cores.make_kernel``'s ``pair_atomics``)."""
+    from ..backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling
+
+    found = [p.backward_sdpa("flash", ("float16", "bfloat16"))]
+    for warps, br in BACKWARD_TENSOR_CORE_TILINGS:
+        cfg = BackwardTensorCoreTiling(D=point["d"], WARPS=warps, BR=br)
+        if not cfg.problems() and cfg.smem_bytes <= 227 * 1024:
+            found += [p.backward_stage3_tiling(cfg, pairs) for pairs in (True, False)]
+    return found
+
+
 DECODE_TILINGS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys": 32, "stages": 3},
                   {"keys": 64, "stages": 2})
 
@@ -196,6 +212,9 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("backward-tensor-cores", "the tensor-core backward beside SDPA's flash backward", "backward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_peers, library="torch", by_n={4096: {"batch": 4}}),
+    Benchmark("backward-tensor-core-tiles", "backward kernel v2's tilings and dQ atomics beside SDPA's flash backward",
+              "backward", {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
+              backward_tensor_core_tile_peers, library="torch", by_n={4096: {"batch": 4}}, rounds=3),
     Benchmark("training-step", "forward and backward through autograd: tinyflash.torch against SDPA flash",
               "training", {"dtype": ("float16", "bfloat16"), "d": (128,), "causal": (True,), "n": (4096, 16384)},
               training_step_peers, library="torch", by_n={4096: {"batch": 4}}),

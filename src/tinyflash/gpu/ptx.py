@@ -130,6 +130,19 @@ def _intrinsics():
 
         return sig, codegen
 
+    @intrinsic
+    def red_add_f32x2(typingctx, array, index, a, b):
+        sig = types.void(array, types.uint64, types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0])
+            pointer = builder.ptrtoint(builder.gep(data.data, [args[1]]), ir.IntType(64))
+            asm(builder, "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f,~{memory}", ir.VoidType(),
+                [pointer, args[2], args[3]], True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def make_void(text):
         @intrinsic
         def instruction(typingctx):
@@ -147,7 +160,7 @@ def _intrinsics():
 
     return SimpleNamespace(make_mma=make_mma, make_pack=make_pack, make_unpack=make_unpack, shared_address=shared_address,
                            ldmatrix_x4=make_ldmatrix(""), ldmatrix_x4_trans=make_ldmatrix(".trans"),
-                           cp_async_16=cp_async_16, cp_async_commit=make_void("cp.async.commit_group;"),
+                           cp_async_16=cp_async_16, red_add_f32x2=red_add_f32x2, cp_async_commit=make_void("cp.async.commit_group;"),
                            cp_async_wait_all=make_void("cp.async.wait_group 0;"), shfl_xor=shfl_xor,
                            make_cp_async_wait_group=lambda n: make_void(f"cp.async.wait_group {int(n)};"))
 
@@ -279,6 +292,16 @@ PTX: ``cp.async.wait_group 0;`` PTX ISA: "Data Movement and Conversion Instructi
 """
 
 
+red_add_f32x2 = _impl.red_add_f32x2
+"""red_add_f32x2(array, index, a, b): array[index] += a and array[index + 1] += b, atomically, in one
+instruction (``array`` float32 in global memory, ``index`` a uint64, even: the pair is 8-byte aligned).
+
+PTX: ``red.global.add.v2.f32 [array + 4·index], {a, b};`` PTX ISA: "Parallel Synchronization and
+Communication Instructions: red" (vector types: compute capability 9.0 and PTX ISA 8.1 on). One lane, no
+result: a reduction in L2. Two neighbouring floats of an mma accumulator (c0, c1: one row, columns 2t and
+2t + 1) go in one request instead of two, and a warp's request fills whole 32-byte sectors.
+"""
+
 
 def cp_async_wait_group(pending: int):
     """A device function ``wait()``: wait until at most ``pending`` of this thread's most recent
@@ -301,4 +324,4 @@ group (one row of an mma accumulator) exchange their values.
 """
 
 __all__ = ["cp_async_16", "cp_async_commit", "cp_async_wait_all", "cp_async_wait_group", "ldmatrix_x4", "ldmatrix_x4_trans",
-           "mma_m16n8k16", "pack", "shared_address", "shfl_xor", "unpack"]
+           "mma_m16n8k16", "pack", "red_add_f32x2", "shared_address", "shfl_xor", "unpack"]

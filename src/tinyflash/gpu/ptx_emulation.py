@@ -217,6 +217,15 @@ def cp_async_16(address, src, index, nbytes):
         smem[start + i] = src[int(index) + i] if i < words else 0
 
 
+def red_add_f32x2(array, index, a, b):
+    """Emulated ``red.global.add.v2.f32``: both additions under the simulator's lock of ``cuda.atomic.add``."""
+    from numba.cuda.simulator.kernelapi import addlock
+
+    with addlock:
+        array[int(index)] += a
+        array[int(index) + 1] += b
+
+
 def cp_async_commit():
     """Emulated ``cp.async.commit_group``: the copies above were done at once."""
 

@@ -10,7 +10,9 @@ tensor cores (K_j's and V_j's A operands read from shared memory by ldmatrix, as
 ``Q_IN_SMEM``), Pᵀ and dSᵀ in registers, then dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i with Pᵀ and dSᵀ packed from
 the accumulators (``tinyflash.warp_tile``'s ``scores`` and ``p_times_v``). dQ_i += dS_ij K_j needs dS by query
 rows: the warps write dSᵀ to shared memory, and each warp then takes BR / WARPS query rows of dQ_i, added to
-a float32 accumulator in HBM with atomics (every key tile adds to every dQ_i that sees it).
+a float32 accumulator in HBM with atomics (every key tile adds to every dQ_i that sees it). With more warps
+than 16-row tiles of dQ_i (8 warps, BR = 64), the warps also split dQ_i's columns: warp w takes row tile
+w mod (BR / 16) and column group w div (BR / 16), so that every warp holds an equal share of dQ_i.
 
 Shared memory, every row padded by 16 bytes: K_j and V_j (copied once), two stages of (Q_i, dO_i, lse_i, D_i)
 so that the next query tile is in flight while one is computed, and dSᵀ (Bc rows of BR 16-bit values).
@@ -59,8 +61,16 @@ class BackwardTensorCoreTiling(Tiling):
         return self.D // 8
 
     @property
+    def DQ_ROW_WARPS(self) -> int:  # warps side by side over dQ_i's rows (16 · DQ_TILES rows each)
+        return min(self.WARPS, self.BR // MMA_M)
+
+    @property
     def DQ_TILES(self) -> int:  # 16-row tiles of dQ_i per warp
-        return self.BR // (MMA_M * self.WARPS)
+        return self.BR // (MMA_M * self.DQ_ROW_WARPS)
+
+    @property
+    def DQ_COLUMN_GROUPS(self) -> int:  # warps side by side over dQ_i's columns (d / DQ_COLUMN_GROUPS each)
+        return self.WARPS // self.DQ_ROW_WARPS
 
     def warp_tile(self, element: str) -> WarpTile:
         """A warp's tile: its keys as the mma rows, BR query columns, the A operands read from shared memory."""
@@ -81,8 +91,12 @@ class BackwardTensorCoreTiling(Tiling):
 
     def shape_problems(self) -> list[str]:
         problems = tile_problems(self.D, self.ROW_TILES, "key")
-        if self.BR % (MMA_K * self.WARPS) or self.BR > self.NT:
-            problems.append("BR must be a multiple of 16 · WARPS (dQ_i's rows, 16 per warp tile) and at most NT")
+        tiles = self.BR // MMA_M  # 16-row tiles of dQ_i, shared by the warps: by rows, then by columns
+        if self.BR % MMA_M or self.BR > self.NT or (tiles % self.WARPS if tiles >= self.WARPS else self.WARPS % tiles):
+            problems.append("BR must be a multiple of 16, at most NT, and its 16-row tiles a multiple or a divisor "
+                            "of WARPS (dQ_i's tiles shared evenly by the warps)")
+        elif (self.D // 8) % (2 * self.DQ_COLUMN_GROUPS):
+            problems.append("each warp's columns of dQ_i must be a multiple of 16 (d / (16 · column groups) whole)")
         if (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:
             problems.append("each tile's 16-byte chunks must be a multiple of the threads")
         return problems

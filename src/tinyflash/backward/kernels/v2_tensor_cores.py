@@ -36,7 +36,7 @@ from ...core.online_softmax import LOG2E
 from ...gpu import ptx
 from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.loads import cp_async_rows
-from ...gpu.runtime import device_function, u
+from ...gpu.runtime import compute_capability, device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, MMA_N, WARP, warp_tile
 from .rows import FINISH_DQ_WORDS_SIGNATURE, FLOATS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK, WORDS, word_rows
@@ -52,9 +52,11 @@ SIGNATURE = ((WORDS,) * 4 + (FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.in
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False):
+def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool = False):
     """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16); ``deterministic``: the key
-    tiles add their dQ_i in turn (:func:`wait_turn`), so that dQ is the same, bit for bit, at every run."""
+    tiles add their dQ_i in turn (:func:`wait_turn`), so that dQ is the same, bit for bit, at every run;
+    ``pair_atomics``: dQ's neighbouring columns added by one ``red.global.add.v2.f32`` (compute capability 9.0
+    on: :func:`pair_atomics_available`), else by two scalar atomics."""
     cfg.validate()
     spec = cfg.warp_tile(element)
     tile = warp_tile(spec)
@@ -63,8 +65,10 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
     BR, BC = u(cfg.BR), u(cfg.BC)
     DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
     ROW_TILES, DQ_TILES, WARPS = cfg.ROW_TILES, cfg.DQ_TILES, cfg.WARPS
+    DQ_ROW_WARPS = u(cfg.DQ_ROW_WARPS)  # warp w: dQ_i's row tiles from w mod DQ_ROW_WARPS, column group w div it
     K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
     KEY_STEPS = cfg.BC // MMA_K  # mma steps over the keys of dS K_j
+    DQ_N = O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
     layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
     K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
     STAGE = layout["stage 1"] - layout["stage 0"]
@@ -76,7 +80,7 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
     Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
     copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
     LOG2E_ = float32(LOG2E)
-    DETERMINISTIC = bool(deterministic)
+    DETERMINISTIC, PAIR_ATOMICS = bool(deterministic), bool(pair_atomics)
 
     @cuda.jit(device=True, inline="always")
     def load_query_tile(Q, dO, LSE, Dvec, smemf, stage_addr, stage_word, head, q_start, n_q, tid):
@@ -119,17 +123,17 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
 
     @cuda.jit(device=True, inline="always")
     def ds_times_k(dq, ds_lane_addr, k_lane_addr):
-        """dq[qt] = dS K_j for the warp's 16-row tiles qt of dQ_i: dS's A operands by ldmatrix.trans from dSᵀ
-        (16 keys × 16 queries per instruction), K_j's B operands by ldmatrix.trans (16 keys × 16 dims), as V_j
-        in P·V."""
+        """dq[qt] = dS K_j for the warp's 16-row tiles qt of dQ_i and its DQ_N · 8 columns (k_lane_addr: K_j at
+        the first of them): dS's A operands by ldmatrix.trans from dSᵀ (16 keys × 16 queries per instruction),
+        K_j's B operands by ldmatrix.trans (16 keys × 16 dims), as V_j in P·V."""
         for qt in range(DQ_TILES):
-            for n in range(O_TILES):
+            for n in range(DQ_N):
                 for e in range(4):
                     dq[qt, n, e] = float32(0.0)
         for kk in range(KEY_STEPS):
             for qt in range(DQ_TILES):
                 a = ptx.ldmatrix_x4_trans(ds_lane_addr + uint32((kk * MMA_K * DS_WORDS + qt * MMA_M // 2) * 4))
-                for n in range(0, O_TILES, 2):
+                for n in range(0, DQ_N, 2):
                     b = ptx.ldmatrix_x4_trans(k_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
                     for h in range(2):
                         dq[qt, n + h, 0], dq[qt, n + h, 1], dq[qt, n + h, 2], dq[qt, n + h, 3] = mma(
@@ -155,16 +159,20 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
             cuda.atomic.add(dQ_turn, at, 1)
 
     @cuda.jit(device=True, inline="always")
-    def add_dq(dQ_acc, dq, dq_row0, q_off, g, t, n_q):
-        """dQ_acc += the warp's dq (rows dq_row0 + 16qt + g, + 8; columns 8n + 2t, +1), rows below Nq, by atomics."""
+    def add_dq(dQ_acc, dq, dq_row0, dq_col0, q_off, g, t, n_q):
+        """dQ_acc += the warp's dq (rows dq_row0 + 16qt + g, + 8; columns dq_col0 + 8n + 2t, +1), rows below Nq,
+        by atomics: one per pair of columns, or one per element."""
         for qt in range(DQ_TILES):
             for half in range(2):
                 row = dq_row0 + uint64(qt * MMA_M + half * 8) + g
                 if row < n_q:
-                    for n in range(O_TILES):
-                        at = q_off + row * D_ + uint64(n) * EIGHT + TWO * t
-                        cuda.atomic.add(dQ_acc, at, dq[qt, n, 2 * half])
-                        cuda.atomic.add(dQ_acc, at + ONE, dq[qt, n, 2 * half + 1])
+                    for n in range(DQ_N):
+                        at = q_off + row * D_ + dq_col0 + uint64(n) * EIGHT + TWO * t
+                        if PAIR_ATOMICS:
+                            ptx.red_add_f32x2(dQ_acc, at, dq[qt, n, 2 * half], dq[qt, n, 2 * half + 1])
+                        else:
+                            cuda.atomic.add(dQ_acc, at, dq[qt, n, 2 * half])
+                            cuda.atomic.add(dQ_acc, at + ONE, dq[qt, n, 2 * half + 1])
 
     @cuda.jit(device=True, inline="always")
     def write_dk_dv(dK, dV, dk, dv, kv_off, warp_key, g, t, n_k, scale):
@@ -207,19 +215,20 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         k_lane, block_lane = lane_rows(lane)
         k_warp = base + uint32(K_OFF * FOUR) + uint32(warp) * uint32(WARP_KEY_BYTES) + block_lane  # A operands
         v_warp = base + uint32(V_OFF * FOUR) + uint32(warp) * uint32(WARP_KEY_BYTES) + block_lane
-        k_block = base + uint32(K_OFF * FOUR) + block_lane  # K_j as dQ's B operands
+        dq_warp, dq_group = warp % DQ_ROW_WARPS, warp // DQ_ROW_WARPS  # the warp's share of dQ_i: rows, columns
+        k_block = base + uint32(K_OFF * FOUR) + block_lane + uint32(dq_group * uint64(DQ_N * MMA_K))  # dQ's B operands
         # dSᵀ as dQ's A operands (ldmatrix.trans): lanes 0-7 keys 0-7 and lanes 16-23 keys 8-15 at the warp's first
         # query; lanes 8-15 and 24-31 the same keys 8 queries on
         ds_lane = base + uint32(DS_OFF * FOUR) + uint32(((lane % EIGHT + (lane // uint64(16)) * EIGHT) * DSW
                                                          + ((lane // EIGHT) % TWO) * FOUR
-                                                         + warp * uint64(DQ_TILES * MMA_M // 2)) * FOUR)
+                                                         + dq_warp * uint64(DQ_TILES * MMA_M // 2)) * FOUR)
 
         kf = cuda.local.array((ROW_TILES, K_STEPS, 4), uint32)  # A operands of K_j or V_j, a pair of steps at a time
         s = cuda.local.array((ROW_TILES, S_TILES, 4), float32)  # the lane's part of Sᵀ, then of Pᵀ
         dp = cuda.local.array((ROW_TILES, S_TILES, 4), float32)  # its part of dPᵀ, then of dSᵀ
         dk = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of dK_j (unscaled)
         dv = cuda.local.array((ROW_TILES, O_TILES, 4), float32)  # its part of dV_j
-        dq = cuda.local.array((DQ_TILES, O_TILES, 4), float32)  # its part of dQ_i, one query tile
+        dq = cuda.local.array((DQ_TILES, DQ_N, 4), float32)  # its part of dQ_i, one query tile
         for r in range(ROW_TILES):
             for n in range(O_TILES):
                 for e in range(4):
@@ -248,7 +257,8 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
             ds_times_k(dq, ds_lane, k_block)
             turn = head * q_tiles + q_start // BR  # deterministic mode: this query tile's counter
             wait_turn(dQ_turn, turn, cuda.blockIdx.x, tid)
-            add_dq(dQ_acc, dq, q_start + warp * uint64(DQ_TILES * MMA_M), head * n_q * D_, g, t, n_q)
+            add_dq(dQ_acc, dq, q_start + dq_warp * uint64(DQ_TILES * MMA_M), dq_group * uint64(DQ_N * 8),
+                   head * n_q * D_, g, t, n_q)
             if DETERMINISTIC:
                 cuda.threadfence()  # this thread's additions are seen before the next key tile's turn
             ptx.cp_async_wait_all()  # this thread's copies of the next query tile have landed
@@ -258,6 +268,12 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, g, t, n_k, scale)
 
     return flash_bwd_tc
+
+
+def pair_atomics_available() -> bool:
+    """Whether this GPU adds two floats in one atomic request (``red.global.add.v2.f32``: compute capability 9.0
+    on); on the simulator the emulation takes the same path as the GPU's."""
+    return simulator_enabled() or compute_capability() >= (9, 0)
 
 
 def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, element: str | None = None,
@@ -270,7 +286,8 @@ def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, elemen
         if deterministic:
             raise ValueError("deterministic mode needs dQ_turn: int32 zeros, one per query tile and query head")
         args = replace(args, arrays={**args.arrays, "dQ_turn": (np.zeros(1, np.int32), 0)})
-    launch_backward_tensor_cores(lambda cfg, element: make_kernel(cfg, element, deterministic), args, prob, config,
+    pairs = pair_atomics_available()
+    launch_backward_tensor_cores(lambda cfg, element: make_kernel(cfg, element, deterministic, pairs), args, prob, config,
                                  element)
 
 
@@ -294,15 +311,18 @@ class DriverLaunches:
 
 @lru_cache(maxsize=256)
 def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
-                    cfg: BackwardTensorCoreTiling, deterministic: bool = False) -> DriverLaunches:
+                    cfg: BackwardTensorCoreTiling, deterministic: bool = False,
+                    pair_atomics: bool | None = None) -> DriverLaunches:
     """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use
-    and kept: the grids of ``launch_backward_tensor_cores`` and of the two row kernels, in one launch each."""
+    and kept: the grids of ``launch_backward_tensor_cores`` and of the two row kernels, in one launch each;
+    ``pair_atomics`` None: where :func:`pair_atomics_available`."""
     row_dot, finish_dq = word_rows(element)
+    pairs = pair_atomics_available() if pair_atomics is None else pair_atomics
     words = n_q * cfg.D // 2  # words of one head's dQ
     return DriverLaunches(
         GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROWS_PER_BLOCK), n_heads),
                          ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
-        GridLaunch.sized(driver_kernel(make_kernel(cfg, element, deterministic), SIGNATURE, cfg.smem_bytes),
+        GridLaunch.sized(driver_kernel(make_kernel(cfg, element, deterministic, pairs), SIGNATURE, cfg.smem_bytes),
                          (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
                          scale=np.float32(scale), scale_log2=np.float32(scale * LOG2E), causal=bool(causal),
                          kv_group=kv_group),
