@@ -233,6 +233,10 @@ def backward_tensor_cores_block() -> str:
     return tables.backward_tensor_core_table(record("backward_tensor_cores_h200"))
 
 
+def backward_tiles_block() -> str:
+    return tables.backward_tile_table(record("backward_tensor_core_tiles_h200"))
+
+
 def backward_tensor_cores_sentence() -> str:
     rows = record("backward_tensor_cores_h200")
     v2 = ok(rows, impl="tinyflash", variant="v2")
@@ -415,7 +419,8 @@ BLOCKS = {
     "example-32k": example_block, "tensor-cores": tensor_core_block, "tensor-cores-sentence": tensor_core_sentence,
     "tensor-core-tiles": tiles_block, "tensor-core-groups": groups_block, "backward": backward_block,
     "backward-longest": backward_longest,
-    "backward-tensor-cores": backward_tensor_cores_block, "backward-tensor-cores-sentence": backward_tensor_cores_sentence, "decode": decode_block, "decode-bar": decode_bar, "ptxas": ptxas_block,
+    "backward-tensor-cores": backward_tensor_cores_block, "backward-tensor-cores-sentence": backward_tensor_cores_sentence,
+    "backward-tensor-core-tiles": backward_tiles_block, "decode": decode_block, "decode-bar": decode_bar, "ptxas": ptxas_block,
     "deterministic": deterministic_sentence, "training-step": training_step_block,
     "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": decode_call_block,
     "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,

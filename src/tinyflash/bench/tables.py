@@ -158,6 +158,24 @@ def backward_tensor_core_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def backward_tile_table(rows: list[dict]) -> str:
+    """Backward kernel v2's tilings and dQ atomics (``backward-tensor-core-tiles``): per configuration, each
+    variant's speed over SDPA's flash backward in the same run (queued), and flash's TFLOP/s."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows if r["impl"] == "tinyflash"))
+    short = [v.removeprefix("v2 ").replace(" row_tiles=1", "").replace("pairs=True", "paired atomics")
+             .replace("pairs=False", "scalar atomics") for v in variants]
+    lines = ["| dtype | d | causal | B × N | " + " | ".join(short) + " | SDPA flash TFLOP/s |",
+             "|---" * (5 + len(variants)) + "|"]
+    for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
+
+        cells = [cell(get("tinyflash", v), "vs_baseline", "{:.2f}×") for v in variants]
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | " + " | ".join(cells)
+                     + f" | {cell(get('torch_flash'))} |")
+    return "\n".join(lines)
+
+
 def training_step_table(rows: list[dict]) -> str:
     """A training step through tinyflash.torch against SDPA flash's (``training-step``), per configuration: its
     TFLOP/s, speed over flash's, and the memory each holds beyond the inputs at its peak."""
