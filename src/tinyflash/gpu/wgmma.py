@@ -108,12 +108,14 @@ def _intrinsics():
         data = context.make_array(aryty)(context, builder, value=value).data
         return [builder.gep(data, [ir.Constant(i64, i)]) for i in range(n)]
 
-    def through_asm(builder, text, pointers, more, more_constraints):
-        """Load the accumulators, run ``text`` with them tied to its first outputs, store them back."""
+    def through_asm(builder, text, pointers, more, more_constraints, kind="f"):
+        """Load the accumulators, run ``text`` with them tied to its first outputs, store them back
+        (``kind``: 'f' float32 registers, 'r' 32-bit integer ones)."""
         n = len(pointers)
         regs = ",".join(f"${i}" for i in range(n))
-        constraints = ",".join(["=f"] * n + [str(i) for i in range(n)] + more_constraints + ["~{memory}"])
-        out = asm(builder, text.replace("{D}", "{" + regs + "}"), constraints, ir.LiteralStructType([f32] * n),
+        constraints = ",".join([f"={kind}"] * n + [str(i) for i in range(n)] + more_constraints + ["~{memory}"])
+        out = asm(builder, text.replace("{D}", "{" + regs + "}"), constraints,
+                  ir.LiteralStructType([f32 if kind == "f" else ir.IntType(32)] * n),
                   [builder.load(p) for p in pointers] + more)
         for i, p in enumerate(pointers):
             builder.store(builder.extract_value(out, i), p)
@@ -159,8 +161,10 @@ def _intrinsics():
     def make_fence_operands(count):
         @intrinsic
         def fence_operands(typingctx, acc):
+            kind = "f" if acc.dtype == types.float32 else "r"  # float32, or 32-bit words (uint32)
+
             def codegen(context, builder, sig, args):
-                through_asm(builder, "// {D}", elements(context, builder, sig.args[0], args[0], count), [], [])
+                through_asm(builder, "// {D}", elements(context, builder, sig.args[0], args[0], count), [], [], kind)
                 return context.get_dummy_value()
 
             return types.void(acc), codegen
@@ -232,7 +236,8 @@ def mma_async_rs(element: str, n: int, trans_b: bool = False):
 
 
 def fence_operands(count: int):
-    """A device function ``fence_operands(acc)``: the first ``count`` elements of ``acc`` are read and written
+    """A device function ``fence_operands(acc)``: the first ``count`` elements of ``acc`` (a C-contiguous local
+    array of float32 or uint32) are read and written
     here, as far as the compiler knows (an empty ``asm volatile`` with each tied to an output). Called after
     :func:`wait_group`, it keeps reads of the accumulators from moving above the wait; before :data:`fence`,
     writes from moving below it. No instruction is emitted. (CUTLASS: ``warpgroup_fence_operand``.)"""
