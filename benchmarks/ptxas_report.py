@@ -12,6 +12,9 @@ compiles a kernel's Python function for a signature and a compute capability, an
 The kernels, each at the settings a GPU run uses by default:
 
 * forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
+* forward v7 (``v7_wgmma``) at ``hopper_tiling.default_tiling(d)``, d = 64 and 128, float16 and bfloat16, for
+  ``sm_90a`` (its wgmma instructions exist only there); ptxas's warnings and wgmma notes (C7510, C7515, C7519)
+  are printed under the kernel's line;
 * forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in (64, 128),
   causal or not, n in (4096, 16384), float16 and bfloat16; each tiling in the block order that runs it
   (not causal: one head at a time; causal: heads ordered in groups, and one head at a time, which runs
@@ -75,6 +78,7 @@ class Job:
     kernel: str
     variant: str
     build: Callable
+    arch: str = ARCH  # sm_90a for the wgmma kernels (architecture-specific instructions)
 
 
 # --- the kernels ----------------------------------------------------------------------------------------
@@ -204,8 +208,22 @@ def backward_tensor_core_jobs() -> list[Job]:
     return found
 
 
+def v7_jobs() -> list[Job]:
+    """v7 (wgmma) at its default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
+    from tinyflash.forward.kernels import hopper_tiling, v7_wgmma as v7
+
+    found = []
+    for element in ("float16", "bfloat16"):
+        for d in (64, 128):
+            cfg = hopper_tiling.default_tiling(d)
+            variant = f"d={d} {element} warpgroups={cfg.WARPGROUPS} BC={cfg.BC} lazy={cfg.LAZY_RESCALE}"
+            found.append(Job("forward v7", variant, lambda cfg=cfg, element=element:
+                             (v7.make_kernel(cfg, element), v7.SIGNATURE), arch="sm_90a"))
+    return found
+
+
 def jobs() -> list[Job]:
-    return v5_jobs() + v6_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
+    return v5_jobs() + v6_jobs() + v7_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
 
 
 # --- compiling and counting -------------------------------------------------------------------------------
@@ -261,16 +279,19 @@ def compile_job(job: Job, ptx_dir: str | None, nvdisasm: str | None) -> dict:
 
     kernel, signature = job.build()
     options = kernel.targetoptions
-    ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=CC, fastmath=options.get("fastmath") or False,
+    cc = (*CC, "a") if job.arch.endswith("a") else CC  # sm_90a: numba's compute_90a, as on a 9.0 device
+    ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=cc, fastmath=options.get("fastmath") or False,
                               launch_bounds=options.get("launch_bounds"))
     cap = options.get("max_registers")
     with tempfile.TemporaryDirectory() as tmp:
         source, cubin = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
         source.write_text(ptx)
-        assembled = subprocess.run(["ptxas", "-v", f"-arch={ARCH}", *([f"-maxrregcount={cap}"] if cap else []),
+        assembled = subprocess.run(["ptxas", "-v", f"-arch={job.arch}", *([f"-maxrregcount={cap}"] if cap else []),
                                     str(source), "-o", str(cubin)], capture_output=True, text=True, check=True)
-        row = {**ptxas_report(assembled.stdout + assembled.stderr), "ptx_instructions": ptx_instructions(ptx),
-               "sass_instructions": ""}
+        said = assembled.stdout + assembled.stderr
+        row = {**ptxas_report(said), "ptx_instructions": ptx_instructions(ptx), "sass_instructions": "",
+               # warnings, and notes such as wgmma's serialisation (C7510, C7515) or an injected arrive (C7519)
+               "notes": [line.strip() for line in said.splitlines() if "warning" in line or "(C75" in line]}
         if nvdisasm:
             listing = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
             row["sass_instructions"] = sass_instructions(listing)
@@ -316,7 +337,7 @@ def main(argv=None) -> int:
     _JOBS[:] = [j for j in jobs() if not args.only or args.only in j.kernel or args.only in j.variant]
     if args.ptx_dir:
         Path(args.ptx_dir).mkdir(parents=True, exist_ok=True)
-    print(f"{len(_JOBS)} kernels for {ARCH}: numba-cuda {fixed['numba_cuda']}, {fixed['ptxas']}, "
+    print(f"{len(_JOBS)} kernels for {ARCH} (the wgmma ones for {ARCH}a): numba-cuda {fixed['numba_cuda']}, {fixed['ptxas']}, "
           f"commit {fixed['commit'] or '-'}, {fixed['date']}", flush=True)
     tasks = [(i, args.ptx_dir, args.nvdisasm) for i in range(len(_JOBS))]
     writer, failed = CsvWriter(args.csv, fields=FIELDS), []
@@ -329,11 +350,12 @@ def main(argv=None) -> int:
                 failed.append(f"{job.kernel}, {job.variant}: {error}")
                 print(f"{job.kernel:28} {job.variant}: FAILED ({error.splitlines()[0][:200]})", flush=True)
                 continue
+            notes = row.pop("notes")
             writer.write({**fixed, "kernel": job.kernel, "variant": job.variant, **row})
             sass = f", {row['sass_instructions']} SASS" if row["sass_instructions"] != "" else ""
             print(f"{job.kernel:28} {job.variant}: {row['registers']} registers, spills {row['spill_stores']}/"
                   f"{row['spill_loads']} B, stack {row['stack_bytes']} B, {row['ptx_instructions']} PTX{sass}",
-                  flush=True)
+                  *[f"\n    {note[:300]}" for note in notes], flush=True)
     writer.close()
     if failed:
         print(f"\n{len(failed)} of {len(tasks)} kernels did not compile:", *failed, sep="\n", file=sys.stderr)

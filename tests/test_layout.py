@@ -4,7 +4,7 @@
   ``hardware`` imports nothing of tinyflash at all.
 * ``gpu`` imports nothing but itself and ``hardware``: a runtime, no attention mathematics.
 * a kernel version (``v<N>_*.py`` in forward/kernels and backward/kernels, the split kernels in decode/kernels)
-  imports ``core``, ``gpu``, ``hardware``, ``warp_tile`` and its folder's shared modules, never a sibling
+  imports ``core``, ``gpu``, ``hardware``, ``warp_tile``, ``warpgroup_tile`` and its folder's shared modules, never a sibling
   version; and no module imports a kernel version's file but its folder's registry (``__init__.py``).
 * the book (every module but ``bench`` and ``plots``) never imports the tooling.
 * lessons import the package and their helper (``lessons/lib.py``), never the tooling.
@@ -82,7 +82,7 @@ def test_a_kernel_version_never_imports_a_sibling(path):
     folder = module_of(path).rsplit(".", 1)[0]
     shared = [f"{folder}.{p.stem}." for p in path.parent.glob("*.py")
               if p not in kernel_versions() and p.name != "__init__.py"]
-    allowed = ("core.", "gpu.", "hardware.", "warp_tile.", *shared)
+    allowed = ("core.", "gpu.", "hardware.", "warp_tile.", "warpgroup_tile.", *shared)
     imports = tinyflash_imports(path)
     assert imports and all(m.startswith(allowed) for m in imports), imports
 

@@ -7,6 +7,8 @@ Stages, each checked against the one before and against a float64 reference:
 2. :func:`cuda_attention` — the same loop as numba.cuda kernels with shared-memory tiles.
 3. :func:`tensor_core_attention` — the same loop on the tensor cores (float16, bfloat16), with
    PTX instructions emitted from numba.
+4. :func:`hopper_attention` — the same loop with Hopper's warpgroup multiplies (``wgmma``), on
+   compute capability 9.0.
 
 All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv). The backward pass
 (``*_attention_backward``, and :mod:`tinyflash.torch` for PyTorch autograd) and decoding with a KV
@@ -48,6 +50,7 @@ from .forward.naive import naive_attention, reference_attention
 _ON_FIRST_USE = {
     "cuda_attention": "forward.cuda",
     "tensor_core_attention": "forward.tensor_cores",
+    "hopper_attention": "forward.hopper",
     "cuda_attention_backward": "backward.cuda",
     "tensor_core_attention_backward": "backward.tensor_cores",
     "cuda_split_kv_attention": "decode.cuda",

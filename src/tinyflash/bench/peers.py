@@ -118,6 +118,44 @@ def stage3_tiling(cfg, group: int) -> Peer:
     return Peer("tinyflash", label, make, ("float16", "bfloat16"))
 
 
+def stage4() -> Peer:
+    """tinyflash.hopper_attention (stage 4, kernel v7: wgmma), called as a user calls it."""
+    def make(x):
+        from ..forward.hopper import hopper_attention
+
+        return lambda: hopper_attention(x["q"], x["k"], x["v"], causal=x["causal"])[0]
+
+    return Peer("tinyflash", "v7", make, ("float16", "bfloat16"))
+
+
+def stage4_tiling(cfg) -> Peer:
+    """Kernel v7 with the tiling ``cfg``, launched from arguments packed once (``DriverKernel.bind``): the kernel
+    alone, as :func:`stage3_tiling` times v6's."""
+    label = f"v7 warpgroups={cfg.WARPGROUPS} BC={cfg.BC} lazy={cfg.LAZY_RESCALE}"
+
+    def make(x):
+        import math
+
+        import numpy as np
+        import torch
+
+        from ..core.online_softmax import LOG2E
+        from ..forward.kernels import v7_wgmma as v7
+        from ..gpu.driver_launch import driver_kernel
+
+        q, k, v = x["q"], x["k"], x["v"]  # (B, H, N, d) PyTorch tensors
+        b, h, n, d = q.shape
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+        kernel = driver_kernel(v7.make_kernel(cfg, checking.dtype_name(q)), v7.SIGNATURE, cfg.smem_bytes)
+        launch = kernel.bind((-(-n // cfg.BR), b * h), cfg.NT, cfg.smem_bytes, q, k, v, o, lse, n, k.shape[-2],
+                             np.float32(LOG2E / math.sqrt(d)), bool(x["causal"]), 1, 1)
+        fn = lambda: (launch(), o)[1]  # noqa: E731
+        fn.details = {"regs": kernel.registers, "local_bytes": kernel.local_bytes, "smem_bytes": cfg.smem_bytes}
+        return fn
+
+    return Peer("tinyflash", label, make, ("float16", "bfloat16"))
+
+
 def naive() -> Peer:
     """Standard attention in the inputs' library and type, S and P in HBM (:func:`checking.naive_attention`)."""
     def make(x):

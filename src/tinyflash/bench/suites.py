@@ -95,6 +95,22 @@ def tensor_core_tiling_peers(point) -> list:
     return [p.sdpa("flash", ("float16", "bfloat16")), *found]
 
 
+def hopper_peers(point) -> list:
+    """Stage 4 (v7, wgmma) beside stage 3 (v6) and SDPA's flash (the baseline) and cuDNN backends."""
+    return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(), p.stage4()]
+
+
+V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (3, 128)], 128: [(1, 128), (2, 64), (2, 128), (3, 64)]}  # (WG, BC)
+
+
+def hopper_tiling_peers(point) -> list:
+    """SDPA flash, and v7 with each tiling of V7_TILINGS: the kernel alone."""
+    from ..forward.kernels.hopper_tiling import HopperTiling
+
+    return [p.sdpa("flash", ("float16", "bfloat16")),
+            *[p.stage4_tiling(HopperTiling(D=point["d"], WARPGROUPS=wg, BC=bc)) for wg, bc in V7_TILINGS[point["d"]]]]
+
+
 def example_peers(point) -> list:
     return [p.stage3(), p.stage2("v5")]
 
@@ -203,6 +219,12 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("tensor-core-tiles", "v6's tilings and head groups, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (128, 64), "causal": (False, True), "n": (4096, 16384)},
               tensor_core_tiling_peers, library="torch", rounds=5),
+    Benchmark("hopper", "stage 4 (v7, wgmma) beside v6 and SDPA's flash and cuDNN backends", "forward",
+              {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
+              hopper_peers, library="torch", rounds=10, by_n={4096: {"batch": 4}}),
+    Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",
+              {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
+              hopper_tiling_peers, library="torch", rounds=5),
     Benchmark("example-32k", "the 32k-token example: B = 1, H = 32, N = 32,768, d = 128, causal", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (128,), "causal": (True,), "n": (32768,)}, example_peers,
               library="torch", rounds=5, baseline=None),

@@ -143,6 +143,35 @@ def tensor_core_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def hopper_table(rows: list[dict]) -> str:
+    """Stage 4 against its peers (``hopper``): v7's TFLOP/s and its speed over SDPA flash per configuration
+    (queued; the middle half of the rounds' ratios; one call alone), over SDPA cuDNN and v6 (queued), the peers'
+    TFLOP/s. The bar of issue 25: v7 / cuDNN at least 0.9×, v7 / flash at least 1.3×."""
+    lines = ["| dtype | d | causal | B × N | v7 TFLOP/s | v7 / flash | its rounds' middle half | one call alone: v7 / "
+             "flash | v7 / cuDNN | v7 / v6 | v6 | SDPA flash | SDPA cuDNN |", "|---" * 13 + "|"]
+    for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
+
+        v7, v6, cudnn = get("tinyflash", "v7"), get("tinyflash", "v6"), get("torch_cudnn")
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v7)} | {against_baseline(v7)} | "
+                     f"{speed(v7, cudnn)} | {speed(v7, v6)} | {cell(v6)} | {cell(get('torch_flash'))} | {cell(cudnn)} |")
+    return "\n".join(lines)
+
+
+def hopper_tiles_table(rows: list[dict]) -> str:
+    """v7's tilings (``hopper-tiles``): per (N, d, causal), each tiling's TFLOP/s and its speed over SDPA flash."""
+    variants = sorted({r["variant"] for r in rows if r["impl"] == "tinyflash"})
+    out = [f"| N | d | causal | {' | '.join(v.removeprefix('v7 ') for v in variants)} | SDPA flash |",
+           "|---|---|---|" + "---|" * (len(variants) + 1)]
+    for n, d, causal in configs(rows, "n_q", "d", "causal"):
+        found = [find(rows, impl="tinyflash", variant=v, n_q=n, d=d, causal=causal) for v in variants]
+        cells = [f"{cell(r)} ({cell(r, 'vs_baseline', '{:.2f}×')})" if r else DASH for r in found]
+        out.append(f"| {int(n):,} | {d} | {causal} | {' | '.join(cells)} | "
+                   f"{cell(find(rows, impl='torch_flash', variant='', n_q=n, d=d, causal=causal))} |")
+    return "\n".join(out)
+
+
 def backward_tensor_core_table(rows: list[dict]) -> str:
     """The tensor-core backward against SDPA's flash backward (``backward-tensor-cores``), per configuration:
     its TFLOP/s and speed over flash's (queued; the middle half of the rounds' ratios; one call alone)."""
@@ -388,7 +417,8 @@ def decode_bar_sentence(rows: list[dict]) -> str:
 TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
           "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table,
-          "training-step": training_step_table, "decode-whole-call": decode_call_table}
+          "training-step": training_step_table, "decode-whole-call": decode_call_table, "hopper": hopper_table,
+          "hopper-tiles": hopper_tiles_table}
 
 
 def summary(rows: list[dict]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 
@@ -77,6 +78,21 @@ def flat16(x):
 
 
 @dataclass(frozen=True)
+class Entry:
+    """What an entry point on the tensor cores calls: its name (in errors), its kernel version, the check of the
+    GPU in hand (``require(who)``), and the version's tiling on a GPU (``default_tiling(d, causal, n_q)``)."""
+
+    who: str
+    version: str
+    require: Callable
+    default_tiling: Callable
+
+
+TENSOR_CORES = Entry("tensor_core_attention", "v6",
+                     lambda who: require_compute_capability(MIN_COMPUTE_CAPABILITY, who), default_tiling)
+
+
+@dataclass(frozen=True)
 class CallPlan:
     """What :func:`tensor_core_attention` learns from its inputs' shapes, dtypes and library, ``causal`` and
     ``scale``, and nothing else: the checked problem, the 16-bit type, and, for device arrays on a GPU, the
@@ -105,7 +121,7 @@ def call_key(q, k, v, causal, scale):
     return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
 
 
-def plan_call(q, k, v, causal, scale) -> CallPlan:
+def plan_call(q, k, v, causal, scale, entry: Entry = TENSOR_CORES) -> CallPlan:
     """Check the inputs (every rule of :func:`tinyflash.core.checks.check_attention_inputs`, and the
     tensor cores' own: 16-bit, d = dv in HEAD_DIMS) and size the launch."""
     on_device = is_device_array(q)
@@ -114,20 +130,20 @@ def plan_call(q, k, v, causal, scale) -> CallPlan:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
-    element = sixteen_bit({"q": q, "k": k, "v": v}, "tensor_core_attention",
+    element = sixteen_bit({"q": q, "k": k, "v": v}, entry.who,
                           "tinyflash.cuda_attention takes float16 and float32")
     prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"tensor_core_attention supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
+        raise ValueError(f"{entry.who} supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
     if on_device != is_device_array(k) or on_device != is_device_array(v):
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
-    require_compute_capability(MIN_COMPUTE_CAPABILITY, "tensor_core_attention")
+    entry.require(entry.who)
     heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each
     launch = None
     if on_device and not simulator_enabled() and 0 < heads <= MAX_GRID_Y and prob.n_q > 0:
-        cfg = default_tiling(prob.d, prob.causal, prob.n_q)
-        launch = kernel_version("v6").sized_launch(prob.n_q, prob.n_k, heads, prob.scale * LOG2E, prob.causal, prob.kv_group,
+        cfg = entry.default_tiling(prob.d, prob.causal, prob.n_q)
+        launch = kernel_version(entry.version).sized_launch(prob.n_q, prob.n_k, heads, prob.scale * LOG2E, prob.causal, prob.kv_group,
                                   element, cfg)
     return CallPlan(prob, element, launch)
 
@@ -148,12 +164,18 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
     combination of shapes, dtypes, ``causal`` and ``scale``, and kept (:func:`call_key`); a call
     then only looks its plan up, allocates o and lse and launches.
     """
+    return attention_call(q, k, v, causal, scale, TENSOR_CORES)
+
+
+def attention_call(q, k, v, causal, scale, entry: Entry):
+    """The steps of a call of ``entry`` (``tensor_core_attention``, ``hopper_attention``): check, allocate, launch."""
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     # 1. check the inputs (once per call_key: the checks depend on nothing else)
     key = call_key(q, k, v, causal, scale)
+    key = key and (entry.version, *key)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
-        plan = plan_call(q, k, v, causal, scale)
+        plan = plan_call(q, k, v, causal, scale, entry)
         if key is not None and plan.launch is not None:
             if len(_PLANS) >= MAX_PLANS:
                 _PLANS.clear()
@@ -164,12 +186,12 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
         # 3. launch (dense: a copy only if not contiguous), on the stream q's library works on
         plan.launch(dense(q), dense(k), dense(v), o, lse, stream=current_stream(q))
         return o, lse
-    return _general_call(q, k, v, plan)
+    return _general_call(q, k, v, plan, entry.version)
 
 
-def _general_call(q, k, v, plan: CallPlan):
+def _general_call(q, k, v, plan: CallPlan, version: str = "v6"):
     """NumPy arrays (copied to the GPU and back), numba device arrays, numba's simulator, more heads
-    than one grid holds, empty inputs: steps 2 and 3 through v6's ``launch``."""
+    than one grid holds, empty inputs: steps 2 and 3 through the version's ``launch``."""
     prob, on_device = plan.prob, is_device_array(q)
     if not on_device:
         q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
@@ -187,7 +209,7 @@ def _general_call(q, k, v, plan: CallPlan):
                           scalars={"n_q": n_q, "n_k": n_k, "scale_log2": np.float32(prob.scale * LOG2E),
                                    "causal": prob.causal, "kv_group": prob.kv_group},
                           n_heads=heads, kv_group=prob.kv_group)
-        kernel_version("v6").launch(args, prob, element=plan.element)
+        kernel_version(version).launch(args, prob, element=plan.element)
     o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
     if plan.element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
         o = o.view(q.dtype)  # torch.bfloat16, or ml_dtypes.bfloat16

@@ -13,6 +13,8 @@
                  per-call work (the host's time counts where kernels are short)
     ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
+    wgmma.py     Hopper's warpgroup multiply (wgmma: fence, mma_async, commit, wait), its shared-memory
+                 descriptors and the 128-byte swizzle; wgmma_emulation.py emulates them (asynchrony included)
 
 Nothing here knows the softmax, the mask or the tiles of attention: the kernels import these pieces,
 and the attention mathematics from ``tinyflash.core`` (and, on the tensor cores, ``tinyflash.warp_tile``).

@@ -22,6 +22,7 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from . import ptx
+from .wgmma import swizzled_chunk
 from .runtime import simulator_enabled, u
 
 ZERO, ONE, FOUR = u(0), u(1), u(4)
@@ -176,6 +177,29 @@ def cp_async_rows(row_words: int, words: int, threads: int):
             row = uint32(row0) + uint32(i * ROWS_PER_PASS)
             inside = row < rows_left
             ptx.cp_async_16(smem_addr + (row * uint32(RW) + uint32(col)) * uint32(4), src,
+                            tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
+                            uint32(16) if inside else uint32(0))
+
+    return copy_rows
+
+
+def cp_async_swizzled_rows(words: int, threads: int, tile_rows: int):
+    """For the wgmma kernels: as :func:`cp_async_rows`, into a 128-byte-swizzled tile of ``tile_rows`` rows
+    (``wgmma.swizzled_chunk``: 64-column halves one after the other, each row's 16-byte chunks permuted by the
+    row's place among 8) instead of padded rows. ``copy_rows(src, src_off, first, n_rows, tile_addr, tid,
+    CHUNKS_PER_THREAD)``; ``tile_addr`` 1024-byte aligned. Rows at or past n_rows become zeros."""
+    CHUNKS, DW = u(words // 4), u(words)  # 16-byte chunks per row; words per row in HBM
+    ROWS_PER_PASS = threads // (words // 4)  # rows that the threads copy with one cp.async each
+
+    @cuda.jit(device=True, inline="always")
+    def copy_rows(src, src_off, first, n_rows, tile_addr, tid, CHUNKS_PER_THREAD):
+        row0, chunk = tid // CHUNKS, tid % CHUNKS  # the thread's first row; its chunk of each row
+        tile_src = src_off + first * DW + chunk * FOUR  # row `first` (it exists) at that chunk
+        rows_left = uint32(min(n_rows - first, uint64(ROWS_PER_PASS * CHUNKS_PER_THREAD)))
+        for i in range(CHUNKS_PER_THREAD):
+            row = uint32(row0) + uint32(i * ROWS_PER_PASS)
+            inside = row < rows_left
+            ptx.cp_async_16(tile_addr + swizzled_chunk(row, chunk, tile_rows), src,
                             tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
                             uint32(16) if inside else uint32(0))
 

@@ -96,6 +96,22 @@ def require_compute_capability(minimum: tuple[int, int], who: str) -> None:
             f"{found[0]}.{found[1]}. tinyflash.cuda_attention and cuda_attention_backward (the CUDA cores) run there")
 
 
+def require_exact_compute_capability(needed: tuple[int, int], who: str, instructions: str, instead: str) -> None:
+    """Return if the current GPU's compute capability is exactly ``needed`` (always on the simulator); else raise
+    :class:`UnsupportedGPUError` naming ``who``, the device, the ``instructions`` that exist only there (an
+    architecture-specific target such as ``sm_90a``, whose code runs on that compute capability alone) and what
+    runs ``instead``."""
+    if simulator_enabled():
+        return
+    found = compute_capability()
+    if found != tuple(needed):
+        name = getattr(cuda.get_current_device(), "name", "GPU")
+        name = name.decode() if isinstance(name, bytes) else name
+        raise UnsupportedGPUError(
+            f"{who} needs a GPU of compute capability {needed[0]}.{needed[1]} exactly: {instructions}; this {name} "
+            f"has {found[0]}.{found[1]}. {instead}")
+
+
 def simulator_cost(threads: int, key_tiles: int) -> tuple[int, float]:
     """(work, seconds) of a launch on the simulator: work = threads × key tiles each thread walks,
     seconds its order of magnitude at :data:`SIMULATOR_SECONDS_PER_THREAD_TILE`."""

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from . import (tensor_core_tiling, v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered,
-               v5_branch_free, v6_tensor_cores)
+               v5_branch_free, v6_tensor_cores, v7_wgmma)
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ VERSIONS = {v.name: v for v in (
              "ldmatrix fragment loads, K_j, V_j double-buffered with cp.async; float16 and bfloat16, d = 64 or 128",
              ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
              head_dims=tensor_core_tiling.HEAD_DIMS),
+    _version("v7", v7_wgmma, "Hopper's wgmma (stage 4): a warpgroup of 4 warps multiplies 64 query rows at once, "
+             "asynchronously; Q_i, K_j, V_j read by the tensor cores from 128-byte-swizzled shared memory through "
+             "descriptors, P_ij from registers; compute capability 9.0 only", ("config",),
+             dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128, head_dims=tensor_core_tiling.HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 

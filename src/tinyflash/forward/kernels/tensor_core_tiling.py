@@ -135,22 +135,23 @@ def sized_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_
 
 
 def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
-                        element: str | None = None) -> None:
+                        element: str | None = None, *, tilings=None, who: str = "kernel v6 (tensor cores)") -> None:
     """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (Q, K, V, O flat in 16-bit elements, LSE;
     n_q, n_k, scale_log2, causal, kv_group by name): device arrays on a GPU through the driver (``driver_launch``:
-    the kernel's sized launch, as v6.driver_launch keeps it), else through numba."""
+    the kernel's sized launch, as v6.driver_launch keeps it), else through numba. ``tilings``: the kernel's
+    (default_tiling(d, causal, n_q), simulator_tiling(d)) when ``config`` is None (None: this module's)."""
     if element is None:
         if np.dtype(prob.dtype) != np.float16:
-            raise TypeError(f"kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got {np.dtype(prob.dtype).name} "
+            raise TypeError(f"{who} takes float16 or bfloat16 inputs; got {np.dtype(prob.dtype).name} "
                             "(cuda_attention's kernels v1-v5 take float32)")
         element = "float16"
     if element not in ELEMENTS:
         raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"kernel v6 (tensor cores) supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
+        raise ValueError(f"{who} supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
                          "(cuda_attention's kernels v1-v5 take any head dim up to 256)")
-    cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal,
-                                                                                          prob.n_q))
+    on_gpu, on_simulator = tilings or (default_tiling, simulator_tiling)
+    cfg = config or (on_simulator(prob.d) if simulator_enabled() else on_gpu(prob.d, prob.causal, prob.n_q))
     if cfg.D != prob.d:
         raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
     sc = args.scalars

@@ -1,0 +1,28 @@
+"""Stage 4: FlashAttention-3's techniques on Hopper — the host wrapper of kernel v7 (``wgmma``).
+
+:func:`hopper_attention` has the contract of :func:`tinyflash.tensor_core_attention` and its steps
+(check the inputs, allocate the outputs, size the grid and launch; the checks and sizing kept per shape for
+PyTorch and CuPy inputs), with kernel v7 (``tinyflash/forward/kernels/v7_wgmma.py``) instead of v6. Its
+instructions (``tinyflash/gpu/wgmma.py``) exist on compute capability 9.0 only: elsewhere a call raises
+``UnsupportedGPUError`` before anything is compiled. On numba's simulator they are emulated.
+"""
+
+from __future__ import annotations
+
+from .kernels.hopper_tiling import default_tiling, require_hopper
+from .tensor_cores import Entry, attention_call
+
+HOPPER = Entry("hopper_attention", "v7", require_hopper, default_tiling)
+
+
+def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+    """Stage 4: FlashAttention's forward pass with Hopper's warpgroup multiplies. Returns ``(o, lse)``.
+
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), k and v with
+    fewer heads than q for grouped-query attention, d = 64 or 128, any Nq, Nk >= 1; o (..., Nq, d) in the
+    input dtype, lse (..., Nq) in float32. Products accumulate in float32; P_ij is rounded to the input type
+    before P·V. ``causal`` masks bottom-right (``tinyflash.core.masks``). NumPy float16 inputs are copied to
+    the GPU and back; device arrays (CuPy, numba, PyTorch CUDA tensors) stay there. Needs a Hopper GPU
+    (compute capability 9.0); :func:`tinyflash.tensor_core_attention` runs on 8.0 and newer.
+    """
+    return attention_call(q, k, v, causal, scale, HOPPER)

@@ -1,0 +1,184 @@
+"""The wgmma instructions of ``wgmma.py``, emulated in Python for numba's CUDA simulator.
+
+A warpgroup's multiply reads its shared-memory operands through descriptors; each emulated thread
+decodes the descriptors itself (the address of every element, :func:`operand_addresses`, with the
+128-, 64- or 32-byte swizzle applied to the address bits as the hardware does), multiplies the whole
+64 × N tile in float64 with NumPy, and keeps its own N / 2 accumulators: no exchange between threads.
+With A in registers (``rs``), a warp's rows of A are spread over its 32 lanes: they are gathered by the
+warp-synchronous exchange of ``ptx_emulation`` (every lane of the block calls the instruction together).
+
+The asynchrony is emulated too, so that a kernel that breaks its rules fails on the simulator:
+
+* an mma_async without a :func:`fence` since the last :func:`commit_group` raises RuntimeError;
+* its result is kept aside and written to the accumulator array only when a :func:`make_wait_group`
+  wait retires its group: a kernel that reads D before waiting reads the old values. Multiplies into
+  the same accumulators chain in issue order, as on the tensor cores.
+
+What is not emulated: the shared memory is read when mma_async is issued, not some time before the wait
+(a kernel that overwrites an operand in between is wrong on a GPU and not caught here); the base-offset
+field of a descriptor (every tile here starts 1024-byte aligned; a non-zero field raises); the
+async proxy (``fence.proxy.async``: the simulator has one coherent shared memory, so it does nothing).
+Each product is exact in float64 and rounded once to float32 per instruction, as ``ptx_emulation``'s mma.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+
+import numpy as np
+
+from .ptx_emulation import _exchange, a_fragment, from_bits
+
+M, K = 64, 16  # m64nNk16
+
+
+def _state():
+    """This thread's wgmma state: whether a fence opened the batch, the open batch, the committed groups, and
+    the newest pending value of each accumulator array."""
+    thread = threading.current_thread()
+    state = thread.__dict__.get("_tinyflash_wgmma")
+    if state is None:
+        state = thread._tinyflash_wgmma = {"fenced": False, "open": [], "groups": [], "latest": {}}
+    return state
+
+
+def decode(desc: int) -> dict:
+    """The fields of a shared-memory matrix descriptor (``wgmma.py``'s docstring)."""
+    desc = int(desc)
+    return {"start": (desc & 0x3FFF) << 4, "leading": ((desc >> 16) & 0x3FFF) << 4,
+            "stride": ((desc >> 32) & 0x3FFF) << 4, "base_offset": (desc >> 49) & 0x7, "swizzle": (desc >> 62) & 0x3}
+
+
+SWIZZLE_CHUNKS = {0: 1, 1: 8, 2: 4, 3: 2}  # 16-byte chunks per swizzled row, by the descriptor's code
+
+
+@lru_cache(maxsize=4096)
+def operand_addresses(desc: int, mn: int, k_major: bool) -> np.ndarray:
+    """(mn, 16): the shared byte address of element (i, k) of an operand that a descriptor names: A (i a row of
+    the 64 × 16 A) or Bᵀ (i a column of the 16 × N B); K-major or MN-major. CUTLASS's canonical layouts
+    (``make_gmma_desc``), in bytes, for 16-bit values (8 per 16-byte chunk), W chunks per swizzled row:
+
+        K-major, no swizzle:  (i % 8)·16 + (i // 8)·SBO + (k // 8)·LBO + 2(k % 8)
+        K-major, swizzled:    (i % 8)·16W + (i // 8)·SBO + 2k
+        MN-major, no swizzle: 2(i % 8) + (i // 8)·SBO + (k % 8)·16 + (k // 8)·LBO
+        MN-major, swizzled:   2(i % 8W) + (i // 8W)·LBO + (k % 8)·16W + (k // 8)·SBO
+
+    then, swizzled, bits 4 .. 4 + log2(W) of the address XOR its bits 7 .. 7 + log2(W)."""
+    f = decode(desc)
+    if f["base_offset"]:
+        raise NotImplementedError("a descriptor's base offset is not emulated: start tiles 1024-byte aligned")
+    w = SWIZZLE_CHUNKS[f["swizzle"]]
+    i, k = np.arange(mn)[:, None], np.arange(K)[None, :]  # (mn, 1), (1, 16)
+    if k_major:
+        offset = ((i % 8) * 16 * w + (i // 8) * f["stride"] + 2 * k if f["swizzle"] else
+                  (i % 8) * 16 + (i // 8) * f["stride"] + (k // 8) * f["leading"] + 2 * (k % 8))
+    else:
+        offset = (2 * (i % (8 * w)) + (i // (8 * w)) * f["leading"] + (k % 8) * 16 * w + (k // 8) * f["stride"]
+                  if f["swizzle"] else
+                  2 * (i % 8) + (i // 8) * f["stride"] + (k % 8) * 16 + (k // 8) * f["leading"])
+    address = f["start"] + offset  # (mn, 16)
+    if f["swizzle"]:
+        address = address ^ (((address >> 7) & (w - 1)) << 4)
+    return address
+
+
+def read_operand(desc, mn: int, k_major: bool, element: str) -> np.ndarray:
+    """(mn, 16) float64: the operand a descriptor names, read from this thread's shared memory (the array its
+    last ``ptx.shared_address`` was given; addresses are byte offsets into it)."""
+    smem = threading.current_thread()._tinyflash_smem
+    halves = np.asarray(smem).view(np.uint16)  # little-endian: the low half of a word first
+    address = operand_addresses(int(desc), mn, k_major)
+    if (address % 2).any() or address.max() // 2 >= halves.size:
+        raise IndexError(f"wgmma operand outside shared memory (descriptor {int(desc):#x}, {halves.size * 2} bytes)")
+    return from_bits(halves[address // 2], element).astype(np.float64)
+
+
+def accumulator_place(tid: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols), each (n / 2,): where thread ``tid``'s accumulators sit in the 64 × n D, in register order."""
+    warp, lane = (tid % 128) // 32, tid % 32
+    g, t = lane // 4, lane % 4
+    r = np.arange(n // 2)
+    blocks, e = r // 4, r % 4
+    return 16 * warp + g + 8 * (e // 2), 8 * blocks + 2 * t + e % 2
+
+
+def _issue(acc, product, scale_d, n):
+    """Queue ``acc`` (+)= this thread's part of ``product`` (64 × n) in the open batch."""
+    state = _state()
+    if not state["fenced"]:
+        raise RuntimeError("wgmma.mma_async without a wgmma.fence since the last commit_group: the tensor cores "
+                           "could read registers before their last writes")
+    thread = threading.current_thread()
+    rows, cols = accumulator_place(thread.thread_id, n)
+    flat = acc.reshape(-1)
+    before = state["latest"].get(id(acc), flat[:n // 2].astype(np.float64))  # chained multiplies see the newest
+    value = product[rows, cols] + (before if int(scale_d) else 0.0)
+    value = value.astype(np.float32)
+    state["latest"][id(acc)] = value
+    state["open"].append((flat, id(acc), value))
+
+
+def make_mma(element: str, n: int, from_registers: bool, trans_b: bool):
+    """Emulated ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.<element>.<element>`` (ss or rs form)."""
+    b_major_k = not trans_b
+    a_rows, a_cols = map(np.array, zip(*[(r, c) for lane in range(32) for r, c in a_fragment(lane)]))
+
+    def b_operand(desc_b):
+        return read_operand(desc_b, n, b_major_k, element).T  # (16, n)
+
+    if from_registers:
+        def mma_async_rs(acc, a0, a1, a2, a3, desc_b, scale_d):
+            lanes, _ = _exchange((a0, a1, a2, a3))  # the warp's words of its 16 rows of A
+            words = np.array(lanes, dtype=np.uint32)  # (32 lanes, 4 words)
+            halves = from_bits(np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1), element)
+            a = np.zeros((M, K))  # only this warp's 16 rows are filled: the only rows of D it holds
+            warp = (threading.current_thread().thread_id % 128) // 32
+            a[16 * warp + a_rows, a_cols] = halves
+            _issue(acc, a @ b_operand(desc_b), scale_d, n)
+
+        return mma_async_rs
+
+    def mma_async_ss(acc, desc_a, desc_b, scale_d):
+        _issue(acc, read_operand(desc_a, M, True, element) @ b_operand(desc_b), scale_d, n)
+
+    return mma_async_ss
+
+
+def fence():
+    """Emulated ``wgmma.fence``: the batch that follows may be issued."""
+    _state()["fenced"] = True
+
+
+def commit_group():
+    """Emulated ``wgmma.commit_group``: the open batch becomes the newest group; the next needs a fence."""
+    state = _state()
+    state["groups"].append(state["open"])
+    state["open"], state["fenced"] = [], False
+
+
+def make_wait_group(pending: int):
+    """Emulated ``wgmma.wait_group N``: the groups older than the newest N write their accumulators."""
+
+    def wait():
+        state = _state()
+        while len(state["groups"]) > pending:
+            for flat, key, value in state["groups"].pop(0):
+                flat[:value.size] = value
+                if state["latest"].get(key) is value:  # no newer multiply into these accumulators in flight
+                    del state["latest"][key]
+
+    return wait
+
+
+def make_fence_operands(count: int):
+    """Emulated register fence: nothing moves on the simulator."""
+
+    def fence_operands(acc):
+        pass
+
+    return fence_operands
+
+
+def fence_proxy_async():
+    """Emulated ``fence.proxy.async.shared::cta``: one coherent shared memory, nothing to order."""

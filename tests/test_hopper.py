@@ -1,0 +1,141 @@
+"""Stage 4, kernel v7 (wgmma), at the smallest sizes its tiles allow: one warpgroup of 128 threads (64 query
+rows), 16 keys per tile. On numba's simulator, with the emulated instructions of tinyflash.gpu.wgmma_emulation;
+on a Hopper GPU the same tests run the real ones (elsewhere they are skipped: v7 needs compute capability 9.0).
+
+float16 through hopper_attention; bfloat16, which NumPy lacks, through the kernel's launch with 16-bit
+patterns made by tinyflash.gpu.ptx_emulation.to_bits. Results against the float64 reference: FlashAttention's
+rule for o against naive attention in the same precision, lse within F32_TOL.
+"""
+
+import numpy as np
+import pytest
+from conftest import make_qkv
+
+import tinyflash as tf
+from tinyflash.core.checks import check_attention_inputs
+from tinyflash.core.online_softmax import LOG2E
+from tinyflash.core.tolerance import F32_TOL, RuleCheck, assert_close, assert_fa_rule
+from tinyflash.forward.kernels import VERSIONS
+from tinyflash.forward.kernels.hopper_tiling import HopperTiling
+from tinyflash.gpu.launch import LaunchArgs
+from tinyflash.gpu.ptx_emulation import from_bits, to_bits
+from tinyflash.gpu.runtime import simulator_enabled
+
+pytestmark = pytest.mark.simulator
+
+
+@pytest.fixture(autouse=True)
+def hopper_or_simulator():
+    if not simulator_enabled():
+        from tinyflash.gpu.runtime import compute_capability
+
+        if compute_capability() != (9, 0):
+            pytest.skip("kernel v7 (wgmma) needs compute capability 9.0")
+
+
+def check(o, lse, q, k, v, causal, what, scale=None):
+    """FlashAttention's rule for o against naive float16 attention; lse within F32_TOL (float32 math)."""
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal, scale=scale)
+    assert_fa_rule(o, tf.naive_attention(q, k, v, causal=causal, scale=scale)[0], ref_o, np.float16, what=f"{what} o")
+    assert_close(lse, ref_lse, F32_TOL, f"{what} lse", is_lse=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q, n_k", [(20, 37), (33, 17)])
+def test_float16_ragged(rng, n_q, n_k, causal):
+    """Ragged tiles on both sides (a 64-row warpgroup tile mostly past Nq), Nq != Nk; with causal and Nq > Nk,
+    rows that see no key."""
+    q, k, v = make_qkv(rng, (1,), n_q, n_k, d=64, dtype=np.float16)
+    copies = [x.copy() for x in (q, k, v)]
+    o, lse = tf.hopper_attention(q, k, v, causal=causal)
+    assert o.dtype == np.float16 and o.shape == (1, n_q, 64) and lse.dtype == np.float32 and lse.shape == (1, n_q)
+    check(o, lse, q, k, v, causal, f"v7 {n_q}x{n_k} causal={causal}")
+    assert all(np.array_equal(x, c) for x, c in zip((q, k, v), copies))  # inputs untouched
+    if causal and n_q > n_k:
+        assert np.all(o[0, :n_q - n_k] == 0) and np.all(np.isneginf(lse[0, :n_q - n_k]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_128_many_tiles(rng, causal):
+    """d = 128 (Q_i, K_j, V_j in two 64-column halves; V_j's descriptor crosses them), 5 key tiles through the
+    two stages, a full 64-row tile and a scale."""
+    q, k, v = make_qkv(rng, (), 64, 80, d=128, dtype=np.float16)
+    o, lse = tf.hopper_attention(q, k, v, causal=causal, scale=0.05)
+    check(o, lse, q, k, v, causal, f"v7 d=128 64x80 causal={causal}", scale=0.05)
+
+
+def test_two_warpgroups(rng):
+    """Two warpgroups (Br = 128, 256 threads), 32-key tiles, causal with Nq > 64: the second warpgroup's rows of
+    Q_i, its first warp's causal skip, and 36 rows past Nq."""
+    q, k, v = make_qkv(rng, (1,), 92, 70, d=64, dtype=np.float16)
+    cfg = HopperTiling(D=64, WARPGROUPS=2, BC=32).validate()
+    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v7", config=cfg)
+    check(o, lse, q, k, v, True, "v7 two warpgroups 92x70 causal")
+    assert np.all(o[0, :92 - 70] == 0) and np.all(np.isneginf(lse[0, :92 - 70]))
+
+
+def test_eager_rescaling_equals_lazy(rng):
+    """LAZY_RESCALE off: the running state rescaled at every tile; the same attention within the rule."""
+    q, k, v = make_qkv(rng, (1,), 40, 50, d=64, dtype=np.float16)
+    q *= 3  # scores that grow from tile to tile often enough to rescale
+    eager = HopperTiling(D=64, WARPGROUPS=1, BC=16, LAZY_RESCALE=False).validate()
+    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v7", config=eager)
+    check(o, lse, q, k, v, True, "v7 eager rescaling")
+    o_lazy, lse_lazy = tf.hopper_attention(q, k, v, causal=True)
+    assert_close(o_lazy.astype(np.float64), o.astype(np.float64), 2e-3, "lazy against eager rescaling")
+
+
+def test_grouped_query_heads(rng):
+    """4 query heads on 2 K/V heads (and a batch of 2): the same numbers as with K, V repeated to 4 heads."""
+    q = rng.standard_normal((2, 4, 17, 64)).astype(np.float16)  # (B, H, Nq, d)
+    _, k, v = make_qkv(rng, (2, 2), 1, 20, d=64, dtype=np.float16)  # (B, H_kv, Nk, d)
+    o, lse = tf.hopper_attention(q, k, v, causal=True)
+    o_rep, lse_rep = tf.hopper_attention(q, np.repeat(k, 2, axis=-3), np.repeat(v, 2, axis=-3), causal=True)
+    assert np.array_equal(o, o_rep) and np.array_equal(lse, lse_rep)
+    check(o, lse, q, k, v, True, "v7 GQA")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16(rng, causal):
+    """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
+    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
+    prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
+                                  causal=causal, scale=None, allowed=(np.dtype(np.float16),))
+    bits = [to_bits(x, "bfloat16").reshape(-1) for x in (q, k, v)]  # (Nq·d,), (Nk·d,), (Nk·d,) uint16
+    o, lse = np.zeros(prob.n_q * prob.d, np.uint16), np.zeros(prob.n_q, np.float32)  # (Nq·d,), (Nq,)
+    args = LaunchArgs(arrays={"Q": (bits[0], q.size), "K": (bits[1], k.size), "V": (bits[2], v.size), "O": (o, o.size),
+                              "LSE": (lse, lse.size)},
+                      scalars={"n_q": prob.n_q, "n_k": prob.n_k, "scale_log2": np.float32(prob.scale * LOG2E),
+                               "causal": causal, "kv_group": 1}, n_heads=1)
+    VERSIONS["v7"].launch(args, prob, element="bfloat16")
+    o = from_bits(o, "bfloat16").reshape(prob.n_q, prob.d)
+    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
+    naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
+
+    def bf16(x):
+        return from_bits(to_bits(x, "bfloat16"), "bfloat16").astype(np.float64)
+
+    r = bf16(ref_o)
+    atol = 2.0 * float(np.abs(bf16(bf16(r + 0.3) - 0.3) - r).max())  # flash-attn's fwd_atol, in bfloat16
+    rule = RuleCheck(float(np.abs(o - ref_o).max()), float(np.abs(naive - ref_o).max()), atol, 2.0)
+    assert rule.ok, str(rule)
+    assert_close(lse, ref_lse, F32_TOL, "bf16 lse", is_lse=True)
+
+
+def test_bad_inputs_name_the_argument(rng):
+    q, k, v = make_qkv(rng, (1,), 8, 8, d=64, dtype=np.float32)
+    with pytest.raises(TypeError, match="hopper_attention takes float16 or bfloat16; got q of dtype float32"):
+        tf.hopper_attention(q, k, v)
+    q, k, v = make_qkv(rng, (1,), 8, 8, d=96, dtype=np.float16)
+    with pytest.raises(ValueError, match="hopper_attention supports d = dv in"):
+        tf.hopper_attention(q, k, v)
+
+
+def test_registered_with_its_limits():
+    v7 = VERSIONS["v7"]
+    assert list(VERSIONS)[-1] == "v7" and v7.accepts("bfloat16", 128, 128) and v7.accepts(np.float16, 64, 64)
+    assert not v7.accepts(np.float32, 64, 64) and not v7.accepts(np.float16, 96, 96)
+    with pytest.raises(ValueError, match="WARPGROUPS"):
+        HopperTiling(D=64, WARPGROUPS=4, BC=64).validate()
+    with pytest.raises(ValueError, match="BC must be a multiple of 16"):
+        HopperTiling(D=64, WARPGROUPS=1, BC=24).validate()
