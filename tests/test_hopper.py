@@ -139,3 +139,13 @@ def test_registered_with_its_limits():
         HopperTiling(D=64, WARPGROUPS=4, BC=64).validate()
     with pytest.raises(ValueError, match="BC must be a multiple of 16"):
         HopperTiling(D=64, WARPGROUPS=1, BC=24).validate()
+
+
+def test_the_tilings_the_benchmark_times_are_valid():
+    """Every tiling of the hopper-tiles benchmark passes the tiling's own checks before a GPU sees it."""
+    from tinyflash.bench.suites import V7_TILINGS
+
+    for d, tilings in V7_TILINGS.items():
+        for warpgroups, bc in tilings:
+            cfg = HopperTiling(D=d, WARPGROUPS=warpgroups, BC=bc).validate()
+            assert cfg.smem_bytes <= 227 * 1024, cfg

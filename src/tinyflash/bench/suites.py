@@ -100,7 +100,7 @@ def hopper_peers(point) -> list:
     return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(), p.stage4()]
 
 
-V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (3, 128)], 128: [(1, 128), (2, 64), (2, 128), (3, 64)]}  # (WG, BC)
+V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (2, 192), (3, 96)], 128: [(1, 128), (2, 64), (2, 128), (3, 96)]}  # (WG, BC)
 
 
 def hopper_tiling_peers(point) -> list:
