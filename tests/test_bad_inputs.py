@@ -151,24 +151,28 @@ class FakeTorchTensor:
 
 
 def test_gpu_tensors_whose_dtype_numpy_does_not_know():
-    """PyTorch tensors' dtypes are read from their interface; bfloat16 gets a clear error that says which
-    functions take it; a type no stage takes says so."""
-    from tinyflash.core.checks import check_attention_inputs
+    """PyTorch tensors' dtypes are read from their interface; bfloat16, which NumPy lacks, is taken by name where a
+    stage takes it and refused elsewhere with the functions that take it; a type no stage takes says so."""
+    from tinyflash.core.checks import SUPPORTED_DTYPES, check_attention_inputs
     from tinyflash.forward.cuda import SUPPORTED
 
     f32 = [FakeTorchTensor((2, 5, 8), "torch.float32", "<f4") for _ in range(3)]
     prob = check_attention_inputs(*f32, causal=False, scale=None, allowed=SUPPORTED)
     assert prob.dtype == np.float32 and prob.n_q == 5 and prob.lead == (2,)
     bf16 = [FakeTorchTensor((2, 5, 8), "torch.bfloat16", "<V2") for _ in range(3)]
-    with pytest.raises(TypeError, match=r"q has dtype torch.bfloat16; expected one of float16, float32 \(bfloat16 goes "
-                                        r"to the tensor cores: tinyflash.tensor_core_attention and "
-                                        r"tensor_core_attention_backward take it\)"):
-        check_attention_inputs(*bf16, causal=False, scale=None, allowed=SUPPORTED)
+    prob = check_attention_inputs(*bf16, causal=True, scale=None, allowed=SUPPORTED)
+    assert prob.dtype == "bfloat16" and prob.compute_dtype == np.float32 and prob.causal and prob.n_q == 5
+    with pytest.raises(TypeError, match=r"^q has dtype torch.bfloat16; expected one of float16, float32, float64 "
+                                        r"\(tinyflash.cuda_attention, tensor_core_attention, cuda_attention_backward, "
+                                        r"tensor_core_attention_backward, cuda_split_kv_attention and "
+                                        r"cuda_paged_attention take it\)$"):
+        check_attention_inputs(*bf16, causal=False, scale=None, allowed=SUPPORTED_DTYPES)
     fp8 = [FakeTorchTensor((2, 5, 8), "torch.float8_e4m3fn", "<V1") for _ in range(3)]
-    with pytest.raises(TypeError, match=r"q has dtype torch.float8_e4m3fn; .* \(no stage of tinyflash takes it\)"):
+    with pytest.raises(TypeError, match=r"^q has dtype torch.float8_e4m3fn; expected one of float16, bfloat16, "
+                                        r"float32 \(no stage of tinyflash takes it\)$"):
         check_attention_inputs(*fp8, causal=False, scale=None, allowed=SUPPORTED)
-    with pytest.raises(TypeError, match="q has dtype torch.bfloat16; expected one of float16, float32"):
-        tf.cuda_attention(*bf16)
     mixed = [f32[0], FakeTorchTensor((2, 5, 8), "torch.float16", "<f2"), f32[2]]
-    with pytest.raises(TypeError, match="q, k and v must share one dtype; got q float32, k float16, v float32"):
+    with pytest.raises(TypeError, match="^q, k and v must share one dtype; got q float32, k float16, v float32$"):
         check_attention_inputs(*mixed, causal=False, scale=None, allowed=SUPPORTED)
+    with pytest.raises(TypeError, match="^q, k and v must share one dtype; got q bfloat16, k float32, v bfloat16$"):
+        check_attention_inputs(bf16[0], f32[1], bf16[2], causal=False, scale=None, allowed=SUPPORTED)

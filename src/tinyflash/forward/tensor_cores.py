@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.checks import AttentionProblem, as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result
+from ..gpu.arrays import bfloat16_bits, current_stream, dense, empty, is_device_array, library, numba_flat, result
 from ..gpu.driver_launch import GridLaunch
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
@@ -67,12 +67,7 @@ def flat16(x):
     through the driver, which reads its address (``gpu/driver_launch.py``): no numba view is made,
     which took a visible part of a call's time at N = 4,096."""
     if element_type(x):
-        if is_device_array(x) and library(x) == "torch":
-            import torch
-
-            x = x.detach().view(torch.int16)
-        else:  # a NumPy (or CuPy) array of ml_dtypes.bfloat16
-            x = x.view(np.int16)
+        x = bfloat16_bits(x)
     return dense(x) if is_device_array(x) else numba_flat(x)
 
 
