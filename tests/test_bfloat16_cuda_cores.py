@@ -21,7 +21,7 @@ from tinyflash.forward.kernels import VERSIONS
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 
 pytestmark = pytest.mark.simulator
-CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 8, 8)]  # v1-v5
+CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts("bfloat16", 8, 5)]  # v1-v5 (v6: d = dv = 64, 128)
 
 
 class Bfloat16Array:

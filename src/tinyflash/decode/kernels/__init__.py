@@ -3,7 +3,7 @@
     split.py          what every split kernel shares: a split's keys, a key's row (contiguous or paged),
                       what the host needs to launch one (SplitKernel)
     tensor_cores.py   the split kernel on the tensor cores: one warp per block of 16 packed rows, a warp tile of v6
-    cuda_cores.py     the split kernel on the CUDA cores: float32 arithmetic on float16, bfloat16 or float32, any d <= 256
+    cuda_cores.py     the split kernel on the CUDA cores: float32 arithmetic on float16, bfloat16 or float32, d <= 256
     combine.py        the combine kernel: the splits' partials merged exactly into O and lse
 
 :data:`VERSIONS` registers each split kernel once: ``cuda_split_kv_attention(kernel=...)``, the tests
