@@ -195,5 +195,5 @@ def test_bad_inputs(rng, stage):
 def test_cuda_backward_rejects_float64_and_mixed_arrays(rng):
     q, k, v = make_qkv(rng, (), 5, 6, d=4)
     o, lse = tf.naive_attention(q, k, v)
-    with pytest.raises(TypeError, match=r"q has dtype float64; expected one of float16, float32"):
+    with pytest.raises(TypeError, match=r"q has dtype float64; expected one of float16, bfloat16, float32"):
         tf.cuda_attention_backward(q, k, v, o, lse, make_do(rng, q, v))

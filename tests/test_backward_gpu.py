@@ -1,7 +1,7 @@
 """The backward kernel on a real GPU at realistic sizes, and PyTorch autograd (``pytest -m gpu``).
 
 N from 1 to 4096 (ragged tiles everywhere but 128 and 4096), head dims 32, 64 and 128, causal
-and not, float32 and float16, against the float64 reference and stage 1; determinism (dk, dv
+and not, float32 and float16, against the float64 reference and stage 1; bfloat16 PyTorch tensors; determinism (dk, dv
 bitwise; dq within the bound of reordered float32 additions); CuPy arrays; the autograd wrapper
 against PyTorch's scaled_dot_product_attention.
 """
@@ -11,7 +11,7 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash.core.tolerance import assert_close, assert_fa_rule
+from tinyflash.core.tolerance import assert_close, assert_fa_rule, round_to
 
 pytestmark = pytest.mark.gpu
 F32_GRAD_TOL = 1e-4
@@ -114,15 +114,15 @@ def test_more_heads_than_one_launch(rng):
         assert_close(g, r, F32_GRAD_TOL, name)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n, d", [(17, 32), (1000, 64), (2048, 128)])
+@pytest.mark.parametrize("n, d", [(17, 32), (1000, 64), (2048, 128), (999, 80)])
 def test_torch_autograd_matches_sdpa(rng, n, d, causal, dtype):
     """tinyflash.torch.attention's gradients against float64 (SDPA's, computed in float64): in float16
     FlashAttention's rule (our error at most 3× SDPA's float16 error), in float32 the relative error
     F32_GRAD_TOL of every float32 gradient check here (FlashAttention's rule is for reduced precision;
     SDPA's float32 backward is a fused kernel, not a naive computation). Nq == Nk: there both causal
-    alignments agree."""
+    alignments agree. d = 32 and 80 run on the CUDA cores, 64 and 128 in float16 and bfloat16 on the tensor cores."""
     torch = pytest.importorskip("torch")
     import tinyflash.torch as tft
 
@@ -141,11 +141,31 @@ def test_torch_autograd_matches_sdpa(rng, n, d, causal, dtype):
     theirs = grads(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
     for name, a, b, r in zip(("dq", "dk", "dv"), ours, theirs, ref):
         assert a.dtype == tdtype and a.shape == r.shape
-        if dtype == "float16":
-            assert_fa_rule(a.double().cpu().numpy(), b.double().cpu().numpy(), r.cpu().numpy(), np.dtype(dtype),
+        if dtype in ("float16", "bfloat16"):
+            assert_fa_rule(a.double().cpu().numpy(), b.double().cpu().numpy(), r.cpu().numpy(), dtype,
                            factor=GRAD_FACTOR, what=f"{name} tinyflash.torch vs SDPA")
         else:
             assert_close(a.double().cpu().numpy(), r.cpu().numpy(), F32_GRAD_TOL, f"{name} tinyflash.torch")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_torch(rng, causal):
+    """bfloat16 PyTorch tensors through the CUDA-core forward and backward (d = 64, dv = 80: not the tensor
+    cores'), ragged, Nq != Nk: the gradients by FlashAttention's rule (factor 3) against the float64 reference,
+    the naive backward rounded to bfloat16 the baseline."""
+    torch = pytest.importorskip("torch")
+    q, k, v = make_qkv(rng, (2,), 300, 513, d=64, d_v=80, dtype=np.float32)
+    do = rng.standard_normal((2, 300, 80)).astype(np.float32)
+    tq, tk, tv, tdo = (torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, k, v, do))
+    q, k, v, do = (t.float().cpu().numpy() for t in (tq, tk, tv, tdo))  # the values bfloat16 holds
+    o, lse = tf.cuda_attention(tq, tk, tv, causal=causal)
+    grads = tf.cuda_attention_backward(tq, tk, tv, o, lse, tdo, causal=causal)
+    ref = tf.reference_attention_backward(q, k, v, do, causal=causal)
+    naive = tf.naive_attention_backward(q, k, v, do, causal=causal)
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        assert g.dtype == torch.bfloat16 and g.shape == r.shape
+        assert_fa_rule(g.float().cpu().numpy(), round_to(n, "bfloat16"), r, "bfloat16", factor=GRAD_FACTOR,
+                       what=f"bfloat16 {name}")
 
 
 def test_torch_wrapper_rejects_cpu_tensors():

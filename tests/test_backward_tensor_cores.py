@@ -115,7 +115,7 @@ def test_bad_inputs_are_refused_before_a_launch(rng):
     q, k, v = make_qkv(rng, (), 4, 4, 64, dtype=np.float16)
     o, lse = tf.naive_attention(q, k, v)
     with pytest.raises(TypeError, match=r"^tensor_core_attention_backward takes float16 or bfloat16; got q of dtype "
-                                        r"float32 \(tinyflash.cuda_attention_backward takes float16 and float32\)$"):
+                                        r"float32 \(tinyflash.cuda_attention_backward takes float16, bfloat16 and float32\)$"):
         tf.tensor_core_attention_backward(*(x.astype(np.float32) for x in (q, k, v, o)), lse, o.astype(np.float32))
     with pytest.raises(TypeError, match="lse must have dtype float32"):
         tf.tensor_core_attention_backward(q, k, v, o, lse.astype(np.float16), o)

@@ -3,7 +3,7 @@
 Sizes from 1 to 4096 (ragged tiles everywhere but 128 and 4096), head dims 32, 64, 80 and 128,
 causal and not, float32 and float16, against the float64 reference with the stage-1 rules;
 every registered kernel version; plus determinism, CuPy, numba and PyTorch arrays in and out,
-more than 65,535 heads and the >48 KiB shared-memory path.
+more than 65,535 heads and the >48 KiB shared-memory path; bfloat16 as PyTorch tensors on every version.
 """
 
 import warnings
@@ -13,7 +13,7 @@ import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
-from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule, round_to
 from tinyflash.forward.kernels import VERSIONS, tiling
 from tinyflash.gpu.arrays import is_device_array
 from tinyflash.hardware import STATIC_SMEM_PER_BLOCK
@@ -81,6 +81,41 @@ def test_every_version(rng, kernel, dtype):
         assert_close(lse, ref_lse, F32_TOL, f"{kernel} lse", is_lse=True)
 
 
+def bfloat16_tensors(torch, rng, lead, n_q, n_k, d, d_v=None):
+    """q, k, v as PyTorch CUDA tensors of bfloat16, and the float32 values they hold (exactly)."""
+    tensors = [torch.from_numpy(x).cuda().to(torch.bfloat16) for x in make_qkv(rng, lead, n_q, n_k, d, d_v, np.float32)]
+    return tensors, [t.float().cpu().numpy() for t in tensors]
+
+
+def check_bfloat16(o, lse, values, causal, what):
+    """o by FlashAttention's rule (naive attention rounded to bfloat16 the baseline), lse within F32_TOL."""
+    ref_o, ref_lse = tf.reference_attention(*values, causal=causal)
+    naive = round_to(tf.naive_attention(*values, causal=causal)[0], "bfloat16")
+    assert_fa_rule(o.float().cpu().numpy(), naive, ref_o, "bfloat16", what=f"{what} o")
+    assert_close(lse.cpu().numpy(), ref_lse, F32_TOL, f"{what} lse", is_lse=True)
+
+
+@pytest.mark.parametrize("kernel", [name for name, v in VERSIONS.items() if v.accepts(np.float32, 64, 80)])
+def test_bfloat16_every_version(rng, kernel):
+    """bfloat16 PyTorch tensors on every CUDA-core version (float32 arithmetic): d != dv, ragged, Nq != Nk."""
+    torch = pytest.importorskip("torch")
+    (q, k, v), values = bfloat16_tensors(torch, rng, (2,), 777, 1000, 64, 80)
+    for causal in (False, True):
+        o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=kernel)
+        assert o.dtype == torch.bfloat16 and o.shape == (2, 777, 80) and lse.dtype == torch.float32
+        check_bfloat16(o, lse, values, causal, f"{kernel} bfloat16")
+
+
+@pytest.mark.parametrize("d", [8, 80, 256])
+def test_bfloat16_head_dims_and_grouped_heads(rng, d):
+    """bfloat16 at head dims the tensor cores do not take, 8 query heads on 2 K/V heads, causal."""
+    torch = pytest.importorskip("torch")
+    (q, _, _), q_values = bfloat16_tensors(torch, rng, (8,), 300, 1, d)
+    (_, k, v), kv_values = bfloat16_tensors(torch, rng, (2,), 1, 513, d)
+    o, lse = tf.cuda_attention(q, k, v, causal=True)
+    check_bfloat16(o, lse, (q_values[0], *kv_values[1:]), True, f"d={d} GQA bfloat16")
+
+
 def test_simple_kernel_with_head_dim_256(rng):
     """v1 with d = dv = 256 takes 64 KiB of shared memory: granted, not a driver error."""
     q, k, v = make_qkv(rng, (2,), 300, 300, d=256, dtype=np.float32)
@@ -102,7 +137,7 @@ def test_more_than_65535_heads(rng):
 
 def test_torch_in_torch_out(rng):
     """PyTorch CUDA tensors are read in place and the results are tensors on the same device;
-    bfloat16 is refused with the supported dtypes named."""
+    float64 is refused with the supported dtypes named."""
     torch = pytest.importorskip("torch")
     q, k, v = make_qkv(rng, (2, 3), 300, 257, d=64, dtype=np.float16)
     tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
@@ -115,9 +150,9 @@ def test_torch_in_torch_out(rng):
     assert_close(lse.cpu().numpy(), ref_lse, F32_TOL, "lse", is_lse=True)
     for x, t in ((q, tq), (k, tk), (v, tv)):
         assert np.array_equal(t.cpu().numpy(), x)  # inputs untouched
-    b16 = tq.to(torch.bfloat16)
-    with pytest.raises(TypeError, match="q has dtype torch.bfloat16; expected one of float16, float32"):
-        tf.cuda_attention(b16, b16, b16)
+    f64 = tq.to(torch.float64)
+    with pytest.raises(TypeError, match="^q has dtype float64; expected one of float16, bfloat16, float32"):
+        tf.cuda_attention(f64, f64, f64)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

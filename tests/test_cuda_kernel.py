@@ -272,7 +272,7 @@ def test_registry():
 
 def test_bad_inputs():
     x = np.ones((4, 8), np.float32)
-    with pytest.raises(TypeError, match="q has dtype float64; expected one of float16, float32"):
+    with pytest.raises(TypeError, match="^q has dtype float64; expected one of float16, bfloat16, float32"):
         tf.cuda_attention(x.astype(np.float64), x.astype(np.float64), x.astype(np.float64))
     big = np.ones((4, 257), np.float32)
     with pytest.raises(ValueError, match="head dims up to 256; got d .* = 257"):

@@ -99,7 +99,7 @@ def test_bad_inputs_to_the_kernels(rng):
     q, k, v = decode_inputs(rng, 1, 2, 1, 1, 4, 8, np.float32)
     with pytest.raises(ValueError, match="need dv == d"):
         tf.cuda_split_kv_attention(q, k, v[..., :4])
-    with pytest.raises(TypeError, match="expected one of float16, float32"):
+    with pytest.raises(TypeError, match="^q has dtype float64; expected one of float16, bfloat16, float32"):
         tf.cuda_split_kv_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
     with pytest.raises(ValueError, match="head dims up to 128 for float32"):
         tf.cuda_split_kv_attention(*(np.zeros(x.shape[:-1] + (200,), np.float32) for x in (q, k, v)))

@@ -66,10 +66,29 @@ def test_bfloat16_paged_matches_contiguous(rng):
     assert torch.equal(o, o_c) and torch.allclose(lse, lse_c, rtol=0, atol=1e-5)
 
 
-def test_bfloat16_outside_the_tensor_cores_is_refused_by_name():
-    q = torch.randn(1, 4, 1, 96, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"decode kernel takes float16 or bfloat16 with d = dv in .*; got bfloat16, d=96"):
-        tf.cuda_split_kv_attention(q, q, q)
+@pytest.mark.parametrize("d, n_q, causal", [(96, 1, False), (80, 3, True), (256, 1, False)])
+def test_bfloat16_at_the_cuda_cores_head_dims(rng, d, n_q, causal):
+    """bfloat16 at head dims the tensor cores do not take: the CUDA-core split kernel (float32 arithmetic),
+    d = 256 in whole 16-byte pieces of a row (cp.async), 80 and 96 element by element; the paged cache (its last
+    page partly filled) gives the same o."""
+    q, k, v = decode_tensors(int(rng.integers(2**31)), 2, 8, 2, n_q, 3_001, d, torch.bfloat16)
+    o, lse = tf.cuda_split_kv_attention(q, k, v, causal=causal, num_splits=4)
+    assert o.dtype == torch.bfloat16 and o.shape == q.shape and lse.dtype == torch.float32
+    ref_o, ref_lse, naive = reference(q, k, v, causal)
+    assert_fa_rule(o, naive, ref_o, "bfloat16", what=f"bfloat16 split-KV d={d} o")
+    assert_close(lse.cpu().numpy(), ref_lse.cpu().numpy(), F32_TOL, f"bfloat16 split-KV d={d} lse", is_lse=True)
+    size = 16  # tokens per page: the cache in pages, in order, the last one partly filled
+    pages = -(-3_001 // size)
+    pad = pages * size - 3_001
+
+    def pool(x):  # (2, H_kv, Nk, d) -> (2·pages, H_kv, size, d)
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.reshape(2, 2, pages, size, d).permute(0, 2, 1, 3, 4).reshape(-1, 2, size, d).contiguous()
+
+    table = torch.arange(2 * pages, dtype=torch.int32, device="cuda").reshape(2, pages)
+    cache = PagedKVCache(pool(k), pool(v), table, torch.full((2,), 3_001, dtype=torch.int32, device="cuda"))
+    o_p, lse_p = tf.cuda_paged_attention(q, cache, causal=causal, num_splits=4)  # the same splits of each sequence
+    assert torch.equal(o_p, o) and torch.allclose(lse_p, lse, rtol=0, atol=1e-5)
 
 
 def test_the_whole_call_is_sized_once_per_shape(rng):

@@ -110,7 +110,7 @@ def test_cuda_dtype_error_says_what_to_do(make):
     with pytest.raises(TypeError) as info:
         tf.cuda_attention(make(q), make(q), make(q))
     msg = str(info.value)
-    assert msg.startswith("q has dtype float64; expected one of float16, float32. Convert it first: "
+    assert msg.startswith("q has dtype float64; expected one of float16, bfloat16, float32. Convert it first: "
                           "q.astype(np.float32) for an array, np.asarray(q, dtype=np.float32) for a list"), msg
     assert "a Python list of floats becomes float64" in msg
 

@@ -192,7 +192,7 @@ def test_registered_and_through_cuda_attention(rng):
 @pytest.mark.parametrize("args, kwargs, error, match", [
     (((1, 5, 64), (1, 5, 64), (1, 5, 64), np.float32), {}, TypeError,
      r"^tensor_core_attention takes float16 or bfloat16; got q of dtype float32 \(tinyflash.cuda_attention takes "
-     r"float16 and float32\)$"),
+     r"float16, bfloat16 and float32\)$"),
     (((1, 5, 80), (1, 5, 80), (1, 5, 80), np.float16), {}, ValueError, r"d = dv in \(64, 128\).*cuda_attention"),
     (((1, 5, 64), (1, 5, 64), (1, 5, 128), np.float16), {}, ValueError, "d = dv"),
     (((1, 5, 64), (1, 0, 64), (1, 0, 64), np.float16), {}, ValueError, "Nk >= 1"),

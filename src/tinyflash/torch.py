@@ -15,7 +15,7 @@ The forward saves (q, k, v, o, lse) — O(N) beyond the inputs, not the N × N m
 recomputes P from them. float16 and bfloat16 with d = dv = 64 or 128 go to the tensor cores
 (:func:`tinyflash.tensor_core_attention` and :func:`tinyflash.tensor_core_attention_backward`), and may
 have fewer K/V heads than query heads (grouped-query attention: k.grad and v.grad sum over each group);
-float16 at other head dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
+float16 and bfloat16 at other head dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
 :func:`tinyflash.cuda_attention_backward`, without grouped heads), whose launches go to the default
 stream and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does
 unless a tensor is passed in.
@@ -124,7 +124,7 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, deterministic: bool = False):
     """Differentiable attention on CUDA tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): the numba
     kernels forward and backward, on the tensor cores for float16 and bfloat16 at d = dv = 64 or 128 (k and v
-    may then have fewer heads than q), on the CUDA cores for float16 and float32 otherwise. Returns o
+    may then have fewer heads than q), on the CUDA cores for float16, bfloat16 and float32 otherwise. Returns o
     (..., Nq, dv). ``causal`` is bottom-right aligned: SDPA's ``is_causal=True`` when Nq == Nk (module
     docstring). ``deterministic``: q.grad bitwise reproducible from run to run (tensor cores only; k.grad and
     v.grad always are), at a cost in time (docs/results.md). Works under ``torch.compile(fullgraph=True)``; a

@@ -11,24 +11,24 @@ import math
 
 import numpy as np
 
-from ..core.checks import as_array, check_attention_inputs, check_backward_inputs
+from ..core.checks import BFLOAT16, as_array, check_attention_inputs, check_backward_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, numba_flat, result
+from ..gpu.arrays import bfloat16_bits, empty, is_device_array, numba_flat, result
 from ..gpu.launch import LaunchArgs, launch
 from ..gpu.runtime import require_gpu
 from . import kernels
-from .kernels.rows import ROWS_PER_BLOCK, finish_dq, row_dot
+from .kernels.rows import ROWS_PER_BLOCK, element_rows
 
-SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+SUPPORTED = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))  # bfloat16: PyTorch tensors (or ml_dtypes)
 
 
 def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
                             kernel: str | None = None, **options):
     """Backward stage 2 on the GPU: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and ``do`` = ∂L/∂o.
 
-    The contract of :func:`tinyflash.blocked_attention_backward`; inputs float16 or float32
-    (computed in float32), lse float32 as :func:`tinyflash.cuda_attention` returns it, head dims
-    up to 256. NumPy in, NumPy out; device arrays (CuPy, numba, PyTorch) in, the same library's
+    The contract of :func:`tinyflash.blocked_attention_backward`; inputs float16, bfloat16 or float32
+    (computed in float32; bfloat16 as PyTorch tensors, NumPy has no bfloat16), lse float32 as
+    :func:`tinyflash.cuda_attention` returns it, head dims up to 256. NumPy in, NumPy out; device arrays (CuPy, numba, PyTorch) in, the same library's
     out. dk and dv are bitwise reproducible; dq, added by atomics, only up to rounding.
     ``kernel`` names a version of :data:`tinyflash.backward.kernels.VERSIONS`; ``options`` are its
     (``config``: a :class:`~tinyflash.backward.kernels.tiling.BackwardTileConfig`; ``vector``: 1 or 4).
@@ -61,6 +61,11 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
     dv = empty(like, heads * n_k * d_v, prob.dtype)  # (BH·Nk·dv,)
     D = empty(like, heads * n_q, np.float32)  # (BH·Nq,)  rowsum(dO ∘ O)
     dq_acc = empty(like, heads * n_q * d, np.float32)  # (BH·Nq·d,) dQ before its scale, added by atomics
+    grads, shapes = (dq, dk, dv), (q.shape, k.shape, v.shape)  # what the caller gets: dq, dk, dv as q, k, v
+    bits_as = q.dtype if prob.dtype == BFLOAT16 and not on_device else None  # host bfloat16 (ml_dtypes)
+    if prob.dtype == BFLOAT16:  # numba has no bfloat16: the kernels read and write its 16-bit patterns
+        q, k, v, o, do, dq, dk, dv = (bfloat16_bits(x) for x in (q, k, v, o, do, dq, dk, dv))
+    row_dot, finish_dq = element_rows(BFLOAT16 if prob.dtype == BFLOAT16 else None)
 
     # 3. size the grids and launch the three kernels
     if heads > 0:
@@ -82,5 +87,4 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
             finish_args = LaunchArgs(arrays={"dQ_acc": (dQa, n_q * d), "dQ": (numba_flat(dq), n_q * d)},
                                      scalars={"n": n_q * d, "scale": np.float32(prob.scale)}, n_heads=heads)
             launch(finish_dq, -(-(n_q * d) // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0, finish_args)
-    to_host = not on_device
-    return (result(dq, q.shape, to_host), result(dk, k.shape, to_host), result(dv, v.shape, to_host))
+    return tuple(result(g, shape, not on_device, bits_as) for g, shape in zip(grads, shapes))

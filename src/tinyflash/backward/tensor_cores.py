@@ -78,7 +78,7 @@ def plan_backward(arrays, causal, scale, deterministic=False) -> BackwardPlan:
             raise TypeError(f"{name} must be an array; got {type(x).__name__}")
     q, k, v, o, lse, do = arrays
     element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, "tensor_core_attention_backward",
-                          "tinyflash.cuda_attention_backward takes float16 and float32")
+                          "tinyflash.cuda_attention_backward takes float16, bfloat16 and float32")
     stand_ins = [shape_only(x) for x in (q, k, v, o, do)]
     prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
     check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+BFLOAT16 = "bfloat16"  # NumPy has no bfloat16: a stage that takes it lists this name in its allowed dtypes
+BFLOAT16_STAGES = ("tinyflash.cuda_attention, tensor_core_attention, cuda_attention_backward, "
+                   "tensor_core_attention_backward, cuda_split_kv_attention and cuda_paged_attention take it")
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class AttentionProblem:
     n_k: int  # Nk, number of keys (and values)
     d: int  # head dim of q and k
     d_v: int  # head dim of v (and of the output)
-    dtype: np.dtype  # dtype of q, k, v and of the output o
+    dtype: np.dtype | str  # dtype of q, k, v and of the output o ('bfloat16', which NumPy lacks, by its name)
     compute_dtype: np.dtype  # dtype of the arithmetic: float32 for float16 inputs
     scale: float  # the softmax scale; 1/sqrt(d) unless given
     causal: bool
@@ -53,7 +56,14 @@ FLOAT_NAMES = ("float16", "float32", "float64")  # PyTorch's names that NumPy sh
 
 
 def _dtype_name(dt) -> str:
-    return np.dtype(dt).name
+    return dt if isinstance(dt, str) else np.dtype(dt).name
+
+
+def is_bfloat16(dtype) -> bool:
+    """Whether ``dtype`` is bfloat16: PyTorch's ``torch.bfloat16``, or ml_dtypes' NumPy type (a 2-byte kind 'V')."""
+    if isinstance(dtype, np.dtype):  # (a NumPy dtype's str() is slow: its kind is asked first)
+        return dtype.kind == "V" and dtype.name == BFLOAT16
+    return str(dtype).rsplit(".", 1)[-1] == BFLOAT16  # 'torch.bfloat16' -> 'bfloat16'
 
 
 class _ExpectedNames:
@@ -79,15 +89,19 @@ def as_array(x, name: str):
         raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}") from exc
 
 
-def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
-    """The NumPy dtype of ``x``, checked against ``allowed``.
+def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype | str:
+    """The NumPy dtype of ``x``, checked against ``allowed``; :data:`BFLOAT16` (a name) for bfloat16.
 
     ``x.dtype`` if NumPy knows it; else, for a GPU array of another library (a PyTorch tensor's
-    dtype is ``torch.float32``), the ``typestr`` of its ``__cuda_array_interface__``. A dtype that
-    has no NumPy equivalent (``torch.bfloat16``, whose interface says ``<V2``) is reported by its
-    own name.
+    dtype is ``torch.float32``), the ``typestr`` of its ``__cuda_array_interface__``. bfloat16 has
+    no NumPy dtype (PyTorch's interface says ``<V2``, raw bytes; ml_dtypes' is a kind 'V'): it is
+    recognised by its name, and taken where ``allowed`` lists :data:`BFLOAT16`.
     """
     expected = _ExpectedNames(allowed)  # the names are only written into an error message
+    if is_bfloat16(x.dtype):
+        if BFLOAT16 not in allowed:
+            raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} ({BFLOAT16_STAGES})")
+        return BFLOAT16
     try:
         dt = np.dtype(x.dtype)
     except TypeError:
@@ -97,11 +111,8 @@ def array_dtype(x, name: str, allowed=SUPPORTED_DTYPES) -> np.dtype:
         except Exception as exc:  # no interface, or one that cannot describe this array
             raise TypeError(f"{name} has dtype {x.dtype}, which NumPy does not know; expected one of "
                             f"{expected}") from exc
-        if dt.kind != "f":  # e.g. '<V2': raw bytes, what PyTorch's interface says for bfloat16
-            where = ("bfloat16 goes to the tensor cores: tinyflash.tensor_core_attention and "
-                     "tensor_core_attention_backward take it" if torch_name == "bfloat16" else
-                     "no stage of tinyflash takes it")
-            raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} ({where})")
+        if dt.kind != "f":  # e.g. '<V1': raw bytes, what PyTorch's interface says for its float8 types
+            raise TypeError(f"{name} has dtype {x.dtype}; expected one of {expected} (no stage of tinyflash takes it)")
     if dt not in allowed:
         hint = ""
         if dt.kind in "biuf" and np.dtype(np.float32) in allowed:  # a number type: say how to convert it
@@ -176,8 +187,8 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
         if len(shapes[name]) < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., N, d); got shape {shapes[name]}")
     if not (dtypes["q"] == dtypes["k"] == dtypes["v"]):
-        raise TypeError(f"q, k and v must share one dtype; got q {dtypes['q'].name}, k {dtypes['k'].name}, "
-                        f"v {dtypes['v'].name}")
+        raise TypeError(f"q, k and v must share one dtype; got q {_dtype_name(dtypes['q'])}, "
+                        f"k {_dtype_name(dtypes['k'])}, v {_dtype_name(dtypes['v'])}")
     qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
     kv_group = check_kv_heads(qs, ks, vs)
     n_q, d = qs[-2], qs[-1]
@@ -196,7 +207,7 @@ def check_attention_inputs(q, k, v, *, causal, scale, allowed=SUPPORTED_DTYPES) 
     if n_k < 1:
         raise ValueError(f"k and v must hold at least one key (Nk >= 1); got k {ks}")
     dtype = dtypes["q"]
-    compute = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    compute = np.dtype(np.float64) if isinstance(dtype, np.dtype) and dtype == np.float64 else np.dtype(np.float32)
     return AttentionProblem(lead=qs[:-2], n_q=n_q, n_k=n_k, d=d, d_v=d_v, dtype=dtype, compute_dtype=compute,
                             scale=check_scale(scale, d), causal=check_causal(causal), kv_group=kv_group)
 
@@ -211,9 +222,9 @@ def check_like(x, name: str, shape: tuple, dtype, what: str):
     got = tuple(int(n) for n in x.shape)
     if got != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} ({what}); got {got}")
-    dt = array_dtype(x, name, SUPPORTED_DTYPES)
-    if dt != np.dtype(dtype):
-        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name} ({what}); got {dt.name}")
+    dt = _dtype_name(array_dtype(x, name, (*SUPPORTED_DTYPES, BFLOAT16)))
+    if dt != _dtype_name(dtype):
+        raise TypeError(f"{name} must have dtype {_dtype_name(dtype)} ({what}); got {dt}")
     return x
 
 

@@ -15,15 +15,15 @@ inputs' library, so that a decode step can be captured in a CUDA graph. :func:`p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 
-from ..core.checks import as_array, check_attention_inputs, check_positive_int
+from ..core.checks import BFLOAT16, as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
-from ..forward.tensor_cores import FLOAT16, call_key, element_type, shape_only, sixteen_bit
-from ..gpu.arrays import current_stream, dense, empty, is_device_array, numba_flat, result, to_device
+from ..forward.tensor_cores import call_key
+from ..gpu.arrays import bfloat16_bits, current_stream, dense, empty, is_device_array, numba_flat, result, to_device
 from ..gpu.launch import MAX_GRID_Y, by_name
 from ..gpu.ptx_emulation import fast_barriers
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
@@ -36,24 +36,12 @@ from .kernels import combine as combine_kernel
 from .paged import check_cache as check_paged_cache
 from .split_kv import BLOCKS_PER_SM, choose_num_splits
 
-SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))  # and bfloat16 (PyTorch tensors): checked_problem
-DTYPES = "float16, bfloat16 (the tensor-core kernel's head dims) or float32"
+SUPPORTED = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))  # bfloat16: PyTorch tensors (or ml_dtypes)
 
 
-def checked_problem(q, k, v, *, causal, scale, who: str = "cuda_split_kv_attention"):
-    """:func:`check_attention_inputs` for decode's dtypes: float16 and float32 as NumPy knows them, and bfloat16
-    (PyTorch tensors), which NumPy does not: its shapes are checked on stand-ins and the problem says 'bfloat16'."""
-    if element_type(q) or element_type(k) or element_type(v):
-        sixteen_bit({"q": q, "k": k, "v": v}, who, f"it takes {DTYPES}")
-        prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale,
-                                      allowed=(FLOAT16,))
-        return replace(prob, dtype="bfloat16")
+def checked_problem(q, k, v, *, causal, scale):
+    """:func:`check_attention_inputs` for decode's dtypes: float16, bfloat16 and float32."""
     return check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
-
-
-def out_dtype(prob):
-    """The dtype :func:`empty` allocates o in: the problem's, or None (q's own) for bfloat16."""
-    return None if prob.dtype == "bfloat16" else prob.dtype
 
 
 def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=None, *, max_rows: int,
@@ -117,7 +105,9 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=n_k, page_size=page_size, num_splits=num_splits,
                                     kernel=kernel, **tuning)
     like = q if on_device else None
-    o = empty(like, batch * h_kv * p["rows"] * d, out_dtype(prob))  # (B·H·Nq·d,) flat: packed rows of each K/V head
+    if prob.dtype == BFLOAT16:  # numba has no bfloat16: the kernels take its 16-bit patterns
+        q, k, v = (bfloat16_bits(x) for x in (q, k, v))
+    o = empty(like, batch * h_kv * p["rows"] * d, prob.dtype)  # (B·H·Nq·d,) flat: packed rows of each K/V head
     lse = empty(like, batch * h_kv * p["rows"], np.float32)  # (B·H·Nq,)
     if batch * h_kv * p["rows"] == 0:
         def nothing(stream=0):
@@ -211,7 +201,7 @@ class SizedDecode:
 
     def __call__(self, q, k, v):
         n_o, n_lse, n_o_part, n_lse_part = self.sizes
-        o, lse = empty(q, n_o, out_dtype(self.prob)), empty(q, n_lse, np.float32)
+        o, lse = empty(q, n_o, self.prob.dtype), empty(q, n_lse, np.float32)
         o_part, lse_part = empty(q, n_o_part, np.float32), empty(q, n_lse_part, np.float32)
         stream = current_stream(q)
         self.split(dense(q), dense(k), dense(v), self.table, self.lens, o_part, lse_part, stream=stream)
@@ -262,9 +252,10 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
 
     The contract of :func:`tinyflash.split_kv_attention`: q (..., H, Nq, d), k and v
     (..., H_kv, Nk, d), H a multiple of H_kv; here float16, bfloat16 or float32, dv == d, d up to 256
-    (float16) or 128 (float32). NumPy in, NumPy out; device arrays in, device arrays out.
+    (float16, bfloat16) or 128 (float32). NumPy in, NumPy out; device arrays in, device arrays out.
     ``num_splits=None``: :func:`tinyflash.decode.split_kv.choose_num_splits` for this GPU. bfloat16 (PyTorch
-    tensors) at the tensor-core kernel's head dims. PyTorch and CuPy inputs on a GPU take the whole-call path
+    tensors; NumPy has no bfloat16) at every head dim: on the tensor cores at theirs (64, 128), on the CUDA
+    cores (float32 arithmetic) at the others. PyTorch and CuPy inputs on a GPU take the whole-call path
     (:class:`SizedDecode`: checked and sized once per shape, launched on the library's current stream).
     """
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
@@ -274,7 +265,8 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
     run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, scale=scale)
     run()
     to_host = not is_device_array(q)
-    return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)
+    bits_as = q.dtype if prob.dtype == BFLOAT16 else None  # host bfloat16 (ml_dtypes): the patterns relabelled
+    return result(o, prob.out_shape, to_host, bits_as), result(lse, prob.lse_shape, to_host)
 
 
 def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = False, scale: float | None = None,
@@ -296,7 +288,7 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
     batch, (_, h_kv, page_size, d) = q.shape[0], k_pages.shape
     like_k = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
     like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
-    prob = checked_problem(q, like_k, like_v, causal=causal, scale=scale, who="cuda_paged_attention")
+    prob = checked_problem(q, like_k, like_v, causal=causal, scale=scale)
     run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
                            max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device,
                            **tuning)
@@ -318,4 +310,5 @@ def cuda_paged_attention(q, cache, *, num_splits: int | None = None, causal: boo
                                       check_cache=check_cache)
     run()
     to_host = not is_device_array(q)
-    return result(o, prob.out_shape, to_host), result(lse, prob.lse_shape, to_host)
+    bits_as = q.dtype if prob.dtype == BFLOAT16 else None  # host bfloat16 (ml_dtypes): the patterns relabelled
+    return result(o, prob.out_shape, to_host, bits_as), result(lse, prob.lse_shape, to_host)

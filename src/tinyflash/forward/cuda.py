@@ -15,14 +15,14 @@ import math
 
 import numpy as np
 
-from ..core.checks import as_array, check_attention_inputs
+from ..core.checks import BFLOAT16, as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, numba_flat, result
+from ..gpu.arrays import bfloat16_bits, empty, is_device_array, numba_flat, result
 from ..gpu.launch import LaunchArgs
 from ..gpu.runtime import require_gpu
 from . import kernels
 
-SUPPORTED = (np.dtype(np.float16), np.dtype(np.float32))
+SUPPORTED = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))  # bfloat16: PyTorch tensors (or ml_dtypes)
 
 
 def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str | None = None,
@@ -31,8 +31,9 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
 
     Same contract as :func:`tinyflash.naive_attention`: q (..., Nq, d), k (..., Nk, d),
     v (..., Nk, dv), or k and v with fewer heads (axis -3) than q (grouped-query attention);
-    o (..., Nq, dv) in the input dtype, lse (..., Nq) in float32. Inputs are float16 or float32
-    (float16 is read from memory and computed in float32) with 1 <= d, dv <= 256.
+    o (..., Nq, dv) in the input dtype, lse (..., Nq) in float32. Inputs are float16, bfloat16 or
+    float32 (16-bit inputs are read from memory as they are and computed in float32) with 1 <= d, dv <= 256.
+    bfloat16 has no NumPy dtype: it comes as PyTorch tensors (or arrays of ml_dtypes' bfloat16).
     NumPy inputs are copied to the GPU and the results back; device arrays (CuPy, numba, PyTorch
     CUDA tensors, anything with ``__cuda_array_interface__``) stay on the GPU and the results are
     device arrays of the same library. ``kernel`` names a version of
@@ -62,15 +63,20 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     like = q if on_device else None
     o = empty(like, heads * prob.n_q * prob.d_v, prob.dtype)  # (BH·Nq·dv,) flat, C order
     lse = empty(like, heads * prob.n_q, np.float32)  # (BH·Nq,)
+    bits_as = q.dtype if prob.dtype == BFLOAT16 and not on_device else None  # host bfloat16 (ml_dtypes), for o
+    if prob.dtype == BFLOAT16:  # numba has no bfloat16: the kernel reads and writes its 16-bit patterns
+        q, k, v, o_bits = (bfloat16_bits(x) for x in (q, k, v, o))
+    else:
+        o_bits = o
 
     # 3. size the grid and launch: the version's launch function does both
     if prob.n_q > 0 and heads > 0:
         n_q, n_k, d, d_v = prob.n_q, prob.n_k, prob.d, prob.d_v
         args = LaunchArgs(arrays={"Q": (numba_flat(q), n_q * d), "K": (numba_flat(k), n_k * d),
-                                  "V": (numba_flat(v), n_k * d_v), "O": (numba_flat(o), n_q * d_v),
+                                  "V": (numba_flat(v), n_k * d_v), "O": (numba_flat(o_bits), n_q * d_v),
                                   "LSE": (numba_flat(lse), n_q)},  # K and V: one matrix per K/V head (GQA)
                           scalars={"n_q": n_q, "n_k": n_k, "d": d, "d_v": d_v, "scale_log2": np.float32(prob.scale * LOG2E),
                                    "causal": prob.causal, "kv_group": prob.kv_group},
                           n_heads=heads, kv_group=prob.kv_group)
         version.launch(args, prob, **options)
-    return result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
+    return result(o, prob.out_shape, not on_device, bits_as), result(lse, prob.lse_shape, not on_device)

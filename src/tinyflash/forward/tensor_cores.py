@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.checks import AttentionProblem, as_array, check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result
+from ..gpu.arrays import bfloat16_bits, current_stream, dense, empty, is_device_array, library, numba_flat, result
 from ..gpu.driver_launch import GridLaunch
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
@@ -68,12 +68,7 @@ def flat16(x):
     through the driver, which reads its address (``gpu/driver_launch.py``): no numba view is made,
     which took a visible part of a call's time at N = 4,096."""
     if element_type(x):
-        if is_device_array(x) and library(x) == "torch":
-            import torch
-
-            x = x.detach().view(torch.int16)
-        else:  # a NumPy (or CuPy) array of ml_dtypes.bfloat16
-            x = x.view(np.int16)
+        x = bfloat16_bits(x)
     return dense(x) if is_device_array(x) else numba_flat(x)
 
 
@@ -130,8 +125,13 @@ def plan_call(q, k, v, causal, scale, entry: Entry = TENSOR_CORES) -> CallPlan:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
+<<<<<<< HEAD
     element = sixteen_bit({"q": q, "k": k, "v": v}, entry.who,
                           "tinyflash.cuda_attention takes float16 and float32")
+=======
+    element = sixteen_bit({"q": q, "k": k, "v": v}, "tensor_core_attention",
+                          "tinyflash.cuda_attention takes float16, bfloat16 and float32")
+>>>>>>> bf16cc
     prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
         raise ValueError(f"{entry.who} supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "

@@ -14,6 +14,7 @@ PyTorch is never imported unless the caller passed a tensor. The ways in and out
 * :func:`dense`: an array as a launch through the driver reads it (its address and size);
 * :func:`to_device`: a host array copied to the GPU in the caller's library;
 * :func:`empty`, :func:`zeros`: an output, allocated in the caller's library; :func:`result`: an output in the caller's form;
+* :func:`bfloat16_bits`: a bfloat16 array seen as its 16-bit patterns, which numba can take;
 * :func:`current_stream`: the caller's library's stream, which the launches through the driver go to.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .elements import BFLOAT16
 from .runtime import simulator_enabled
 
 
@@ -117,11 +119,25 @@ def _aligned(x) -> bool:
 _TORCH_NAMES = {np.dtype(t): np.dtype(t).name for t in (np.float16, np.float32, np.float64, np.int32, np.uint32)}
 
 
+def bfloat16_bits(x):
+    """A bfloat16 array (a PyTorch tensor, or an array of ml_dtypes' bfloat16) as its 16-bit patterns: the same
+    memory as uint16 (int16 for PyTorch, whose unsigned 16-bit type is recent), which numba can take (it has no
+    bfloat16; a kernel widens them: ``gpu/elements.py``)."""
+    if library(x) == "torch":
+        import torch
+
+        return x.detach().view(torch.int16)
+    return x.view(np.uint16)
+
+
 def empty(like, shape, dtype=None):
     """An uninitialised device array of ``shape`` (an int: 1-D), from the library of ``like`` (a device
     array), or numba's for host inputs (``like=None``); of ``dtype``, or of ``like``'s dtype if None
-    (then any dtype that library has, PyTorch's bfloat16 too)."""
+    (then any dtype that library has, PyTorch's bfloat16 too). ``dtype`` 'bfloat16': ``like``'s dtype (a
+    bfloat16 tensor or CuPy array), or uint16 patterns in numba's arrays (which have no bfloat16)."""
     lib = None if like is None else library(like)
+    if isinstance(dtype, str) and dtype == BFLOAT16:
+        dtype = None if lib in ("torch", "cupy") else np.uint16
     if lib == "cupy":
         import cupy
 
@@ -165,10 +181,14 @@ def current_stream(x) -> int:
     return 0
 
 
-def result(x, shape: tuple, to_host: bool):
-    """An output in the caller's form: reshaped, and copied to a NumPy array if the inputs were."""
+def result(x, shape: tuple, to_host: bool, host_dtype=None):
+    """An output in the caller's form: reshaped, and copied to a NumPy array if the inputs were (seen as
+    ``host_dtype`` if given: bfloat16 patterns as the caller's ml_dtypes bfloat16)."""
     x = x.reshape(shape)
-    return x.copy_to_host() if to_host else x
+    if not to_host:
+        return x
+    x = x.copy_to_host()
+    return x if host_dtype is None else x.view(host_dtype)
 
 
 def host_copy(x) -> np.ndarray:

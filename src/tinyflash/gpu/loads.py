@@ -3,7 +3,9 @@
 Every kernel keeps its inputs as flat 1-D arrays (``src``) and finds a head's matrix at an offset
 (``src_off``). A tile is ROWS consecutive rows of it, padded with zeros to COLS columns (the
 kernel's head dim, rounded up) and to ROWS rows past the end of the matrix, so that padding adds
-nothing to any dot product; it is stored as float32 at ``dst[dst_off + r·stride + c]``.
+nothing to any dot product; it is stored as float32 at ``dst[dst_off + r·stride + c]``. Each element
+becomes float32 through ``widen``, the kernel's :func:`tinyflash.gpu.elements.widen` (float16 and
+float32: ``float32(x)``; bfloat16, held as 16-bit patterns: the pattern shifted into a float32).
 
 Two paths, chosen per tile (the same choice for every thread of the block):
 
@@ -18,10 +20,10 @@ the branches on them vanish when the kernel is compiled.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from . import ptx
+from .elements import itemsize
 from .wgmma import swizzled_chunk
 from .runtime import simulator_enabled, u
 
@@ -30,14 +32,14 @@ ZERO, ONE, FOUR = u(0), u(1), u(4)
 
 def vector_width(dtype, vector: int | None = None) -> int:
     """W, the elements each thread reads per global load of a full tile: ``vector`` if given (1 or 4), else
-    4 for 2-byte elements (float16: 8 bytes a load) and 1 for 4-byte ones.
+    4 for 2-byte elements (float16, bfloat16: 8 bytes a load) and 1 for 4-byte ones.
 
     With one float16 per thread a warp's load covers only 64 bytes, half of a 128-byte cache line; one
     float32 per thread already covers a whole line. On an H200, 4 per thread made the float16 kernels
     faster and the float32 ones slower (``python -m tinyflash.bench vector``; docs/results.md quotes it).
     """
     if vector is None:
-        return 4 if np.dtype(dtype).itemsize == 2 else 1
+        return 4 if itemsize(dtype) == 2 else 1
     if vector not in (1, 4):
         raise ValueError(f"vector must be 1 or 4 (or None: the dtype's default); got {vector!r}")
     return vector
@@ -95,7 +97,7 @@ def is_full_tile(start, n_rows, n_cols, ROWS, COLS, NT, W):
 
 
 @cuda.jit(device=True, inline="always")
-def fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, b0):
+def fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, b0, widen):
     """A full tile, step 1 of 2: read this thread's ROWS·COLS/NT elements into ``buf[b0:]``.
 
     ``src`` is a whole input flattened to 1-D; this head's matrix, n_cols wide, begins at
@@ -110,11 +112,11 @@ def fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, b0):
     g = src_off + (start + tid // G) * n_cols + (tid % G) * W  # index into src of its first element
     for e in range(ROWS // r_step):
         if W == ONE:
-            buf[b0 + e] = float32(src[g + e * r_step * n_cols])
+            buf[b0 + e] = widen(src[g + e * r_step * n_cols])
         else:
             x = load4(src, g + e * r_step * n_cols)
             for w in range(W):
-                buf[b0 + e * W + w] = float32(x[w])
+                buf[b0 + e * W + w] = widen(x[w])
 
 
 @cuda.jit(device=True, inline="always")
@@ -129,7 +131,7 @@ def store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, b0):
 
 
 @cuda.jit(device=True, inline="always")
-def load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT):
+def load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, widen):
     """Any tile, element by element: one bounds check (and a division) per element.
 
     Writes dst[dst_off + r·stride + c] = src[src_off + (start + r)·n_cols + c] for r < ROWS,
@@ -141,21 +143,21 @@ def load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, 
         c = idx % COLS
         x = float32(0.0)
         if start + r < n_rows and c < n_cols:
-            x = float32(src[src_off + (start + r) * n_cols + c])
+            x = widen(src[src_off + (start + r) * n_cols + c])
         dst[dst_off + r * stride + c] = x
 
 
 @cuda.jit(device=True, inline="always")
-def load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf):
+def load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, widen):
     """Copy rows start .. start+ROWS of one head's (n_rows × n_cols) matrix into shared memory,
     as float32, zero-padded to ROWS × COLS: the fast path for a full tile (the usual case), the
     ragged path otherwise. ROWS, COLS, NT and W are constants: branches on them vanish at compile time.
     """
     if is_full_tile(start, n_rows, n_cols, ROWS, COLS, NT, W):
-        fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, ZERO)
+        fetch_tile(src, src_off, start, n_cols, ROWS, COLS, tid, NT, W, buf, ZERO, widen)
         store_tile(dst, dst_off, stride, ROWS, COLS, tid, NT, W, buf, ZERO)
     else:
-        load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT)
+        load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, widen)
 
 
 def cp_async_rows(row_words: int, words: int, threads: int):

@@ -32,7 +32,7 @@ class BackwardVersion:
     options: tuple = ()
     deterministic: tuple = ("dk", "dv")  # the gradients that are bitwise identical from run to run
     max_head_dim: int = 256
-    dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes
+    dtypes: tuple = (np.dtype(np.float16), "bfloat16", np.dtype(np.float32))  # input dtypes (computed in float32)
     head_dims: tuple | None = None  # the only d (= dv) it takes, if it does not take every d up to max_head_dim
     # driver_launches(n_q, n_k, heads, kv_group, scale, causal, element, tiling, deterministic): the kernels sized
     # for one problem, launched through the driver (gpu/driver_launch.py); None where there is no such path

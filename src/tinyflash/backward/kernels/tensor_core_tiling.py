@@ -124,11 +124,11 @@ def launch_backward_tensor_cores(make_kernel, args: LaunchArgs, prob, config: Ba
     host wrappers build them (n_heads query heads, kv_group of them per K/V head; 16-bit arrays are handed to the
     kernel as uint32 words of two values); ``element`` 'float16' or 'bfloat16' (None: float16 inputs);
     ``config=None`` takes :func:`default_tiling` (on the simulator :func:`simulator_tiling`)."""
-    if element is None:
-        if np.dtype(prob.dtype) != np.float16:
-            raise TypeError(f"backward kernel v2 (tensor cores) takes float16 or bfloat16 inputs; got "
-                            f"{np.dtype(prob.dtype).name} (kernel v1 takes float32)")
-        element = "float16"
+    if element is None:  # the problem's dtype (a NumPy dtype, or 'bfloat16')
+        element = str(np.dtype(prob.dtype) if not isinstance(prob.dtype, str) else prob.dtype)
+        if element not in ("float16", "bfloat16"):
+            raise TypeError(f"backward kernel v2 (tensor cores) takes float16 or bfloat16 inputs; got {element} "
+                            "(kernel v1 takes float32)")
     cfg = (config or (simulator_tiling if simulator_enabled() else default_tiling)(prob.d)).validate()
     if cfg.D != prob.d or prob.d != prob.d_v:
         raise ValueError(f"backward kernel v2 (tensor cores) needs d = dv = {cfg.D} for {cfg}; got d = {prob.d}, "

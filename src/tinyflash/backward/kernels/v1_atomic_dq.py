@@ -32,6 +32,7 @@ from numba import cuda, float32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu.loads import load_tile, vector_width
+from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
 from .tiling import BackwardTileConfig, launch_backward
@@ -42,9 +43,11 @@ key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks,
 
 
 @cache
-def make_kernel(cfg: BackwardTileConfig, vector: int = 1):
-    """``flash_bwd`` for one :class:`BackwardTileConfig`, reading tiles ``vector`` elements per thread."""
+def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = None):
+    """``flash_bwd`` for one :class:`BackwardTileConfig`, reading tiles ``vector`` elements per thread;
+    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
     cfg.validate()
+    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
     BR, BC, NT, TM, TK, D, DV, W = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.TM, cfg.TK, cfg.D, cfg.DV, vector))
     CT, TN, TQ4, CC, TD4, TV4 = (u(x) for x in (cfg.CT, cfg.TN, cfg.TQ4, cfg.CC, cfg.TD4, cfg.TV4))
     QS, OS, PS = u(cfg.QS), u(cfg.OS), u(cfg.PS)
@@ -162,12 +165,12 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1):
                     for e in range(FOUR):
                         col = (cc + CC * t) * FOUR + e
                         if col < d:
-                            dK[k_off + key * d + col] = dk[kk, t, e] * scale
+                            dK[k_off + key * d + col] = narrow(dk[kk, t, e] * scale)
                 for t in range(TV4):
                     for e in range(FOUR):
                         col = (cc + CC * t) * FOUR + e
                         if col < d_v:
-                            dV[v_off + key * d_v + col] = dv[kk, t, e]
+                            dV[v_off + key * d_v + col] = narrow(dv[kk, t, e])
 
     @cuda.jit
     def flash_bwd(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, n_q, n_k, d, d_v, scale, scale_log2, causal):
@@ -201,15 +204,15 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1):
                 for t in range(TV4):
                     dv[kk, t, e] = float32(0.0)
 
-        load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, QS, BC, D, tid, NT, W, buf)  # K_j, once
-        load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, OS, BC, DV, tid, NT, W, buf)  # V_j, once
+        load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, QS, BC, D, tid, NT, W, buf, widen)  # K_j, once
+        load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, OS, BC, DV, tid, NT, W, buf, widen)  # V_j, once
         for q_start in range(ZERO, n_q, BR):
             q_end = min(q_start + BR, n_q)
             if key_stop(q_end, n_q, n_k, causal) <= k_start:
                 continue  # causal: not even the tile's last row sees K_j (the same for every thread)
             cuda.syncthreads()  # no thread still reads Q_i, dO_i, P_ij, dS_ij of the last query tile
-            load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, W, buf)
-            load_tile(dO, o_off, q_start, n_q, d_v, smem, O_OFF, OS, BR, DV, tid, NT, W, buf)
+            load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, W, buf, widen)
+            load_tile(dO, o_off, q_start, n_q, d_v, smem, O_OFF, OS, BR, DV, tid, NT, W, buf, widen)
             load_row_stats(smem, LSE, Dvec, bh * n_q, q_start, n_q, tid)
             cuda.syncthreads()  # Q_i, dO_i, lse_i, D_i (and, first time, K_j, V_j) are written before reads
             scores(smem, s, af, bf, row0, ct)
@@ -228,4 +231,5 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1):
 def launch(args, prob, *, config: BackwardTileConfig | None = None, vector: int | None = None) -> None:
     """Launch v1 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling,
     ``vector`` the elements per thread and global load (default: :func:`vector_width` of the dtype)."""
-    launch_backward(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector))
+    launch_backward(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector),
+                    element=elements.kernel_element(prob.dtype))

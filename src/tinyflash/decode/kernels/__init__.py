@@ -3,7 +3,7 @@
     split.py          what every split kernel shares: a split's keys, a key's row (contiguous or paged),
                       what the host needs to launch one (SplitKernel)
     tensor_cores.py   the split kernel on the tensor cores: one warp per block of 16 packed rows, a warp tile of v6
-    cuda_cores.py     the split kernel on the CUDA cores: float32, and the head dims the tensor cores do not take
+    cuda_cores.py     the split kernel on the CUDA cores: float32 arithmetic on float16, bfloat16 or float32, d <= 256
     combine.py        the combine kernel: the splits' partials merged exactly into O and lse
 
 :data:`VERSIONS` registers each split kernel once: ``cuda_split_kv_attention(kernel=...)``, the tests
@@ -41,7 +41,7 @@ VERSIONS = {k.name: k for k in (
                  ("tiling",), ("float16", "bfloat16"), tensor_cores.HEAD_DIMS),
     DecodeKernel("cuda_cores", "cuda_cores.py", "key slots of lanes on the CUDA cores, float32 arithmetic, a cp.async "
                  "ring of K/V tiles, the slots' states merged at the end", cuda_cores.split_kernel,
-                 ("threads", "unroll", "row_bytes", "max_registers"), ("float16", "float32")),
+                 ("threads", "unroll", "row_bytes", "max_registers"), ("float16", "bfloat16", "float32")),
 )}
 
 

@@ -11,10 +11,10 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types, uint16, uint32, uint64
+from numba import cuda, float32, types, uint64
 
 from ...core.online_softmax import LN2, LOG2E, merge_weights
-from ...gpu import ptx
+from ...gpu import elements
 from ...gpu.driver_launch import flat_type
 from ...gpu.runtime import device_function, u
 
@@ -28,16 +28,12 @@ merge_weights = device_function(merge_weights)  # the online softmax's merge, fr
 def make_combine_kernel(element: str = ""):
     """The combine kernel: O and lse from the splits' partials, one thread per (packed row, column). O is written
     in its array's type (float16, float32); for ``element`` 'bfloat16' O is a uint16 array of bfloat16 bits, each
-    rounded to nearest even (``gpu.ptx.pack``, the high half unused)."""
-    BF16 = element == "bfloat16"
-    pack = ptx.pack("bfloat16")
+    rounded to nearest even (``gpu.elements.narrow``)."""
+    narrow = elements.narrow(element or None)
 
     @cuda.jit(device=True, inline="always")
     def store(O, at, value):
-        if BF16:
-            O[at] = uint16(pack(value, float32(0.0)) & uint32(0xFFFF))
-        else:
-            O[at] = value
+        O[at] = narrow(value)
 
     @cuda.jit
     def combine_splits(O_PART, LSE_PART, O, LSE, n_splits, rows, d):

@@ -1,4 +1,5 @@
-"""The split kernel of decoding on the CUDA cores: float32, and the head dims the tensor cores do not take.
+"""The split kernel of decoding on the CUDA cores: float32 arithmetic on float16, bfloat16 or float32 inputs,
+at any head dim up to 256 (the tensor cores take two).
 
 One thread block per (split, K/V head of one sequence, chunk of packed query rows). With
 grouped-query attention, the kv_group query heads that share a K/V head (times Nq query rows each)
@@ -40,7 +41,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2, merge_weights
-from ...gpu import ptx
+from ...gpu import elements, ptx
 from ...gpu.driver_launch import flat_type
 from ...gpu.loads import vector_load
 from ...gpu.runtime import device_function, simulator_enabled, u
@@ -60,6 +61,7 @@ UNROLL = 4  # U: keys per slot and tile (a tile is KP · U keys: 32 at d = 128, 
 STAGES = 3  # tiles in the shared-memory ring: STAGES - 1 in flight while one is computed
 LOAD_BYTES = 16  # bytes per thread and copy (one cp.async, or one vector load)
 ELEMENT_TYPES = {2: types.float16, 4: float32}  # itemsize -> the element type of K, V and the ring
+BITS = types.uint16  # ... and for bfloat16, held as its 16-bit patterns (gpu/elements.py)
 
 
 def default_threads() -> int:
@@ -82,7 +84,7 @@ def split_kernel(prob, page_size: int, threads: int | None = None, unroll: int |
     row_bytes = row_bytes or LOAD_BYTES
     if row_bytes % LOAD_BYTES:
         raise ValueError(f"row_bytes must be a multiple of {LOAD_BYTES}; got {row_bytes}")
-    itemsize = np.dtype(prob.dtype).itemsize
+    itemsize, element = elements.itemsize(prob.dtype), elements.kernel_element(prob.dtype)
     VEC, D, TD = lanes(d, itemsize, row_bytes)
     if TD > 32:
         raise ValueError(f"the CUDA-core decode kernel supports head dims up to {32 * VEC} for {prob.dtype}; got d={d}")
@@ -92,7 +94,7 @@ def split_kernel(prob, page_size: int, threads: int | None = None, unroll: int |
     full = d == D  # whole 16-byte pieces per row: K and V are copied by cp.async, as uint32 words
 
     def build(rb):
-        return make_split_kernel(rb, D, VEC, nt, full, page_size, unroll, itemsize, max_registers)
+        return make_split_kernel(rb, D, VEC, nt, full, page_size, unroll, itemsize, max_registers, element)
 
     return SplitKernel(build, nt, MAX_ROWS, BLOCKS_PER_SM, split_signature(prob.dtype, full), ("K", "V") if full else ())
 
@@ -135,14 +137,16 @@ def shared_elements(element):
 
 @lru_cache(maxsize=None)
 def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
-                      itemsize: int = 2, max_registers: int | None = None):
+                      itemsize: int = 2, max_registers: int | None = None, element: str | None = None):
     """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
     ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
     ``unroll`` keys per slot and tile, registers per thread capped at ``max_registers`` (None: no
     cap; fewer registers, more resident blocks, perhaps spills; a compiler option, which the
     simulator does not have); ``full``: d == D (K and V arrive as uint32 words and are copied by
     cp.async; else element by element, zero past d); ``page_size``: 0 for a contiguous cache, else
-    the tokens per page of a paged one."""
+    the tokens per page of a paged one; ``element`` 'bfloat16' for inputs of bfloat16 patterns, which the ring
+    holds as they are and the arithmetic widens (``gpu/elements.py``)."""
+    widen, BF16 = elements.widen(element), element == elements.BFLOAT16  # an element as float32; bfloat16?
     TD = D // VEC  # lanes per key row
     KP = NT // TD  # key slots
     PIECES = u(VEC * itemsize // LOAD_BYTES)  # 16-byte copies per thread and key row
@@ -157,7 +161,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
     M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # merge: m, l, acc of every slot (floats)
     load_vec = vector_load(VEC)
     lane_sum = group_sum(TD)
-    ring_elements = shared_elements(ELEMENT_TYPES[itemsize])
+    ring_elements = shared_elements(BITS if BF16 else ELEMENT_TYPES[itemsize])
     wait_oldest = ptx.cp_async_wait_group(STAGES - 1)  # all but the STAGES - 1 newest tiles have landed
 
     @cuda.jit(device=True, inline="always")
@@ -181,8 +185,12 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
             else:
                 for e in range(VEC_):
                     ok = inside and col0 + e < d
-                    ring[dst + e] = float32(K[off + col0 + e]) if ok else float32(0.0)
-                    ring[dst + TILE + e] = float32(V[off + col0 + e]) if ok else float32(0.0)
+                    if BF16:  # the patterns as they are (a zero pattern is 0.0)
+                        ring[dst + e] = K[off + col0 + e] if ok else 0
+                        ring[dst + TILE + e] = V[off + col0 + e] if ok else 0
+                    else:
+                        ring[dst + e] = float32(K[off + col0 + e]) if ok else float32(0.0)
+                        ring[dst + TILE + e] = float32(V[off + col0 + e]) if ok else float32(0.0)
         ptx.cp_async_commit()  # one group per tile (an empty one on the element path)
 
     @cuda.jit(device=True, inline="always")
@@ -191,7 +199,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         for t in range(U_):
             x = load_vec(ring, loc + t * KP_ * D_)  # the lane's VEC elements of the key's K row
             for e in range(VEC_):
-                kf[e] = float32(x[e])
+                kf[e] = widen(x[e])
             for r in range(RB_):
                 part = float32(0.0)
                 for e in range(VEC_):
@@ -226,7 +234,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
         for t in range(U_):
             x = load_vec(ring, loc + TILE + t * KP_ * D_)  # the lane's VEC elements of the key's V row
             for e in range(VEC_):
-                v = float32(x[e])
+                v = widen(x[e])
                 for r in range(RB_):
                     acc[r, e] += s[r, t] * v  # P·V
 
@@ -289,7 +297,7 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
             row_stop[r] = key_stop(i + ONE, n_q, seq_len, causal) if real else seq_len  # (padding: not written)
             for e in range(VEC_):
                 ok = real and col0 + e < d
-                q[r, e] = float32(Q[(q_row0 + r) * d + col0 + e]) * scale_log2 if ok else float32(0.0)
+                q[r, e] = widen(Q[(q_row0 + r) * d + col0 + e]) * scale_log2 if ok else float32(0.0)
                 acc[r, e] = float32(0.0)
             m_i[r] = NEG_INF
             l_i[r] = float32(0.0)
@@ -325,9 +333,11 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
 
 @lru_cache(maxsize=None)  # one tuple per (dtype, full): driver_kernel looks kernels up by its identity
 def split_signature(dtype, full: bool) -> tuple:
-    """split_kv_decode's argument types, for inputs of ``dtype``: Q; K, V (uint32 words if ``full``);
-    TABLE, LENS; O_PART, LSE_PART; n_q, d, n_k, h_kv, max_pages; scale·log2(e); causal; kv_group."""
-    kv = flat_type(np.uint32) if full else flat_type(dtype)
-    return ((flat_type(dtype), kv, kv, flat_type(np.int32), flat_type(np.int32), flat_type(np.float32),
+    """split_kv_decode's argument types, for inputs of ``dtype`` (uint16 patterns for 'bfloat16'): Q; K, V
+    (uint32 words if ``full``); TABLE, LENS; O_PART, LSE_PART; n_q, d, n_k, h_kv, max_pages; scale·log2(e);
+    causal; kv_group."""
+    element = flat_type(np.uint16) if str(dtype) == elements.BFLOAT16 else flat_type(dtype)
+    kv = flat_type(np.uint32) if full else element
+    return ((element, kv, kv, flat_type(np.int32), flat_type(np.int32), flat_type(np.float32),
              flat_type(np.float32))
             + (types.int64,) * 5 + (types.float32, types.boolean, types.int64))

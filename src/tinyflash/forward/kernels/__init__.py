@@ -36,7 +36,7 @@ class KernelVersion:
     changed: str  # one line on what changed since the version before
     launch: Callable  # launch(args: LaunchArgs, prob: AttentionProblem, **options)
     options: tuple = ()  # keyword options its launch takes
-    dtypes: tuple = (np.dtype(np.float16), np.dtype(np.float32))  # input dtypes (computed in float32)
+    dtypes: tuple = (np.dtype(np.float16), "bfloat16", np.dtype(np.float32))  # input dtypes (computed in float32)
     max_head_dim: int = 256  # largest d and dv
     head_dims: tuple | None = None  # the only d (= dv) it takes, if it does not take every d up to max_head_dim
     sized_launch: Callable | None = None  # sized_launch(n_q, n_k, heads, scale·log2(e), causal, kv_group, element,

@@ -22,6 +22,7 @@ from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu.launch import launch as launch_kernel
 from ...gpu.loads import load_tile
+from ...gpu import elements
 from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats
 
@@ -43,9 +44,10 @@ def tiling(d: int, d_v: int) -> tuple[int, int, int, int]:
 
 
 @lru_cache(maxsize=None)
-def make_kernel(BR: int, BC: int, D: int, DV: int):
+def make_kernel(BR: int, BC: int, D: int, DV: int, element: str | None = None):
     """``flash_fwd_simple`` for BR query rows per block (= threads), BC keys per tile, head dims
-    padded to D and DV."""
+    padded to D and DV; ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
+    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
     BR_, BC_, D_, DV_ = u(BR), u(BC), u(D), u(DV)
     K_OFF, V_OFF = u(0), u(BC * D)
     BUF = max(1, BC * max(D, DV) // BR)  # elements of one tile per thread
@@ -67,7 +69,7 @@ def make_kernel(BR: int, BC: int, D: int, DV: int):
         acc = cuda.local.array(DV, float32)  # unnormalised O_i[row, :]
         buf = cuda.local.array(BUF, float32)  # staging registers for tile loads
         for c in range(D_):
-            q_row[c] = float32(Q[q_off + row * d + c]) if row < n_q and c < d else float32(0.0)
+            q_row[c] = widen(Q[q_off + row * d + c]) if row < n_q and c < d else float32(0.0)
         for c in range(DV_):
             acc[c] = float32(0.0)
         m_i = NEG_INF  # running max of S2 = S·log2(e)
@@ -77,8 +79,8 @@ def make_kernel(BR: int, BC: int, D: int, DV: int):
         k_stop = key_stop(min(q_start + BR_, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
         for k_start in range(ZERO, k_stop, BC_):
             cuda.syncthreads()  # all threads are done reading the previous K_j, V_j before we overwrite them
-            load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_, ONE, buf)
-            load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_, ONE, buf)
+            load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, D_, BC_, D_, tid, BR_, ONE, buf, widen)
+            load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV_, BC_, DV_, tid, BR_, ONE, buf, widen)
             cuda.syncthreads()  # K_j and V_j are fully written before any thread reads them
 
             m_new = m_i  # scores and row max: S_ij = scale · Q_i K_jᵀ, one row of it per thread
@@ -105,7 +107,7 @@ def make_kernel(BR: int, BC: int, D: int, DV: int):
 
         if row < n_q:  # epilogue
             for c in range(d_v):
-                O[o_off + row * d_v + c] = acc[c] / l_i if l_i != 0 else float32(0.0)  # fully masked row: O = 0
+                O[o_off + row * d_v + c] = narrow(acc[c] / l_i if l_i != 0 else float32(0.0))  # fully masked: 0
             LSE[bh * n_q + row] = (m_i + math.log2(l_i)) * LN2 if l_i != 0 else NEG_INF
 
     return flash_fwd_simple
@@ -115,5 +117,5 @@ def launch(args, prob) -> None:
     """Launch v1 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): one block of BR threads per
     (query tile of BR rows, head)."""
     BR, BC, D, DV = tiling(prob.d, prob.d_v)
-    launch_kernel(make_kernel(BR, BC, D, DV), -(-prob.n_q // BR), BR, 4 * BC * (D + DV), args,
-                  key_tiles=-(-prob.n_k // BC))
+    kernel = make_kernel(BR, BC, D, DV, elements.kernel_element(prob.dtype))
+    launch_kernel(kernel, -(-prob.n_q // BR), BR, 4 * BC * (D + DV), args, key_tiles=-(-prob.n_k // BC))

@@ -32,6 +32,7 @@ from numba import cuda, float32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu.loads import load_tile_ragged
+from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
 from .tiling import TileConfig, launch_tiled
@@ -42,9 +43,9 @@ key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks,
 
 
 @cuda.jit(device=True, inline="always")
-def load_tile_walk(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT):
+def load_tile_walk(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, widen):
     """Copy rows start .. start+ROWS of one head's (n_rows × n_cols) matrix into shared memory, as
-    float32, zero-padded to ROWS × COLS (what ``tinyflash.gpu.loads.load_tile`` does since v3).
+    float32 (``widen``), zero-padded to ROWS × COLS (what ``tinyflash.gpu.loads.load_tile`` does since v3).
 
     Consecutive threads take consecutive columns, so a warp reads consecutive addresses
     (coalesced). ROWS, COLS and NT are constants, so the branches on them vanish at compile time.
@@ -62,7 +63,7 @@ def load_tile_walk(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, RO
             g = src_off + (start + r) * n_cols + c  # index into src
             sh = dst_off + r * stride + c  # index into dst
             while r < rows_end:
-                dst[sh] = float32(src[g])
+                dst[sh] = widen(src[g])
                 r += r_step
                 g += r_step * n_cols
                 sh += r_step * stride
@@ -71,7 +72,7 @@ def load_tile_walk(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, RO
                 r += r_step
                 sh += r_step * stride
     else:  # odd head dims: one division per element
-        load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT)
+        load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, widen)
 
 
 def stepwise(load, fma, STEP, END):
@@ -93,8 +94,9 @@ def stepwise(load, fma, STEP, END):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: TileConfig):
-    """``flash_fwd`` for one :class:`TileConfig`."""
+def make_kernel(cfg: TileConfig, element: str | None = None):
+    """``flash_fwd`` for one :class:`TileConfig`; ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
+    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
     cfg.validate()
     # Every constant is unsigned (tinyflash.gpu.runtime.u); array shapes must be plain ints.
     BR, BC, TM, NT, D, DV = (u(x) for x in (cfg.BR, cfg.BC, cfg.TM, cfg.NT, cfg.D, cfg.DV))
@@ -106,8 +108,8 @@ def make_kernel(cfg: TileConfig):
     @cuda.jit(device=True, inline="always")
     def load_kv(K, V, k_off, v_off, k_start, n_k, d, d_v, smem, tid):
         """K_j, then V_j, into shared memory."""
-        load_tile_walk(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT)
-        load_tile_walk(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
+        load_tile_walk(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, widen)
+        load_tile_walk(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, widen)
 
     @cuda.jit(device=True, inline="always")
     def load_qk(smem, qf, kf, row0, ct, kk):
@@ -217,7 +219,7 @@ def make_kernel(cfg: TileConfig):
                     for e in range(FOUR):
                         col = (ct + CT * t) * FOUR + e
                         if col < d_v:
-                            O[o_off + row * d_v + col] = acc[i, t, e] * inv_l
+                            O[o_off + row * d_v + col] = narrow(acc[i, t, e] * inv_l)
                 if ct == ZERO:
                     LSE[lse_off + row] = (m_i[i] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
@@ -249,7 +251,7 @@ def make_kernel(cfg: TileConfig):
                 for e in range(FOUR):
                     acc[i, t, e] = float32(0.0)
 
-        load_tile_walk(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT)  # Q_i, once
+        load_tile_walk(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, widen)  # Q_i, once
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
         for k_start in range(ZERO, k_stop, BC):
             cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
@@ -271,4 +273,4 @@ def make_kernel(cfg: TileConfig):
 
 def launch(args, prob, *, config: TileConfig | None = None) -> None:
     """Launch v2 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling."""
-    launch_tiled(make_kernel, args, prob, config)
+    launch_tiled(make_kernel, args, prob, config, element=elements.kernel_element(prob.dtype))

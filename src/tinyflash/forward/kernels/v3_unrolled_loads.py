@@ -30,6 +30,7 @@ from numba import cuda, float32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu.loads import load_tile
+from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
 from .tiling import TileConfig, launch_tiled
@@ -58,8 +59,10 @@ def stepwise(load, fma, STEP, END):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: TileConfig):
-    """``flash_fwd`` for one :class:`TileConfig`, reading full tiles one element per thread and load."""
+def make_kernel(cfg: TileConfig, element: str | None = None):
+    """``flash_fwd`` for one :class:`TileConfig`, reading full tiles one element per thread and load;
+    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
+    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
     cfg.validate()
     # Every constant is unsigned (tinyflash.gpu.runtime.u); array shapes must be plain ints.
     BR, BC, TM, NT, D, DV = (u(x) for x in (cfg.BR, cfg.BC, cfg.TM, cfg.NT, cfg.D, cfg.DV))
@@ -72,8 +75,8 @@ def make_kernel(cfg: TileConfig):
     @cuda.jit(device=True, inline="always")
     def load_kv(K, V, k_off, v_off, k_start, n_k, d, d_v, smem, tid, buf):
         """K_j, then V_j, into shared memory; for a full tile all its loads in flight before its first store."""
-        load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, ONE, buf)
-        load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, ONE, buf)
+        load_tile(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, ONE, buf, widen)
+        load_tile(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, ONE, buf, widen)
 
     @cuda.jit(device=True, inline="always")
     def load_qk(smem, qf, kf, row0, ct, kk):
@@ -190,7 +193,7 @@ def make_kernel(cfg: TileConfig):
                     for e in range(FOUR):
                         col = (ct + CT * t) * FOUR + e
                         if col < d_v:
-                            O[o_off + row * d_v + col] = acc[i, t, e] * inv_l
+                            O[o_off + row * d_v + col] = narrow(acc[i, t, e] * inv_l)
                 if ct == ZERO:
                     LSE[lse_off + row] = (m_i[i] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
@@ -223,7 +226,7 @@ def make_kernel(cfg: TileConfig):
                 for e in range(FOUR):
                     acc[i, t, e] = float32(0.0)
 
-        load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, ONE, buf)  # Q_i, once
+        load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, ONE, buf, widen)  # Q_i, once
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
         for k_start in range(ZERO, k_stop, BC):
             cuda.syncthreads()  # Q_i is written (1st tile); no thread still reads Ps/Vs of the last tile
@@ -245,4 +248,4 @@ def make_kernel(cfg: TileConfig):
 
 def launch(args, prob, *, config: TileConfig | None = None) -> None:
     """Launch v3 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling."""
-    launch_tiled(make_kernel, args, prob, config)
+    launch_tiled(make_kernel, args, prob, config, element=elements.kernel_element(prob.dtype))

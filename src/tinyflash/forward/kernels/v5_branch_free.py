@@ -28,6 +28,7 @@ from numba import cuda, float32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
 from ...gpu.loads import fetch_tile, is_full_tile, load_tile, load_tile_ragged, store_tile, vector_width
+from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
 from .tiling import TileConfig, launch_tiled
@@ -65,10 +66,12 @@ def pipelined(load, fma, STEP, END):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: TileConfig, vector: int = 1):
+def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
     """``flash_fwd`` for one :class:`TileConfig`, reading full tiles ``vector`` elements per
-    thread and load (1, or 4: see :func:`vector_width`; 4 needs inputs aligned to 4 elements)."""
+    thread and load (1, or 4: see :func:`vector_width`; 4 needs inputs aligned to 4 elements);
+    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
     cfg.validate()
+    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
     if vector not in (1, 4):
         raise ValueError(f"vector must be 1 or 4; got {vector!r}")
     # Every constant is unsigned (tinyflash.gpu.runtime.u); array shapes must be plain ints.
@@ -85,13 +88,13 @@ def make_kernel(cfg: TileConfig, vector: int = 1):
     def load_kv(K, V, k_off, v_off, k_start, n_k, d, d_v, smem, tid, buf):
         """K_j and V_j into shared memory; for full tiles all loads in flight before the first store."""
         if is_full_tile(k_start, n_k, d, BC, D, NT, W) and is_full_tile(k_start, n_k, d_v, BC, DV, NT, W):
-            fetch_tile(K, k_off, k_start, d, BC, D, tid, NT, W, buf, ZERO)
-            fetch_tile(V, v_off, k_start, d_v, BC, DV, tid, NT, W, buf, KB)
+            fetch_tile(K, k_off, k_start, d, BC, D, tid, NT, W, buf, ZERO, widen)
+            fetch_tile(V, v_off, k_start, d_v, BC, DV, tid, NT, W, buf, KB, widen)
             store_tile(smem, K_OFF, KS, BC, D, tid, NT, W, buf, ZERO)
             store_tile(smem, V_OFF, DV, BC, DV, tid, NT, W, buf, KB)
         else:  # the ragged last tile, or a padded head dim
-            load_tile_ragged(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT)
-            load_tile_ragged(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT)
+            load_tile_ragged(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, widen)
+            load_tile_ragged(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, widen)
 
     @cuda.jit(device=True, inline="always")
     def load_qk(smem, qf, kf, row0, ct, kk):
@@ -208,7 +211,7 @@ def make_kernel(cfg: TileConfig, vector: int = 1):
                     for e in range(FOUR):
                         col = (ct + CT * t) * FOUR + e
                         if col < d_v:
-                            O[o_off + row * d_v + col] = acc[i, t, e] * inv_l
+                            O[o_off + row * d_v + col] = narrow(acc[i, t, e] * inv_l)
                 if ct == ZERO:
                     LSE[lse_off + row] = (m_i[i] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
@@ -245,7 +248,7 @@ def make_kernel(cfg: TileConfig, vector: int = 1):
                 for e in range(FOUR):
                     acc[i, t, e] = float32(0.0)
 
-        load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, W, buf)  # Q_i, once
+        load_tile(Q, q_off, q_start, n_q, d, smem, Q_OFF, QS, BR, D, tid, NT, W, buf, widen)  # Q_i, once
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
         first_row_stop = key_stop(q_start + ONE, n_q, n_k, causal)  # the keys that Q_i's first row may see
         for k_start in range(ZERO, k_stop, BC):
@@ -269,4 +272,5 @@ def make_kernel(cfg: TileConfig, vector: int = 1):
 def launch(args, prob, *, config: TileConfig | None = None, vector: int | None = None) -> None:
     """Launch v5 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling,
     ``vector`` the elements per thread and global load (default: :func:`vector_width` of the dtype)."""
-    launch_tiled(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector))
+    launch_tiled(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector),
+                 element=elements.kernel_element(prob.dtype))
