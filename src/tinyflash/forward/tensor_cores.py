@@ -125,13 +125,8 @@ def plan_call(q, k, v, causal, scale, entry: Entry = TENSOR_CORES) -> CallPlan:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array of shape (..., N, d); got {type(x).__name__}")
-<<<<<<< HEAD
     element = sixteen_bit({"q": q, "k": k, "v": v}, entry.who,
-                          "tinyflash.cuda_attention takes float16 and float32")
-=======
-    element = sixteen_bit({"q": q, "k": k, "v": v}, "tensor_core_attention",
                           "tinyflash.cuda_attention takes float16, bfloat16 and float32")
->>>>>>> bf16cc
     prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
         raise ValueError(f"{entry.who} supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "

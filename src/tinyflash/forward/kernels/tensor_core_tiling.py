@@ -138,19 +138,12 @@ def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, confi
                         element: str | None = None, *, tilings=None, who: str = "kernel v6 (tensor cores)") -> None:
     """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (Q, K, V, O flat in 16-bit elements, LSE;
     n_q, n_k, scale_log2, causal, kv_group by name): device arrays on a GPU through the driver (``driver_launch``:
-<<<<<<< HEAD
     the kernel's sized launch, as v6.driver_launch keeps it), else through numba. ``tilings``: the kernel's
     (default_tiling(d, causal, n_q), simulator_tiling(d)) when ``config`` is None (None: this module's)."""
-    if element is None:
-        if np.dtype(prob.dtype) != np.float16:
-            raise TypeError(f"{who} takes float16 or bfloat16 inputs; got {np.dtype(prob.dtype).name} "
-=======
-    the kernel's sized launch, as v6.driver_launch keeps it), else through numba."""
     if element is None:  # the problem's dtype (a NumPy dtype, or 'bfloat16')
         element = str(np.dtype(prob.dtype) if not isinstance(prob.dtype, str) else prob.dtype)
         if element not in ELEMENTS:
-            raise TypeError(f"kernel v6 (tensor cores) takes float16 or bfloat16 inputs; got {element} "
->>>>>>> bf16cc
+            raise TypeError(f"{who} takes float16 or bfloat16 inputs; got {element} "
                             "(cuda_attention's kernels v1-v5 take float32)")
     if element not in ELEMENTS:
         raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
