@@ -25,7 +25,7 @@ import numpy as np
 
 from ...gpu.launch import LaunchArgs, Tiling, launch
 from ...gpu.runtime import simulator_enabled
-from ...warp_tile import HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
+from ...warp_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class BackwardTensorCoreTiling(Tiling):
         return 4 * self.smem_layout()["end"]
 
     def shape_problems(self) -> list[str]:
-        problems = tile_problems(self.D, self.ROW_TILES, "key")
+        problems = tile_problems(self.D, self.ROW_TILES, "key", HEAD_DIMS)
         if self.BR % (MMA_K * self.WARPS) or self.BR > self.NT:
             problems.append("BR must be a multiple of 16 · WARPS (dQ_i's rows, 16 per warp tile) and at most NT")
         if (self.BC * self.CHUNKS) % self.NT or (self.BR * self.CHUNKS) % self.NT:

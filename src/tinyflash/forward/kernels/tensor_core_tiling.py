@@ -21,7 +21,8 @@ from ...gpu.arrays import is_device_array, numba_flat
 from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.launch import MAX_GRID_Y, LaunchArgs, Tiling, launch as launch_grid
 from ...gpu.runtime import simulator_enabled
-from ...warp_tile import ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
+from ...warp_tile import (ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, head_dims_text, padded_head_dim,
+                          tile_problems)
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,16 @@ class TensorCoreTiling(Tiling):
         return WARP * self.WARPS
 
     @property
-    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
-        return self.D // 2 + PAD_WORDS
+    def DP(self) -> int:  # the head dim of a row in shared memory: D padded with zero columns (tinyflash.warp_tile)
+        return padded_head_dim(self.D)
 
     @property
-    def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
-        return self.D // 8
+    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
+        return self.DP // 2 + PAD_WORDS
+
+    @property
+    def CHUNKS(self) -> int:  # 16-byte chunks per row in shared memory (one cp.async each)
+        return self.DP // 8
 
     def warp_tile(self, element: str) -> WarpTile:
         """What each warp of this tiling owns, for inputs of ``element`` (``tinyflash.warp_tile``)."""
@@ -92,11 +97,19 @@ def default_tiling(d: int, causal: bool, n_q: int = SHORT_CAUSAL) -> TensorCoreT
     Q_i read from shared memory for each key tile, rescaled lazily; causal with fewer than SHORT_CAUSAL query
     rows, 4 warps, so that blocks of uneven length are finer pieces of work to share out (the switch lies
     between the two lengths of the sweep). d = 64: 4 warps, Q_i in registers; rescaled lazily when causal, at
-    every tile when not."""
-    if d == 64:
-        return TensorCoreTiling(D=64, WARPS=4, BC=64, ROW_TILES=2, LAZY_RESCALE=causal).validate()
-    warps = 4 if causal and n_q < SHORT_CAUSAL else 8
-    return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
+    every tile when not.
+
+    Other head dims take the tiling of the next of these by DP (d padded to a multiple of 32): up to 64, d = 64's;
+    up to 128, d = 128's. Past 128 a warp's accumulators of two row tiles would not fit in its 255 registers
+    (DP / 2 · 8 of them), so a warp owns one row tile: 8 warps (Br = 128), Q_i in shared memory, 64-key tiles,
+    as FlashAttention-2 does at d = 256 (``python -m tinyflash.bench head-dims`` times them)."""
+    dp = padded_head_dim(d)
+    if dp <= 64:
+        return TensorCoreTiling(D=d, WARPS=4, BC=64, ROW_TILES=2, LAZY_RESCALE=causal).validate()
+    if dp <= 128:
+        warps = 4 if causal and n_q < SHORT_CAUSAL else 8
+        return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
+    return TensorCoreTiling(D=d, WARPS=8, BC=64, ROW_TILES=1, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
 
 
 # causal: the K and V of the heads ordered together, at most this many bytes (head_group): they stay in the L2 cache
@@ -147,8 +160,8 @@ def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, confi
     if element not in ELEMENTS:
         raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
     if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"kernel v6 (tensor cores) supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
-                         "(cuda_attention's kernels v1-v5 take any head dim up to 256)")
+        raise ValueError(f"kernel v6 (tensor cores) supports d = dv {head_dims_text(HEAD_DIMS)}; got d = {prob.d}, "
+                         f"dv = {prob.d_v} (cuda_attention's kernels v1-v5 take any head dim up to 256)")
     cfg = config or (simulator_tiling(prob.d) if simulator_enabled() else default_tiling(prob.d, prob.causal,
                                                                                           prob.n_q))
     if cfg.D != prob.d:
