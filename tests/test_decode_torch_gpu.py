@@ -37,7 +37,7 @@ def reference(q, k, v, causal):
 
 
 @pytest.mark.parametrize("n_q, causal", [(1, False), (4, True)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [32, 40, 64, 96, 128, 200, 256])
 def test_bfloat16_split_kv(rng, n_q, causal, d):
     q, k, v = decode_tensors(int(rng.integers(2**31)), 2, 32, 8, n_q, 9_001, d, torch.bfloat16)
     o, lse = tf.cuda_split_kv_attention(q, k, v, causal=causal)
@@ -67,8 +67,9 @@ def test_bfloat16_paged_matches_contiguous(rng):
 
 
 def test_bfloat16_outside_the_tensor_cores_is_refused_by_name():
-    q = torch.randn(1, 4, 1, 96, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"decode kernel takes float16 or bfloat16 with d = dv in .*; got bfloat16, d=96"):
+    q = torch.randn(1, 4, 1, 100, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"decode kernel takes float16 or bfloat16 with d = dv a multiple of 8 up to 256; "
+                                         r"got bfloat16, d=100"):
         tf.cuda_split_kv_attention(q, q, q)
 
 

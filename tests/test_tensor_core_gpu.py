@@ -39,6 +39,32 @@ def test_lengths(rng, n, d, causal, dtype):
     assert verdict.ok, verdict
 
 
+NEW_HEAD_DIMS = [32, 40, 96, 200, 256]  # beside 64 and 128: 40 and 200 padded with zero columns (to 64, 224)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", NEW_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
+def test_head_dims(rng, n, d, causal, dtype):
+    """Every head dim up to 256 on the tensor cores: multiples of 32 as they are, others padded to DP."""
+    test_lengths(rng, n, d, causal, dtype)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_head_dims_unequal_lengths(rng, d):
+    torch = pytest.importorskip("torch")
+    from tinyflash.bench.checking import check_output
+
+    for n_q, n_k in ((1000, 777), (300, 4096)):
+        for causal in (False, True):
+            for dtype in (torch.float16, torch.bfloat16):
+                q, k, v = random_qkv(torch, n_q, n_k, d, dtype, seed=int(rng.integers(2**31)))
+                o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
+                verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
+                assert verdict.ok, (n_q, n_k, causal, dtype, verdict)
+
+
 @pytest.mark.parametrize("n_q, n_k", [(1000, 777), (300, 4096), (4097, 129)])
 def test_unequal_lengths(rng, n_q, n_k):
     torch = pytest.importorskip("torch")

@@ -103,8 +103,10 @@ def split_kernel(prob, page_size: int, tiling: DecodeTiling | None = None) -> Sp
 
 def default_tiling(d: int) -> DecodeTiling:
     """Tiles of 32 keys in a ring of 4: 3 tiles (48 KB at d = 128) in flight per block, 3 blocks per
-    SM at d = 128 (5 at d = 64)."""
-    return DecodeTiling(D=d, BC=32, STAGES=4).validate()
+    SM at d = 128 (5 at d = 64). Past d = 128 (DP > 128) tiles of 16 keys, so that the ring stays near d = 128's
+    size (3 blocks per SM at d = 256) and the scores' registers make room for the longer Q and acc (ptxas: 255
+    registers and no spills at d = 256, where 32-key tiles spill when paged)."""
+    return DecodeTiling(D=d, BC=32 if padded_head_dim(d) <= 128 else 16, STAGES=4).validate()
 
 
 @lru_cache(maxsize=None)
