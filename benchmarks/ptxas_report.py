@@ -13,7 +13,7 @@ The kernels, each at the settings a GPU run uses by default:
 
 * forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
 * forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in
-  TENSOR_CORE_DIMS (32, 64, 96, 128, 256, and 40: padded to 64 in shared memory), causal or not, n in (4096,
+  TENSOR_CORE_DIMS (32, 64, 96, 128, 256, and 40 and 200: padded to 64 and 224), causal or not, n in (4096,
   16384), float16 and bfloat16; each tiling in the block order that runs it
   (not causal: one head at a time; causal: heads ordered in groups, and one head at a time, which runs
   where a group holds one head), each distinct kernel once;
@@ -70,7 +70,7 @@ FIELDS = ["date", "numba_cuda", "ptxas", "commit", "kernel", "variant", "registe
 DEFAULT_CSV = Path(__file__).resolve().parents[1] / "figures" / "data" / "ptxas_sm90.csv"
 CC = (9, 0)  # the H200's compute capability
 ARCH = "sm_90"
-TENSOR_CORE_DIMS = (32, 40, 64, 96, 128, 256)  # the head dims of the tensor-core forward and decode kernels compiled
+TENSOR_CORE_DIMS = (32, 40, 64, 96, 128, 200, 256)  # the head dims of the tensor-core forward and decode kernels compiled
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ recomputes P from them. float16 and bfloat16 with d = dv go to the tensor cores
 :func:`tinyflash.tensor_core_attention_backward`, d = 64 or 128), and may have fewer K/V heads than query
 heads (grouped-query attention: k.grad and v.grad sum over each group); float16 at other head dims, and
 float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and :func:`tinyflash.cuda_attention_backward`,
-without grouped heads), whose launches go to the default stream and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does
-unless a tensor is passed in.
+without grouped heads), whose launches go to the default stream and cannot be captured in a graph. This
+module imports PyTorch; nothing else in tinyflash does unless a tensor is passed in.
 
 The causal mask is bottom-right aligned (the project's rule, :func:`tinyflash.core.masks.key_stop`: the
 last query sees every key, as in FlashAttention-2 from version 2.1). SDPA's ``is_causal`` is top-left

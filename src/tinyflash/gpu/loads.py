@@ -176,7 +176,7 @@ def cp_async_rows(row_words: int, words: int, threads: int, tile_words: int | No
     thread copies the same column of rows row0, row0 + rows per pass, ... (:func:`row_passes`): one address for
     the tile, then small offsets. The copies are in flight until the caller commits and waits for them."""
     tile_words = words if tile_words is None else tile_words
-    CHUNKS, RW, DW = u(tile_words // 4), row_words, u(words)  # 16-byte chunks per row; words per row in shared memory, in HBM
+    CHUNKS, RW, DW = u(tile_words // 4), row_words, u(words)  # 16-byte chunks per row; words per row in smem, in HBM
     ROWS_PER_PASS, _ = row_passes(tile_words // 4, threads, 1)  # rows that the threads copy with one cp.async each
     ACTIVE = ROWS_PER_PASS * (tile_words // 4)  # threads that copy (the rest, if any, wait)
     EVEN, PADDED = ACTIVE == threads, tile_words > words  # every thread copies; zero words after each row
