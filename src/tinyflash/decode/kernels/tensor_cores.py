@@ -140,8 +140,9 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, TABLE, b, bkv, kv_head, k0, seq_len, stage, lane, n_k, h_kv, max_pages, seen, page_base):
         """Request K_j and V_j (keys k0 .. k0 + BC - 1, k0 a multiple of BC) into the ring stage at byte
-        address ``stage``: lane copies column piece lane % CHUNKS of rows lane // CHUNKS, + RPP, ...;
-        keys at or past the sequence's end become zeros (they are masked). One commit group per tile."""
+        address ``stage``: lane copies column piece lane % CHUNKS of rows lane // CHUNKS, + RPP, ... (lanes past
+        RPP · CHUNKS copy nothing); keys at or past the sequence's end become zeros (they are masked), and so do
+        the padding columns past d. One commit group per tile."""
         row, col = lane // CHUNKS, (lane % CHUNKS) * FOUR  # first row; word column
         src_col = min(col, DW - FOUR) if PADDED else col  # a column inside the row (a padding column reads none)
         rows_left = uint32(min(seq_len - k0, BC_))  # rows of the tile inside the sequence
