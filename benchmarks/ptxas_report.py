@@ -2,7 +2,7 @@
 frame and instruction counts, one CSV row per kernel.
 
     PYTHONPATH=src python benchmarks/ptxas_report.py [--csv figures/data/ptxas_sm90.csv] [--ptx-dir DIR]
-                                                     [--nvdisasm PATH] [--only TEXT] [--jobs N]
+                                                     [--nvdisasm PATH] [--only TEXT] [--jobs N] [--sweep]
 
 Needs numba-cuda with the CUDA 13 toolkit (``pip install "numba-cuda[cu13]==0.30.4"
 "cuda-toolkit[nvrtc,nvvm,cudart,cccl]==13.0.*"``) and ``ptxas`` on the PATH; ``--nvdisasm`` takes the
@@ -15,16 +15,20 @@ The kernels, each at the settings a GPU run uses by default:
 * forward v7 (``v7_wgmma``) at ``hopper_tiling.default_tiling(d)``, d = 64 and 128, float16 and bfloat16, for
   ``sm_90a`` (its wgmma instructions exist only there); ptxas's warnings and wgmma notes (C7510, C7515, C7519)
   are printed under the kernel's line;
-* forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in (64, 128),
-  causal or not, n in (4096, 16384), float16 and bfloat16; each tiling in the block order that runs it
+* forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in
+  TENSOR_CORE_DIMS (32, 64, 96, 128, 256, and 40 and 200: padded to 64 and 224), causal or not, n in (4096,
+  16384), float16 and bfloat16; each tiling in the block order that runs it
   (not causal: one head at a time; causal: heads ordered in groups, and one head at a time, which runs
   where a group holds one head), each distinct kernel once;
 * the decode split kernels of ``tinyflash.decode.kernels.VERSIONS`` at their defaults: on the tensor cores
-  d = 64 and 128 (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
+  d in TENSOR_CORE_DIMS (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
 * the decode combine kernel, float16 and float32 output;
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
 * backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16.
+
+With ``--sweep``, also v6 at each candidate tiling of ``tinyflash.bench.suites.V6_TILINGS`` (the H200 sweeps'),
+float16, one head at a time: the registers and spills of every tiling a sweep times.
 
 A kernel is compiled with its own options (``fastmath``, ``launch_bounds``; ``max_registers`` becomes
 ptxas's ``-maxrregcount``). The signature is the kernel module's own where it has one (v6's SIGNATURE, the
@@ -69,6 +73,7 @@ FIELDS = ["date", "numba_cuda", "ptxas", "commit", "kernel", "variant", "registe
 DEFAULT_CSV = Path(__file__).resolve().parents[1] / "figures" / "data" / "ptxas_sm90.csv"
 CC = (9, 0)  # the H200's compute capability
 ARCH = "sm_90"
+TENSOR_CORE_DIMS = (32, 40, 64, 96, 128, 200, 256)  # the head dims of the tensor-core forward and decode kernels compiled
 
 
 @dataclass(frozen=True)
@@ -130,25 +135,36 @@ def v5_jobs() -> list[Job]:
 
 def v6_jobs() -> list[Job]:
     """v6 at its default tilings: each (tiling, element, block order) that a default call at these sizes runs."""
-    from tinyflash.forward.kernels import tensor_core_tiling as tct, v6_tensor_cores as v6
+    from tinyflash.forward.kernels import tensor_core_tiling as tct
 
     kernels = []  # (cfg, grouped), each once, in the order of the points
-    for d in tct.HEAD_DIMS:
+    for d in TENSOR_CORE_DIMS:
         for causal in (False, True):
             for n in (4096, 16384):
                 cfg = tct.default_tiling(d, causal, n)
                 for grouped in ((False, True) if causal else (False,)):
                     if (cfg, grouped) not in kernels:
                         kernels.append((cfg, grouped))
-    found = []
-    for element in ("float16", "bfloat16"):
-        for cfg, grouped in kernels:
-            variant = (f"d={cfg.D} {element} warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} "
-                       f"q_in_smem={cfg.Q_IN_SMEM} lazy={cfg.LAZY_RESCALE} "
-                       f"{'heads in groups' if grouped else 'one head at a time'}")
-            found.append(Job("forward v6", variant, lambda cfg=cfg, element=element, grouped=grouped:
-                             (v6.make_kernel(cfg, element, grouped), v6.SIGNATURE)))
-    return found
+    return [v6_job(cfg, element, grouped) for element in ("float16", "bfloat16") for cfg, grouped in kernels]
+
+
+def v6_job(cfg, element: str, grouped: bool, kernel: str = "forward v6") -> Job:
+    """v6 at the tiling ``cfg`` for ``element`` inputs, its blocks in groups of heads or one head at a time."""
+    from tinyflash.forward.kernels import v6_tensor_cores as v6
+
+    variant = (f"d={cfg.D} {element} warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} "
+               f"q_in_smem={cfg.Q_IN_SMEM} lazy={cfg.LAZY_RESCALE} "
+               f"{'heads in groups' if grouped else 'one head at a time'}")
+    return Job(kernel, variant, lambda: (v6.make_kernel(cfg, element, grouped), v6.SIGNATURE))
+
+
+def v6_sweep_jobs() -> list[Job]:
+    """v6 at every candidate tiling of the H200 sweeps (``bench.suites.V6_TILINGS``), float16, one head at a time."""
+    from tinyflash.bench.suites import V6_TILINGS
+    from tinyflash.forward.kernels.tensor_core_tiling import TensorCoreTiling
+
+    return [v6_job(TensorCoreTiling(D=d, WARPS=w, BC=bc, ROW_TILES=rt, Q_IN_SMEM=q, LAZY_RESCALE=lazy), "float16",
+                   False, "forward v6, sweep") for d, tilings in V6_TILINGS.items() for w, bc, rt, q, lazy in tilings]
 
 
 Problem = namedtuple("Problem", "d d_v dtype")  # what a decode kernel's split_kernel reads of a checked problem
@@ -169,7 +185,7 @@ def decode_jobs() -> list[Job]:
         return kernel, chosen.signature
 
     found = []
-    for d in tensor_cores.HEAD_DIMS:
+    for d in TENSOR_CORE_DIMS:
         cfg = tensor_cores.default_tiling(d)
         for page_size in (0, 16):
             variant = (f"d={d} float16 BC={cfg.BC} STAGES={cfg.STAGES} "
@@ -222,8 +238,9 @@ def v7_jobs() -> list[Job]:
     return found
 
 
-def jobs() -> list[Job]:
-    return v5_jobs() + v6_jobs() + v7_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
+def jobs(sweep: bool = False) -> list[Job]:
+    return (v5_jobs() + v6_jobs() + v7_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
+            + (v6_sweep_jobs() if sweep else []))
 
 
 # --- compiling and counting -------------------------------------------------------------------------------
@@ -326,6 +343,7 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", default=str(DEFAULT_CSV), help="write the rows here (default: %(default)s)")
     ap.add_argument("--ptx-dir", help="keep each kernel's PTX here, named by kernel and variant")
     ap.add_argument("--nvdisasm", help="path of nvdisasm: also count the machine instructions")
+    ap.add_argument("--sweep", action="store_true", help="also v6 at each candidate tiling of the H200 sweeps")
     ap.add_argument("--only", help="only the kernels whose kernel name or variant contains this text")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes (default: %(default)s)")
     args = ap.parse_args(argv)
@@ -334,7 +352,7 @@ def main(argv=None) -> int:
 
     env = environment(device="")  # the date, the versions and the commit; no GPU is asked
     fixed = {"date": env["date"], "numba_cuda": env["numba_cuda"], "ptxas": ptxas_version(), "commit": env["commit"]}
-    _JOBS[:] = [j for j in jobs() if not args.only or args.only in j.kernel or args.only in j.variant]
+    _JOBS[:] = [j for j in jobs(args.sweep) if not args.only or args.only in j.kernel or args.only in j.variant]
     if args.ptx_dir:
         Path(args.ptx_dir).mkdir(parents=True, exist_ok=True)
     print(f"{len(_JOBS)} kernels for {ARCH} (the wgmma ones for {ARCH}a): numba-cuda {fixed['numba_cuda']}, {fixed['ptxas']}, "

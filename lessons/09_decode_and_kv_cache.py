@@ -137,7 +137,7 @@ assert_close(lse_gpu, lse_ref, F32_TOL, "split kernel lse", is_lse=True)
 print(f"\nsplit kernel, B = 2, H = 4, H_kv = 2, Nq = 2 (causal), Nk = {n_k:,}, 3 splits: relative error {err:.1e}")
 
 # The same split on the tensor cores (src/tinyflash/decode/kernels/tensor_cores.py), which
-# cuda_split_kv_attention picks for float16 at d = 64 or 128. One warp per block: the packed rows
+# cuda_split_kv_attention picks for float16 at d a multiple of 8 up to 256. One warp per block: the packed rows
 # (here 2 query heads × Nq = 2 = 4) become the 16 rows of stage 3's mma.sync, the other 12 are
 # zeros, multiplied for nothing, as decoding has tensor-core time to spare. S = Q·K_jᵀ and P·V_j are
 # mma's on tiles that a cp.async ring brings in: far fewer instructions per key than the CUDA-core

@@ -31,6 +31,10 @@ def run_prepared(prepared):
     (3, 100, 64, 1, True, (16, 3)),  # speculative decoding, causal; 7 tiles through a ring of 3; ragged last tile
     (1, 20, 64, 5, False, (16, 2)),  # 5 splits of one tile (16 keys) for 20 keys: empty splits
     (2, 45, 128, 2, True, (32, 2)),  # d = 128, tiles of 32 keys
+    (3, 45, 96, 2, True, (16, 2)),  # d = 96: a row's 12 pieces among 32 lanes (2 rows per pass, 8 lanes wait)
+    (1, 37, 40, 2, False, (16, 3)),  # d = 40: padded with zero columns to 64
+    (2, 29, 200, 2, True, (16, 2)),  # d = 200: padded to 224, 28 pieces a row (one row per pass)
+    (3, 40, 256, 3, True, (16, 2)),  # d = 256: 16 mma steps over d
 ])
 def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits, causal, tiling):
     q, k, v = decode_inputs(rng, 1, 4, 2, n_q, n_k, d, np.float16)  # GQA: 2 query heads per K/V head
@@ -50,30 +54,36 @@ def test_tensor_core_kernel_row_chunks(rng):
 
 
 @pytest.mark.simulator
-@pytest.mark.parametrize("page_size", [4, 5])
-def test_tensor_core_paged_kernel_on_the_simulator(rng, page_size):
+@pytest.mark.parametrize("page_size, d", [(4, 64), (5, 64), (4, 96), (5, 40)])
+def test_tensor_core_paged_kernel_on_the_simulator(rng, page_size, d):
     """Ragged lengths through a random block table, causal with 2 queries: pages of 4 tokens (a tile
-    holds whole pages: its pages are read once per tile) and of 5 (each row's page looked up)."""
-    q, k, v = decode_inputs(rng, 3, 4, 2, 2, 40, 64, np.float16)
+    holds whole pages: its pages are read once per tile) and of 5 (each row's page looked up); at d = 96
+    (12 pieces a row for 32 lanes) and d = 40 (padded to 64)."""
+    q, k, v = decode_inputs(rng, 3, 4, 2, 2, 40, d, np.float16)
     lens = [40, 6, 17]
     cache = to_paged(k, v, lens, page_size=page_size, rng=rng)
-    o, lse, _ = run_prepared(prepare_paged(q, cache, num_splits=2, causal=True, tiling=tc.DecodeTiling(64, 16, 2)))
+    o, lse, _ = run_prepared(prepare_paged(q, cache, num_splits=2, causal=True, tiling=tc.DecodeTiling(d, 16, 2)))
     for b, n in enumerate(lens):
         check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], True, f"paged ({page_size} tokens), sequence {b}")
 
 
 def test_which_split_kernel(rng):
-    """float16 at d = 64 or 128 runs on the tensor cores (16 packed rows per block, one warp), other
+    """float16 at d a multiple of 8 up to 256 runs on the tensor cores (16 packed rows per block, one warp), other
     inputs on the CUDA cores (the registry's first kernel that takes them); asking for the tensor cores where
     they do not apply is a clear error."""
     q, k, v = decode_inputs(rng, 1, 4, 2, 1, 8, 64, np.float16)
     prob = check_attention_inputs(q, k, v, causal=False, scale=None, allowed=F16_F32)
     assert kernels.choose(prob).name == "tensor_cores" and kernels.choose(prob, "cuda_cores").name == "cuda_cores"
-    for dtype, d in ((np.float32, 64), (np.float16, 32)):
+    for d in (8, 32, 96, 256):
+        other = check_attention_inputs(*decode_inputs(rng, 1, 4, 2, 1, 8, d, np.float16), causal=False, scale=None,
+                                       allowed=F16_F32)
+        assert kernels.choose(other).name == "tensor_cores"
+    for dtype, d in ((np.float32, 64), (np.float16, 20), (np.float16, 264)):
         other = check_attention_inputs(*decode_inputs(rng, 1, 4, 2, 1, 8, d, dtype), causal=False, scale=None,
                                        allowed=F16_F32)
         assert kernels.choose(other).name == "cuda_cores"
-        with pytest.raises(ValueError, match="the tensor_cores decode kernel takes float16 or bfloat16 with d = dv in"):
+        with pytest.raises(ValueError, match="the tensor_cores decode kernel takes float16 or bfloat16 with d = dv a "
+                                             "multiple of 8 up to 256"):
             kernels.choose(other, "tensor_cores")
     with pytest.raises(ValueError, match="kernel must be one of tensor_cores, cuda_cores"):
         kernels.choose(prob, "tensor cores")
@@ -85,8 +95,8 @@ def test_tensor_core_decode_bad_settings(rng):
         tc.DecodeTiling(64, 24, 2).validate()
     with pytest.raises(ValueError, match="STAGES must be at least 2"):
         tc.DecodeTiling(64, 16, 1).validate()
-    with pytest.raises(ValueError, match="D must be one of"):
-        tc.DecodeTiling(96, 16, 2).validate()
+    with pytest.raises(ValueError, match="D must be a multiple of 8 up to 256"):
+        tc.DecodeTiling(100, 16, 2).validate()
     with pytest.raises(ValueError, match="tiling .* is for d = 128; got d = 64"):
         prepare_split_kv(q, k, v, tiling=tc.DecodeTiling(128, 16, 2))
     with pytest.raises(ValueError, match=r"the tensor_cores decode kernel takes the options \['tiling'\]; got \['unroll'\]"):
@@ -100,6 +110,9 @@ def test_blocks_per_sm():
     cfg = tc.DecodeTiling(128, 32, 4)  # 4 stages × (K, V) × 32 rows × 272 bytes
     assert cfg.smem_bytes == 4 * 2 * 32 * 272 == 69_632
     assert cfg.blocks_per_sm() == 228 * 1024 // (69_632 + 1024) == 3
+    assert tc.DecodeTiling(40, 32, 4).smem_bytes == 4 * 2 * 32 * (64 * 2 + 16)  # rows padded to 64 dims
+    for d in range(8, 257, 8):  # past d = 128, 16-key tiles: at least 3 blocks per SM at every head dim
+        assert tc.default_tiling(d).blocks_per_sm() >= 3 and tc.default_tiling(d).BC == (32 if d <= 128 else 16)
 
 
 # ---- on a real GPU, at decode sizes ----------------------------------------------------------
@@ -115,6 +128,22 @@ def test_tensor_core_tilings_on_the_gpu(rng, tiling, d):
         q, k, v = decode_inputs(rng, 2, 32, 8, n_q, 9_001, d, np.float16)
         o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal, tiling=cfg))
         check(o, lse, q, k, v, causal, f"{cfg}, Nq={n_q}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [32, 40, 96, 200, 256])
+def test_tensor_core_head_dims_on_the_gpu(rng, d):
+    """The default tiling at head dims beside 64 and 128 (40 and 200 padded with zero columns), Nq = 1 and 3
+    (causal), a ragged Nk; contiguous and in pages of 16 tokens (a random block table, ragged lengths)."""
+    for n_q, causal in ((1, False), (3, True)):
+        q, k, v = decode_inputs(rng, 2, 32, 8, n_q, 9_001, d, np.float16)
+        o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal))
+        check(o, lse, q, k, v, causal, f"d={d}, Nq={n_q}")
+    q, k, v = decode_inputs(rng, 3, 8, 2, 1, 3_000, d, np.float16)
+    lens = [3_000, 17, 1_234]
+    o, lse, _ = run_prepared(prepare_paged(q, to_paged(k, v, lens, page_size=16, rng=rng), causal=True))
+    for b, n in enumerate(lens):
+        check(o[b], lse[b], q[b], k[b, :, :n], v[b, :, :n], True, f"paged d={d}, sequence {b}")
 
 
 @pytest.mark.gpu

@@ -37,7 +37,7 @@ def reference(q, k, v, causal):
 
 
 @pytest.mark.parametrize("n_q, causal", [(1, False), (4, True)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [32, 40, 64, 96, 128, 200, 256])
 def test_bfloat16_split_kv(rng, n_q, causal, d):
     q, k, v = decode_tensors(int(rng.integers(2**31)), 2, 32, 8, n_q, 9_001, d, torch.bfloat16)
     o, lse = tf.cuda_split_kv_attention(q, k, v, causal=causal)
@@ -66,11 +66,10 @@ def test_bfloat16_paged_matches_contiguous(rng):
     assert torch.equal(o, o_c) and torch.allclose(lse, lse_c, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("d, n_q, causal", [(96, 1, False), (80, 3, True), (256, 1, False)])
+@pytest.mark.parametrize("d, n_q, causal", [(100, 1, False), (84, 3, True), (252, 1, False)])
 def test_bfloat16_at_the_cuda_cores_head_dims(rng, d, n_q, causal):
-    """bfloat16 at head dims the tensor cores do not take: the CUDA-core split kernel (float32 arithmetic),
-    d = 256 in whole 16-byte pieces of a row (cp.async), 80 and 96 element by element; the paged cache (its last
-    page partly filled) gives the same o."""
+    """bfloat16 at head dims the tensor cores do not take (not multiples of 8): the CUDA-core split kernel
+    (float32 arithmetic), element by element; the paged cache (its last page partly filled) gives the same o."""
     q, k, v = decode_tensors(int(rng.integers(2**31)), 2, 8, 2, n_q, 3_001, d, torch.bfloat16)
     o, lse = tf.cuda_split_kv_attention(q, k, v, causal=causal, num_splits=4)
     assert o.dtype == torch.bfloat16 and o.shape == q.shape and lse.dtype == torch.float32

@@ -163,8 +163,18 @@ def bf16_attention(q, k, v, causal, config=None):
 @pytest.mark.parametrize("causal", [False, True])
 def test_bfloat16(rng, causal, row_tiles):
     """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
-    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
+    q, k, v = bf16_inputs(rng, 21, 30, 64)
     o, lse = bf16_attention(q, k, v, causal, config=tct.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=row_tiles))
+    check_bf16(o, lse, q, k, v, causal)
+
+
+def bf16_inputs(rng, n_q, n_k, d):
+    """q, k, v as float32 arrays of values exact in bfloat16."""
+    return (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), n_q, n_k, d=d))
+
+
+def check_bf16(o, lse, q, k, v, causal):
+    """FlashAttention's rule for bfloat16 o against naive attention rounded to bfloat16; lse within F32_TOL."""
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
     naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
 
@@ -181,7 +191,8 @@ def test_bfloat16(rng, causal, row_tiles):
 def test_registered_and_through_cuda_attention(rng):
     """v6 is the next version; cuda_attention(kernel='v6') runs it on float16, refuses float32 clearly."""
     assert list(VERSIONS)[5] == "v6" and VERSIONS["v6"].accepts("bfloat16", 64, 64)
-    assert not VERSIONS["v6"].accepts(np.float32, 64, 64) and not VERSIONS["v6"].accepts(np.float16, 80, 80)
+    assert not VERSIONS["v6"].accepts(np.float32, 64, 64) and VERSIONS["v6"].accepts(np.float16, 80, 80)
+    assert not VERSIONS["v6"].accepts(np.float16, 84, 84) and not VERSIONS["v6"].accepts(np.float16, 264, 264)
     q, k, v = make_qkv(rng, (), 9, 18, d=64, dtype=np.float16)
     o, lse = tf.cuda_attention(q, k, v, kernel="v6")
     check(o, lse, q, k, v, False, "cuda_attention v6")
@@ -193,7 +204,9 @@ def test_registered_and_through_cuda_attention(rng):
     (((1, 5, 64), (1, 5, 64), (1, 5, 64), np.float32), {}, TypeError,
      r"^tensor_core_attention takes float16 or bfloat16; got q of dtype float32 \(tinyflash.cuda_attention takes "
      r"float16, bfloat16 and float32\)$"),
-    (((1, 5, 80), (1, 5, 80), (1, 5, 80), np.float16), {}, ValueError, r"d = dv in \(64, 128\).*cuda_attention"),
+    (((1, 5, 84), (1, 5, 84), (1, 5, 84), np.float16), {}, ValueError,
+     r"d = dv a multiple of 8 up to 256; got q \(1, 5, 84\).*cuda_attention"),
+    (((1, 5, 264), (1, 5, 264), (1, 5, 264), np.float16), {}, ValueError, r"d = dv a multiple of 8 up to 256"),
     (((1, 5, 64), (1, 5, 64), (1, 5, 128), np.float16), {}, ValueError, "d = dv"),
     (((1, 5, 64), (1, 0, 64), (1, 0, 64), np.float16), {}, ValueError, "Nk >= 1"),
     (((1, 5, 64), (1, 5, 64), (1, 5, 64), np.float16), {"causal": 1}, TypeError, "causal must be True or False"),
@@ -239,8 +252,9 @@ def test_head_group_rule():
 def test_tiling_rules():
     assert tct.default_tiling(128, False).smem_bytes > 48 * 1024  # asks the driver for more (gpu/smem.py)
     assert tct.TensorCoreTiling(D=64, WARPS=8, BC=16).problems()  # 128 chunks for 256 threads: uneven
-    with pytest.raises(ValueError, match="D must be one of"):
-        tct.TensorCoreTiling(D=96, WARPS=1, BC=16).validate()
+    for d in (100, 264):
+        with pytest.raises(ValueError, match="D must be a multiple of 8 up to 256"):
+            tct.TensorCoreTiling(D=d, WARPS=1, BC=16).validate()
     for rows in (0, 3):
         with pytest.raises(ValueError, match="ROW_TILES"):
             tct.TensorCoreTiling(D=64, WARPS=1, BC=16, ROW_TILES=rows).validate()
@@ -248,7 +262,7 @@ def test_tiling_rules():
     assert two.BR == 128 and two.NT == 128 and two.smem_layout()["stage 0"] == 128 * two.ROW_WORDS  # Q_i: Br rows
     in_smem = tct.TensorCoreTiling(D=128, WARPS=4, BC=32, ROW_TILES=2, Q_IN_SMEM=True).validate()
     assert in_smem.smem_layout() == two.smem_layout()  # Q_i's region is there either way; only its readers differ
-    for d in tct.HEAD_DIMS:  # the simulator's smallest tiling; the GPU's from the H200 sweep
+    for d in (64, 128):  # the simulator's smallest tiling; the GPU's from the H200 sweep
         assert tct.simulator_tiling(d).ROW_TILES == 1 and not tct.simulator_tiling(d).Q_IN_SMEM
         for causal in (False, True):  # 32 rows per warp at both head dims; Q_i read from shared memory at d = 128
             assert tct.default_tiling(d, causal).ROW_TILES == 2

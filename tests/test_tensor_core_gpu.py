@@ -29,6 +29,11 @@ def random_qkv(torch, n_q, n_k, d, dtype, heads=2, seed=0):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", NS)
 def test_lengths(rng, n, d, causal, dtype):
+    check_lengths(rng, n, d, causal, dtype)
+
+
+def check_lengths(rng, n, d, causal, dtype):
+    """tensor_core_attention on (1, 2, N, d) inputs: o and lse typed and shaped, o by the rule, lse within F32_TOL."""
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
@@ -37,6 +42,32 @@ def test_lengths(rng, n, d, causal, dtype):
     assert o.dtype == q.dtype and o.shape == q.shape and lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
     verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
     assert verdict.ok, verdict
+
+
+NEW_HEAD_DIMS = [32, 40, 96, 200, 256]  # beside 64 and 128: 40 and 200 padded with zero columns (to 64, 224)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", NEW_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
+def test_head_dims(rng, n, d, causal, dtype):
+    """Every head dim up to 256 on the tensor cores: multiples of 32 as they are, others padded to DP."""
+    check_lengths(rng, n, d, causal, dtype)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_head_dims_unequal_lengths(rng, d):
+    torch = pytest.importorskip("torch")
+    from tinyflash.bench.checking import check_output
+
+    for n_q, n_k in ((1000, 777), (300, 4096)):
+        for causal in (False, True):
+            for dtype in (torch.float16, torch.bfloat16):
+                q, k, v = random_qkv(torch, n_q, n_k, d, dtype, seed=int(rng.integers(2**31)))
+                o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
+                verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
+                assert verdict.ok, (n_q, n_k, causal, dtype, verdict)
 
 
 @pytest.mark.parametrize("n_q, n_k", [(1000, 777), (300, 4096), (4097, 129)])

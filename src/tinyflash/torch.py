@@ -12,13 +12,14 @@ on the tensor-core path a training step can be captured in a CUDA graph (``torch
 kernels go to PyTorch's current stream, the outputs come from its allocator.
 
 The forward saves (q, k, v, o, lse) — O(N) beyond the inputs, not the N × N matrix P — and the backward
-recomputes P from them. float16 and bfloat16 with d = dv = 64 or 128 go to the tensor cores
-(:func:`tinyflash.tensor_core_attention` and :func:`tinyflash.tensor_core_attention_backward`), and may
-have fewer K/V heads than query heads (grouped-query attention: k.grad and v.grad sum over each group);
-float16 and bfloat16 at other head dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
-:func:`tinyflash.cuda_attention_backward`, without grouped heads), whose launches go to the default
-stream and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does
-unless a tensor is passed in.
+recomputes P from them. float16 and bfloat16 with d = dv go to the tensor cores
+(:func:`tinyflash.tensor_core_attention`, d a multiple of 8 up to 256, and
+:func:`tinyflash.tensor_core_attention_backward`, d = 64 or 128), and may have fewer K/V heads than query
+heads (grouped-query attention: k.grad and v.grad sum over each group); float16 and bfloat16 at other head
+dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
+:func:`tinyflash.cuda_attention_backward`, without grouped heads), whose launches go to the default stream
+and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does unless a
+tensor is passed in.
 
 The causal mask is bottom-right aligned (the project's rule, :func:`tinyflash.core.masks.key_stop`: the
 last query sees every key, as in FlashAttention-2 from version 2.1). SDPA's ``is_causal`` is top-left
@@ -39,29 +40,43 @@ from .backward.tensor_cores import tensor_core_attention_backward
 from .forward.cuda import cuda_attention
 from .forward.kernels.tensor_core_tiling import HEAD_DIMS
 from .forward.tensor_cores import tensor_core_attention
+from .warp_tile import BACKWARD_HEAD_DIMS, head_dims_text
 
 Tensor = torch.Tensor
 
 
-def on_tensor_cores(q, k, v) -> bool:
-    """Whether the tensor-core kernels take these inputs: float16 or bfloat16, d = dv in HEAD_DIMS."""
+def on_tensor_cores(q, k, v, head_dims: tuple = HEAD_DIMS) -> bool:
+    """Whether the tensor-core kernels take these inputs: float16 or bfloat16, d = dv in ``head_dims`` (the
+    forward's, HEAD_DIMS; the backward's, BACKWARD_HEAD_DIMS)."""
     return (q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
-            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] in HEAD_DIMS)
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] in head_dims)
 
 
-def _refuse_capture_off_tensor_cores(q) -> None:
+def _refuse_capture_off_tensor_cores(q, head_dims: tuple) -> None:
     """The CUDA-core kernels launch through numba on the default stream, which a graph capture forbids: a
     clear error instead of the capture's."""
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"tinyflash.torch.attention can be captured in a CUDA graph only on the tensor cores "
-                           f"(float16 or bfloat16, d = dv in {HEAD_DIMS}); got {q.dtype}, d = {q.shape[-1]}")
+                           f"(float16 or bfloat16, d = dv {head_dims_text(head_dims)}); got {q.dtype}, "
+                           f"d = {q.shape[-1]}")
 
 
 def _refuse_deterministic_off_tensor_cores(q, deterministic: bool) -> None:
     """Only the tensor-core backward has a deterministic dQ: a ValueError for inputs the CUDA cores take."""
     if deterministic:
-        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in {HEAD_DIMS}); "
-                         f"got {q.dtype}, d = {q.shape[-1]}")
+        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in "
+                         f"{BACKWARD_HEAD_DIMS}); got {q.dtype}, d = {q.shape[-1]}")
+
+
+def _refuse_backward_off_tensor_cores(q, k) -> None:
+    """Where the forward runs on the tensor cores but the backward cannot (d not in BACKWARD_HEAD_DIMS), the
+    CUDA-core backward takes the gradient, but not with grouped K/V heads: a ValueError now, not after the
+    forward pass."""
+    if k.shape[:-2] != q.shape[:-2]:
+        raise ValueError(f"tinyflash.torch.attention has no backward with grouped K/V heads at d = {q.shape[-1]} "
+                         f"(the tensor-core backward takes d = dv in {BACKWARD_HEAD_DIMS}, the CUDA cores' any d "
+                         "without grouped heads); the forward alone runs under torch.no_grad() or on inputs that "
+                         "require no grad")
 
 
 # Operands inside a custom operator are detached views: numba reads a tensor through
@@ -74,7 +89,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Opti
     (``deterministic`` is the backward's: the forward is deterministic anyway)."""
     if on_tensor_cores(q, k, v):
         return tensor_core_attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
-    _refuse_capture_off_tensor_cores(q)
+    _refuse_capture_off_tensor_cores(q, HEAD_DIMS)
     return cuda_attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
 
 
@@ -90,11 +105,11 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, 
     """(dq, dk, dv) of the numba backward, on the same kernels' path as the forward's; ``deterministic``: dq
     bitwise reproducible on the tensor cores (dk and dv always are)."""
     saved = [x.detach() for x in (q, k, v, o, lse)]
-    if on_tensor_cores(q, k, v):
+    if on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):
         return tensor_core_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale,
                                               deterministic=deterministic)
     _refuse_deterministic_off_tensor_cores(q, deterministic)
-    _refuse_capture_off_tensor_cores(q)
+    _refuse_capture_off_tensor_cores(q, BACKWARD_HEAD_DIMS)
     return cuda_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale)
 
 
@@ -123,8 +138,9 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, deterministic: bool = False):
     """Differentiable attention on CUDA tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): the numba
-    kernels forward and backward, on the tensor cores for float16 and bfloat16 at d = dv = 64 or 128 (k and v
-    may then have fewer heads than q), on the CUDA cores for float16, bfloat16 and float32 otherwise. Returns o
+    kernels forward and backward, on the tensor cores for float16 and bfloat16 (the forward at d = dv a multiple
+    of 8 up to 256, the backward at d = dv = 64 or 128; k and v may then have fewer heads than q), on the CUDA
+    cores for float16, bfloat16 and float32 otherwise. Returns o
     (..., Nq, dv). ``causal`` is bottom-right aligned: SDPA's ``is_causal=True`` when Nq == Nk (module
     docstring). ``deterministic``: q.grad bitwise reproducible from run to run (tensor cores only; k.grad and
     v.grad always are), at a cost in time (docs/results.md). Works under ``torch.compile(fullgraph=True)``; a
@@ -139,7 +155,9 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, d
         raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
-    if not on_tensor_cores(q, k, v):  # refused now, not after a forward pass
+    if not on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):  # refused now, not after a forward pass
         _refuse_deterministic_off_tensor_cores(q, deterministic)
+        if on_tensor_cores(q, k, v) and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            _refuse_backward_off_tensor_cores(q, k)
     o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
     return o

@@ -6,7 +6,8 @@ scores ``s[r, n, e]`` (row tile r, keys 8n .. 8n + 7, element e of the C fragmen
 maximum ``m_i[r, half]`` and its share of the denominator ``l_i[r, half]`` (half 0: row g, 1: row
 g + 8), its part of the unnormalised output ``acc[r, n, e]``. K_j and V_j (and Q_i, if it stays in
 shared memory) are read by ``ldmatrix`` from rows padded by PAD_WORDS words. The fragment layouts
-are ``tinyflash.gpu.ptx``'s.
+are ``tinyflash.gpu.ptx``'s. A row of d dims is DP wide in the fragments and in shared memory: d
+padded with zero columns to a multiple of 32 (``padded_head_dim``), which add nothing to Q_i K_jᵀ.
 
 :func:`warp_tile` builds, for one :class:`WarpTile`, the device functions of stage 1's loop on these
 fragments, in the order a kernel calls them:
@@ -42,7 +43,14 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
 MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 on float16 and bfloat16, cp.async, ldmatrix: Ampere on
 PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
-HEAD_DIMS = (64, 128)  # d = dv that a warp's tile takes (its fragments and registers are sized for them)
+# d = dv that a warp's tile takes in the forward (v6) and decode's split kernel: multiples of 8 (rows of 16-byte
+# pieces, one cp.async each) up to 256, as FlashAttention-2. In shared memory and in the fragments a row is
+# padded with zero columns to DP, d rounded up to 32 (one ldmatrix of K_j covers 32 dims: two mma steps);
+# only d columns are read from HBM and written back.
+MAX_HEAD_DIM = 256
+HEAD_DIMS = tuple(range(8, MAX_HEAD_DIM + 1, 8))
+PAD_DIMS_TO = 2 * 16  # DP: d rounded up to a multiple of this
+BACKWARD_HEAD_DIMS = (64, 128)  # the backward's kernel v2 (its tilings are sized for these)
 # Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the flags that
 # assume no inf or NaN ('ninf', 'nnan'): the mask and the rows that see no key rely on -inf.
 FAST_MATH = {"afn", "arcp", "contract"}
@@ -69,19 +77,27 @@ class WarpTile:
     out_packed: bool = True
 
     @property
-    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
-        return self.D // 2 + PAD_WORDS
+    def DP(self) -> int:  # the head dim of the fragments and of a row in shared memory (d padded with zeros)
+        return padded_head_dim(self.D)
 
     @property
-    def K_STEPS(self) -> int:  # mma steps over d
-        return self.D // MMA_K
+    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
+        return self.DP // 2 + PAD_WORDS
+
+    @property
+    def K_STEPS(self) -> int:  # mma steps over d (padded)
+        return self.DP // MMA_K
 
     @property
     def S_TILES(self) -> int:  # 16 × 8 tiles of S_ij per row tile
         return self.BC // MMA_N
 
     @property
-    def O_TILES(self) -> int:  # 16 × 8 tiles of O_i per row tile
+    def O_TILES(self) -> int:  # 16 × 8 tiles of O_i per row tile (padded)
+        return self.DP // MMA_N
+
+    @property
+    def OUT_TILES(self) -> int:  # those written to HBM: the d columns
         return self.D // MMA_N
 
     @property
@@ -89,9 +105,20 @@ class WarpTile:
         return self.BC // MMA_K
 
 
-def tile_problems(D: int, ROW_TILES: int, rows: str) -> list[str]:
-    """What makes a tensor-core tiling's warp tile invalid (empty if nothing): its head dim, its 16-``rows`` tiles."""
-    problems = [] if D in HEAD_DIMS else [f"D must be one of {HEAD_DIMS}"]
+def padded_head_dim(d: int) -> int:
+    """DP: the head dim ``d`` rounded up to a multiple of PAD_DIMS_TO (d itself at 32, 64, 96, 128, ..., 256)."""
+    return -(-d // PAD_DIMS_TO) * PAD_DIMS_TO
+
+
+def head_dims_text(dims: tuple) -> str:
+    """The head dims ``dims`` in words, for error messages: 'one of (64, 128)', or 'a multiple of 8 up to 256'."""
+    return f"a multiple of 8 up to {MAX_HEAD_DIM}" if tuple(dims) == HEAD_DIMS else f"one of {tuple(dims)}"
+
+
+def tile_problems(D: int, ROW_TILES: int, rows: str, head_dims: tuple = HEAD_DIMS) -> list[str]:
+    """What makes a tensor-core tiling's warp tile invalid (empty if nothing): its head dim (one of ``head_dims``),
+    its 16-``rows`` tiles."""
+    problems = [] if D in head_dims else [f"D must be {head_dims_text(head_dims)}"]
     if ROW_TILES not in (1, 2):
         problems.append(f"ROW_TILES (16-{rows} tiles per warp) must be 1 or 2")
     return problems
@@ -102,6 +129,7 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
     """The device functions of a warp's tile (module docstring) for ``spec``."""
     mma, pack = ptx.mma_m16n8k16(spec.element), ptx.pack(spec.element)
     RW, DW, D_ = u(spec.ROW_WORDS), u(spec.D // 2), u(spec.D)  # words per row: in shared memory (padded), in HBM
+    OUT_TILES = spec.OUT_TILES  # the 8-column tiles of O_i in HBM (the rest are padding)
     KEYS8_BYTES = 8 * spec.ROW_WORDS * 4  # 8 rows of shared memory, in bytes
     ROW_TILES, K_STEPS, S_TILES, O_TILES, P_STEPS = (spec.ROW_TILES, spec.K_STEPS, spec.S_TILES, spec.O_TILES,
                                                      spec.P_STEPS)
@@ -281,7 +309,7 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
                 q_row = row + uint64(r * MMA_M + half * 8)
                 if q_row < n_rows:
                     inv_l = float32(1.0) / l_row if l_row != 0 else float32(0.0)
-                    for n in range(O_TILES):  # the lane's 2 columns 8n + 2t, +1
+                    for n in range(OUT_TILES):  # the lane's 2 columns 8n + 2t, +1
                         store_pair(O, o_off, q_row, n, t, acc[r, n, 2 * half] * inv_l, acc[r, n, 2 * half + 1] * inv_l)
                     if t == ZERO:
                         LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF

@@ -36,6 +36,7 @@ from .warp_tile import MMA_K, MMA_N
 WGMMA_M = wgmma.WGMMA_M  # query rows of a warpgroup
 ROW_BYTES = wgmma.SWIZZLE_ROW_BYTES  # a row of one 64-column half of a swizzled tile
 HALF_STEPS = ROW_BYTES // (2 * MMA_K)  # k-steps of 16 columns in one 64-column half: 4
+HEAD_DIMS = (64, 128)  # d = dv that a warpgroup's tile takes (whole 64-column halves of a swizzled tile)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class WarpgroupTile:
 
 def tile_problems(D: int, BC: int) -> list[str]:
     """What makes a warpgroup tile invalid (empty if nothing)."""
-    problems = [] if D in (64, 128) else ["D must be 64 or 128"]
+    problems = [] if D in HEAD_DIMS else [f"D must be one of {HEAD_DIMS}"]
     if BC % MMA_K or not MMA_K <= BC <= 256:
         problems.append("BC must be a multiple of 16 from 16 to 256 (wgmma's N for S_ij, 16-key steps for P·V)")
     return problems

@@ -81,7 +81,9 @@ def tensor_core_peers(point) -> list:
 # v6's tilings swept per head dim: (warps, keys per tile, row tiles per warp, Q_i's operands in shared memory, lazy
 # rescaling); each timed with each number of heads ordered together (1: one head at a time, its own kernel)
 V6_TILINGS = {128: [(8, 64, 2, True, False), (8, 64, 2, True, True), (4, 64, 2, True, False), (4, 64, 2, True, True)],
-              64: [(4, 64, 2, False, False), (4, 64, 2, False, True)]}
+              64: [(4, 64, 2, False, False), (4, 64, 2, False, True)],
+              96: [(8, 64, 2, True, True), (4, 64, 2, True, True), (8, 64, 1, False, True)],
+              256: [(8, 64, 1, True, True), (8, 32, 1, True, True), (4, 32, 1, True, True)]}
 V6_HEAD_GROUPS = {True: (1, 2, 4, 8, 16, 32), False: (1, 4)}
 
 
@@ -109,6 +111,22 @@ def hopper_tiling_peers(point) -> list:
 
     return [p.sdpa("flash", ("float16", "bfloat16")),
             *[p.stage4_tiling(HopperTiling(D=point["d"], WARPGROUPS=wg, BC=bc)) for wg, bc in V7_TILINGS[point["d"]]]]
+
+
+def head_dim_peers(point) -> list:
+    """SDPA flash (the baseline), stage 3 as a user calls it (its default tiling), and in float16 v6 with each
+    tiling of V6_TILINGS[d], the kernel alone, its heads ordered by the rule (``tensor_core_tiling.head_group``)."""
+    from ..forward.kernels.tensor_core_tiling import TensorCoreTiling, head_group
+
+    d, causal = point["d"], point["causal"]
+    found = [p.sdpa("flash", ("float16", "bfloat16")), p.stage3()]
+    if point["dtype"] == "float16":  # the tilings once: the element type changes no register or byte
+        for w, bc, rt, q, lazy in V6_TILINGS[d]:
+            cfg = TensorCoreTiling(D=d, WARPS=w, BC=bc, ROW_TILES=rt, Q_IN_SMEM=q, LAZY_RESCALE=lazy)
+            group = head_group(cfg, point["n_k"], point["batch"] * point["heads"],
+                               point["heads"] // point["kv_heads"], causal)
+            found.append(p.stage3_tiling(cfg, group))
+    return found
 
 
 def example_peers(point) -> list:
@@ -225,6 +243,10 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
               hopper_tiling_peers, library="torch", rounds=5),
+    Benchmark("head-dims", "stage 3 (v6) at head dims beside 64 and 128 against SDPA flash, and v6's candidate "
+              "tilings there", "forward",
+              {"dtype": ("float16", "bfloat16"), "d": (96, 256), "causal": (False, True), "n": (16384,)},
+              head_dim_peers, library="torch", rounds=5),
     Benchmark("example-32k", "the 32k-token example: B = 1, H = 32, N = 32,768, d = 128, causal", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (128,), "causal": (True,), "n": (32768,)}, example_peers,
               library="torch", rounds=5, baseline=None),

@@ -9,10 +9,11 @@ instructions (``tinyflash/gpu/wgmma.py``) exist on compute capability 9.0 only: 
 
 from __future__ import annotations
 
+from ..warpgroup_tile import HEAD_DIMS
 from .kernels.hopper_tiling import default_tiling, require_hopper
 from .tensor_cores import Entry, attention_call
 
-HOPPER = Entry("hopper_attention", "v7", require_hopper, default_tiling)
+HOPPER = Entry("hopper_attention", "v7", require_hopper, default_tiling, HEAD_DIMS)
 
 
 def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = None):

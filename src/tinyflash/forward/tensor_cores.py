@@ -27,7 +27,7 @@ from ..gpu.arrays import bfloat16_bits, current_stream, dense, empty, is_device_
 from ..gpu.driver_launch import GridLaunch
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
-from ..warp_tile import MIN_COMPUTE_CAPABILITY
+from ..warp_tile import MIN_COMPUTE_CAPABILITY, head_dims_text
 from .kernels import get as kernel_version
 from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
@@ -75,12 +75,14 @@ def flat16(x):
 @dataclass(frozen=True)
 class Entry:
     """What an entry point on the tensor cores calls: its name (in errors), its kernel version, the check of the
-    GPU in hand (``require(who)``), and the version's tiling on a GPU (``default_tiling(d, causal, n_q)``)."""
+    GPU in hand (``require(who)``), the version's tiling on a GPU (``default_tiling(d, causal, n_q)``) and its head
+    dims."""
 
     who: str
     version: str
     require: Callable
     default_tiling: Callable
+    head_dims: tuple = HEAD_DIMS  # the d = dv its kernel takes
 
 
 TENSOR_CORES = Entry("tensor_core_attention", "v6",
@@ -128,8 +130,8 @@ def plan_call(q, k, v, causal, scale, entry: Entry = TENSOR_CORES) -> CallPlan:
     element = sixteen_bit({"q": q, "k": k, "v": v}, entry.who,
                           "tinyflash.cuda_attention takes float16, bfloat16 and float32")
     prob = check_attention_inputs(*(shape_only(x) for x in (q, k, v)), causal=causal, scale=scale, allowed=(FLOAT16,))
-    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"{entry.who} supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
+    if prob.d != prob.d_v or prob.d not in entry.head_dims:
+        raise ValueError(f"{entry.who} supports d = dv {head_dims_text(entry.head_dims)}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
     if on_device != is_device_array(k) or on_device != is_device_array(v):
         raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
@@ -147,7 +149,7 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
     """Stage 3: FlashAttention's forward pass on the tensor cores. Returns ``(o, lse)``.
 
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), with
-    d = 64 or 128 and any Nq, Nk >= 1; o (..., Nq, d) in the input dtype, lse (..., Nq) in
+    d = dv a multiple of 8 up to 256 and any Nq, Nk >= 1; o (..., Nq, d) in the input dtype, lse (..., Nq) in
     float32. Products accumulate in float32 on the tensor cores; P_ij is rounded to the input type
     before P·V, as in FlashAttention. ``causal`` masks bottom-right (``tinyflash.core.masks``).
     NumPy float16 inputs are copied to the GPU and back; device arrays (CuPy, numba, PyTorch CUDA

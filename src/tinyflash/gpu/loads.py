@@ -160,27 +160,47 @@ def load_tile(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, C
         load_tile_ragged(src, src_off, start, n_rows, n_cols, dst, dst_off, stride, ROWS, COLS, tid, NT, widen)
 
 
-def cp_async_rows(row_words: int, words: int, threads: int):
+def row_passes(chunks: int, threads: int, rows: int) -> tuple[int, int]:
+    """How ``threads`` threads copy ``rows`` rows of ``chunks`` 16-byte pieces, one piece per thread at a time:
+    (rows per pass, passes). A pass copies threads // chunks whole rows; where the pieces of a row do not divide
+    the threads (12 of a d = 96 row among 32) the threads past rows per pass · chunks copy nothing, and the last
+    pass may reach past the tile's rows (those are not copied)."""
+    per_pass = threads // chunks
+    return per_pass, -(-rows // per_pass)
+
+
+def cp_async_rows(row_words: int, words: int, threads: int, tile_words: int | None = None):
     """For the tensor-core kernels: a device function ``copy_rows(src, src_off, first, n_rows, smem_addr, tid,
     CHUNKS_PER_THREAD)`` that copies rows first .. of a (rows × ``words``) matrix of uint32 words (16-bit pairs)
     into shared memory rows of ``row_words`` words (padded), 16 bytes per ``cp.async``, by ``threads`` threads;
-    rows at or past n_rows become zeros (the ragged last tile). A thread copies the same column of rows row0,
-    row0 + rows per pass, ...: one address for the tile, then small offsets. The copies are in flight until
-    the caller commits and waits for them."""
-    CHUNKS, RW, DW = u(words // 4), row_words, u(words)  # 16-byte chunks per row; words per row in shared memory, in HBM
-    ROWS_PER_PASS = threads // (words // 4)  # rows that the threads copy with one cp.async each
+    rows at or past n_rows become zeros (the ragged last tile), and so do the words of a row past ``words`` up to
+    ``tile_words`` (a head dim padded to DP; default: none). CHUNKS_PER_THREAD is the tile's 16-byte pieces per
+    thread (its rows · tile_words / 4 / threads, a whole number: the tilings check it), which gives its rows. A
+    thread copies the same column of rows row0, row0 + rows per pass, ... (:func:`row_passes`): one address for
+    the tile, then small offsets. The copies are in flight until the caller commits and waits for them."""
+    tile_words = words if tile_words is None else tile_words
+    CHUNKS, RW, DW = u(tile_words // 4), row_words, u(words)  # 16-byte chunks per row; words per row in smem, in HBM
+    ROWS_PER_PASS, _ = row_passes(tile_words // 4, threads, 1)  # rows that the threads copy with one cp.async each
+    ACTIVE = ROWS_PER_PASS * (tile_words // 4)  # threads that copy (the rest, if any, wait)
+    EVEN, PADDED = ACTIVE == threads, tile_words > words  # every thread copies; zero words after each row
+    THREADS, RPP = u(threads), u(ROWS_PER_PASS)
 
     @cuda.jit(device=True, inline="always")
     def copy_rows(src, src_off, first, n_rows, smem_addr, tid, CHUNKS_PER_THREAD):
         row0, col = tid // CHUNKS, (tid % CHUNKS) * FOUR  # the thread's first row; its word column
-        tile_src = src_off + first * DW + col  # row `first` (it exists) at that column
-        rows_left = uint32(min(n_rows - first, uint64(ROWS_PER_PASS * CHUNKS_PER_THREAD)))
-        for i in range(CHUNKS_PER_THREAD):
-            row = uint32(row0) + uint32(i * ROWS_PER_PASS)
-            inside = row < rows_left
-            ptx.cp_async_16(smem_addr + (row * uint32(RW) + uint32(col)) * uint32(4), src,
-                            tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
-                            uint32(16) if inside else uint32(0))
+        tile_src = src_off + first * DW + (min(col, DW - FOUR) if PADDED else col)  # row `first` (it exists) at
+        # that column, or at the row's last chunk for a padding column (which reads nothing)
+        tile_rows = uint64(CHUNKS_PER_THREAD) * THREADS // CHUNKS  # the tile's rows (unsigned: folded at once)
+        rows_left = uint32(min(n_rows - first, tile_rows))
+        passes = (tile_rows + RPP - ONE) // RPP
+        if EVEN or tid < ACTIVE:
+            for i in range(passes):
+                row = uint32(row0) + uint32(i * ROWS_PER_PASS)
+                if EVEN or row < tile_rows:  # the last pass may reach past the tile
+                    inside = row < rows_left and (not PADDED or col < DW)  # else 16 bytes of zeros
+                    ptx.cp_async_16(smem_addr + (row * uint32(RW) + uint32(col)) * uint32(4), src,
+                                    tile_src + (uint64(row) * DW if inside else ZERO),  # a valid address even if unread
+                                    uint32(16) if inside else uint32(0))
 
     return copy_rows
 

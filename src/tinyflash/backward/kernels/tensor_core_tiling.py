@@ -27,7 +27,7 @@ import numpy as np
 
 from ...gpu.launch import LaunchArgs, Tiling, launch
 from ...gpu.runtime import simulator_enabled
-from ...warp_tile import HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
+from ...warp_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class BackwardTensorCoreTiling(Tiling):
         return 4 * self.smem_layout()["end"]
 
     def shape_problems(self) -> list[str]:
-        problems = tile_problems(self.D, self.ROW_TILES, "key")
+        problems = tile_problems(self.D, self.ROW_TILES, "key", HEAD_DIMS)
         tiles = self.BR // MMA_M  # 16-row tiles of dQ_i, shared by the warps: by rows, then by columns
         if self.BR % MMA_M or self.BR > self.NT or (tiles % self.WARPS if tiles >= self.WARPS else self.WARPS % tiles):
             problems.append("BR must be a multiple of 16, at most NT, and its 16-row tiles a multiple or a divisor "

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ...warp_tile import head_dims_text
 from . import cuda_cores, tensor_cores
 
 
@@ -58,5 +59,6 @@ def choose(prob, name: str | None = None) -> DecodeKernel:
         if kernel.accepts(prob.dtype, prob.d, prob.d_v):
             return kernel
     kernel = found[0]
-    raise ValueError(f"the {kernel.name} decode kernel takes {' or '.join(kernel.dtypes)} with d = dv in "
-                     f"{kernel.head_dims}; got {prob.dtype}, d={prob.d} (kernel=None: the first kernel that takes them)")
+    dims = f" with d = dv {head_dims_text(kernel.head_dims)}" if kernel.head_dims else ""
+    raise ValueError(f"the {kernel.name} decode kernel takes {' or '.join(kernel.dtypes)}{dims}; got {prob.dtype}, "
+                     f"d={prob.d} (kernel=None: the first kernel that takes them)")

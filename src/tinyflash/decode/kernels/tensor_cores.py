@@ -45,7 +45,9 @@ from ...gpu.launch import Tiling
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
 from ...hardware import current
-from ...warp_tile import FAST_MATH, HEAD_DIMS, MMA_M, NEG_INF, PAD_WORDS, WARP, WarpTile, tile_problems, warp_tile
+from ...gpu.loads import row_passes
+from ...warp_tile import (FAST_MATH, HEAD_DIMS, MMA_M, NEG_INF, PAD_WORDS, WARP, WarpTile, padded_head_dim, tile_problems,
+                          warp_tile)
 from .split import NO_PAGE, SplitKernel, key_row_offset, split_keys
 
 ROWS = MMA_M  # packed query rows per block: the rows of one mma
@@ -64,8 +66,12 @@ class DecodeTiling(Tiling):
     STAGES: int = 4
 
     @property
-    def ROW_WORDS(self) -> int:  # one row of Q, K_j or V_j in shared memory: d / 2 words + 16 bytes of padding
-        return self.D // 2 + PAD_WORDS
+    def DP(self) -> int:  # the head dim of a row in shared memory: D padded with zero columns (tinyflash.warp_tile)
+        return padded_head_dim(self.D)
+
+    @property
+    def ROW_WORDS(self) -> int:  # one row of K_j or V_j in shared memory: DP / 2 words + 16 bytes of padding
+        return self.DP // 2 + PAD_WORDS
 
     @property
     def smem_bytes(self) -> int:  # the ring: STAGES × (K_j, V_j)
@@ -97,8 +103,10 @@ def split_kernel(prob, page_size: int, tiling: DecodeTiling | None = None) -> Sp
 
 def default_tiling(d: int) -> DecodeTiling:
     """Tiles of 32 keys in a ring of 4: 3 tiles (48 KB at d = 128) in flight per block, 3 blocks per
-    SM at d = 128 (5 at d = 64)."""
-    return DecodeTiling(D=d, BC=32, STAGES=4).validate()
+    SM at d = 128 (5 at d = 64). Past d = 128 (DP > 128) tiles of 16 keys, so that the ring stays near d = 128's
+    size (3 blocks per SM at d = 256) and the scores' registers make room for the longer Q and acc (ptxas: 255
+    registers and no spills at d = 256, where 32-key tiles spill when paged)."""
+    return DecodeTiling(D=d, BC=32 if padded_head_dim(d) <= 128 else 16, STAGES=4).validate()
 
 
 @lru_cache(maxsize=None)
@@ -112,9 +120,10 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
     softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue
     D, BC, STAGES = cfg.D, cfg.BC, cfg.STAGES
     RW, DW = u(cfg.ROW_WORDS), u(D // 2)  # words per row: in shared memory (padded), in HBM
-    CHUNKS = u(D // 8)  # 16-byte pieces per row: one cp.async each
-    RPP = WARP // (D // 8)  # rows the warp copies with one cp.async per lane (rows per pass)
-    KV_PASSES = BC * (D // 8) // WARP  # cp.async per lane for one K_j (and one V_j)
+    CHUNKS = u(cfg.DP // 8)  # 16-byte pieces per row in shared memory: one cp.async each
+    RPP, KV_PASSES = row_passes(cfg.DP // 8, WARP, BC)  # rows per pass (one cp.async per lane); passes per K_j
+    ACTIVE = RPP * (cfg.DP // 8)  # lanes that copy (the rest, if any, wait)
+    EVEN, PADDED = ACTIVE == WARP, cfg.DP > D  # every lane copies; zero columns after each row (d padded to DP)
     TILE_BYTES = BC * cfg.ROW_WORDS * 4
     STAGE_BYTES = 2 * TILE_BYTES  # K_j, then V_j
     K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
@@ -131,9 +140,11 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, TABLE, b, bkv, kv_head, k0, seq_len, stage, lane, n_k, h_kv, max_pages, seen, page_base):
         """Request K_j and V_j (keys k0 .. k0 + BC - 1, k0 a multiple of BC) into the ring stage at byte
-        address ``stage``: lane copies column piece lane % CHUNKS of rows lane // CHUNKS, + RPP, ...;
-        keys at or past the sequence's end become zeros (they are masked). One commit group per tile."""
+        address ``stage``: lane copies column piece lane % CHUNKS of rows lane // CHUNKS, + RPP, ... (lanes past
+        RPP · CHUNKS copy nothing); keys at or past the sequence's end become zeros (they are masked), and so do
+        the padding columns past d. One commit group per tile."""
         row, col = lane // CHUNKS, (lane % CHUNKS) * FOUR  # first row; word column
+        src_col = min(col, DW - FOUR) if PADDED else col  # a column inside the row (a padding column reads none)
         rows_left = uint32(min(seq_len - k0, BC_))  # rows of the tile inside the sequence
         first = row_offset(TABLE, b, bkv, kv_head, min(k0 + row, seq_len - ONE), n_k, h_kv, max_pages, D_, seen) \
             if page_size == 0 else ZERO
@@ -142,9 +153,11 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
                 key = min(k0 + uint64(p * page_size), seq_len - ONE)  # clamped: a page of this sequence
                 pool = uint64(TABLE[b * max_pages + key // PAGE])
                 page_base[p] = ((pool * h_kv + kv_head) * PAGE + k0 % PAGE + row) * DW  # row `row` of its part
-        for i in range(KV_PASSES):
+        for i in range(KV_PASSES if EVEN or lane < ACTIVE else 0):
             r = uint32(row) + uint32(i * RPP)
-            inside = r < rows_left
+            if not (EVEN or r < BC_):  # the last pass may reach past the tile
+                break
+            inside = r < rows_left and (not PADDED or col < DW)  # else 16 bytes of zeros
             if page_size == 0:  # contiguous: the tile's rows follow its first row (small constant offsets)
                 src = first // TWO + uint64(uint32(i * RPP * (D // 2)) if inside else uint32(0))
             elif PAGE_ALIGNED:  # row r is in the tile's page p, at a constant offset from that page's row `row`
@@ -155,8 +168,8 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
                 src = row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, D_, seen) // TWO
             nbytes = uint32(16) if inside else uint32(0)
             dst = stage + (r * uint32(RW) + uint32(col)) * uint32(4)
-            ptx.cp_async_16(dst, K, src + col, nbytes)
-            ptx.cp_async_16(dst + uint32(TILE_BYTES), V, src + col, nbytes)
+            ptx.cp_async_16(dst, K, src + src_col, nbytes)
+            ptx.cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
         ptx.cp_async_commit()
 
     @cuda.jit(fastmath=FAST_MATH)
@@ -188,10 +201,11 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
         qf = cuda.local.array((1, K_STEPS, 4), uint32)  # one row tile: the warp tile's (ROW_TILES, K_STEPS, 4)
         q_row = (bkv * rows + row0 + g) * DW + t  # row g's word of columns 2t, 2t+1 (rows of one K/V head follow)
         for kk in range(K_STEPS):
-            for h in range(2):  # columns 16kk + 8h ..
-                qf[0, kk, 2 * h] = Q[q_row + uint64(kk * 8 + h * 4)] if row0 + g < rows else uint32(0)
-                qf[0, kk, 2 * h + 1] = Q[q_row + EIGHT * DW + uint64(kk * 8 + h * 4)] if row0 + g + EIGHT < rows \
-                    else uint32(0)
+            for h in range(2):  # columns 16kk + 8h .. (zeros past d: the padding to DP)
+                real = not PADDED or kk * 16 + h * 8 < D
+                qf[0, kk, 2 * h] = Q[q_row + uint64(kk * 8 + h * 4)] if real and row0 + g < rows else uint32(0)
+                qf[0, kk, 2 * h + 1] = Q[q_row + EIGHT * DW + uint64(kk * 8 + h * 4)] \
+                    if real and row0 + g + EIGHT < rows else uint32(0)
         k_lane, block_lane = lane_rows(lane)  # keys 0-7 at dims 8·(lane // 8); rows 0-15, then +8 cols
 
         stop = cuda.local.array(2, uint64)  # rows g, g + 8 may attend keys < stop[half] (and < k_end)

@@ -65,8 +65,8 @@ VERSIONS = {v.name: v for v in (
     _version("v5", v5_branch_free, "no branch inside the inner loops (last step peeled); K_j and V_j loads in "
              "flight together; float16 tiles read 4 elements per thread", ("config", "vector")),
     _version("v6", v6_tensor_cores, "tensor cores (stage 3): mma.sync on 16-bit inputs, P_ij kept in registers, "
-             "ldmatrix fragment loads, K_j, V_j double-buffered with cp.async; float16 and bfloat16, d = 64 or 128",
-             ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
+             "ldmatrix fragment loads, K_j, V_j double-buffered with cp.async; float16 and bfloat16, d a multiple of 8 up "
+             "to 256", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=256,
              head_dims=tensor_core_tiling.HEAD_DIMS),
     _version("v7", v7_wgmma, "Hopper's wgmma (stage 4): a warpgroup of 4 warps multiplies 64 query rows at once, "
              "asynchronously; Q_i, K_j, V_j read by the tensor cores from 128-byte-swizzled shared memory through "

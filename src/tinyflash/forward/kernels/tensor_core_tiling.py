@@ -21,7 +21,8 @@ from ...gpu.arrays import is_device_array, numba_flat
 from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.launch import MAX_GRID_Y, LaunchArgs, Tiling, launch as launch_grid
 from ...gpu.runtime import simulator_enabled
-from ...warp_tile import ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
+from ...warp_tile import (ELEMENTS, HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, head_dims_text, padded_head_dim,
+                          tile_problems)
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,16 @@ class TensorCoreTiling(Tiling):
         return WARP * self.WARPS
 
     @property
-    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
-        return self.D // 2 + PAD_WORDS
+    def DP(self) -> int:  # the head dim of a row in shared memory: D padded with zero columns (tinyflash.warp_tile)
+        return padded_head_dim(self.D)
 
     @property
-    def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
-        return self.D // 8
+    def ROW_WORDS(self) -> int:  # words (pairs of 16-bit values) of one padded row in shared memory
+        return self.DP // 2 + PAD_WORDS
+
+    @property
+    def CHUNKS(self) -> int:  # 16-byte chunks per row in shared memory (one cp.async each)
+        return self.DP // 8
 
     def warp_tile(self, element: str) -> WarpTile:
         """What each warp of this tiling owns, for inputs of ``element`` (``tinyflash.warp_tile``)."""
@@ -92,11 +97,19 @@ def default_tiling(d: int, causal: bool, n_q: int = SHORT_CAUSAL) -> TensorCoreT
     Q_i read from shared memory for each key tile, rescaled lazily; causal with fewer than SHORT_CAUSAL query
     rows, 4 warps, so that blocks of uneven length are finer pieces of work to share out (the switch lies
     between the two lengths of the sweep). d = 64: 4 warps, Q_i in registers; rescaled lazily when causal, at
-    every tile when not."""
-    if d == 64:
-        return TensorCoreTiling(D=64, WARPS=4, BC=64, ROW_TILES=2, LAZY_RESCALE=causal).validate()
-    warps = 4 if causal and n_q < SHORT_CAUSAL else 8
-    return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
+    every tile when not.
+
+    Other head dims take the tiling of the next of these by DP (d padded to a multiple of 32): up to 64, d = 64's;
+    up to 128, d = 128's. Past 128 a warp's accumulators of two row tiles would not fit in its 255 registers
+    (DP / 2 · 8 of them), so a warp owns one row tile: 8 warps (Br = 128), Q_i in shared memory, 64-key tiles,
+    as FlashAttention-2 does at d = 256 (``python -m tinyflash.bench head-dims`` times them)."""
+    dp = padded_head_dim(d)
+    if dp <= 64:
+        return TensorCoreTiling(D=d, WARPS=4, BC=64, ROW_TILES=2, LAZY_RESCALE=causal).validate()
+    if dp <= 128:
+        warps = 4 if causal and n_q < SHORT_CAUSAL else 8
+        return TensorCoreTiling(D=d, WARPS=warps, BC=64, ROW_TILES=2, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
+    return TensorCoreTiling(D=d, WARPS=8, BC=64, ROW_TILES=1, Q_IN_SMEM=True, LAZY_RESCALE=True).validate()
 
 
 # causal: the K and V of the heads ordered together, at most this many bytes (head_group): they stay in the L2 cache
@@ -135,11 +148,13 @@ def sized_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_
 
 
 def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
-                        element: str | None = None, *, tilings=None, who: str = "kernel v6 (tensor cores)") -> None:
+                        element: str | None = None, *, tilings=None, who: str = "kernel v6 (tensor cores)",
+                        head_dims: tuple = HEAD_DIMS) -> None:
     """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (Q, K, V, O flat in 16-bit elements, LSE;
     n_q, n_k, scale_log2, causal, kv_group by name): device arrays on a GPU through the driver (``driver_launch``:
     the kernel's sized launch, as v6.driver_launch keeps it), else through numba. ``tilings``: the kernel's
-    (default_tiling(d, causal, n_q), simulator_tiling(d)) when ``config`` is None (None: this module's)."""
+    (default_tiling(d, causal, n_q), simulator_tiling(d)) when ``config`` is None (None: this module's);
+    ``head_dims``: the d = dv the kernel takes."""
     if element is None:  # the problem's dtype (a NumPy dtype, or 'bfloat16')
         element = str(np.dtype(prob.dtype) if not isinstance(prob.dtype, str) else prob.dtype)
         if element not in ELEMENTS:
@@ -147,8 +162,8 @@ def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, confi
                             "(cuda_attention's kernels v1-v5 take float32)")
     if element not in ELEMENTS:
         raise ValueError(f"element must be one of {ELEMENTS}; got {element!r}")
-    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"{who} supports d = dv in {HEAD_DIMS}; got d = {prob.d}, dv = {prob.d_v} "
+    if prob.d != prob.d_v or prob.d not in head_dims:
+        raise ValueError(f"{who} supports d = dv {head_dims_text(head_dims)}; got d = {prob.d}, dv = {prob.d_v} "
                          "(cuda_attention's kernels v1-v5 take any head dim up to 256)")
     on_gpu, on_simulator = tilings or (default_tiling, simulator_tiling)
     cfg = config or (on_simulator(prob.d) if simulator_enabled() else on_gpu(prob.d, prob.causal, prob.n_q))

@@ -33,7 +33,8 @@ The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one d
 per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue; the phases are
 a warp's tile on the tensor cores (``tinyflash.warp_tile``), which the decode kernel shares. This file
 keeps what is v6's own: the order of its blocks, the copies of Q_i, K_j and V_j into shared memory, the
-loop. Its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS``.
+loop. Its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS`` (multiples of 8 up to 256; padded with zero
+columns to DP, a multiple of 32, in shared memory).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     # order is compiled into a kernel of its own (docs/notes: the block orders)
     block_work = grouped_heads if grouped else one_head_at_a_time
 
-    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)  # rows of Q, K, V into padded shared memory
+    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT, cfg.DP // 2)  # rows of Q, K, V into shared memory
 
     @cuda.jit(device=True, inline="always")
     def load_kv(K, V, kv_off, k_start, n_k, stage_addr, tid):

@@ -43,7 +43,7 @@ from ...gpu.loads import cp_async_swizzled_rows
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
-from ...warpgroup_tile import warpgroup_tile
+from ...warpgroup_tile import HEAD_DIMS, warpgroup_tile
 from .hopper_tiling import HopperTiling, default_tiling, require_hopper, simulator_tiling
 from .tensor_core_tiling import launch_tensor_cores, sized_launch
 
@@ -160,7 +160,7 @@ def launch(args: LaunchArgs, prob, *, config: HopperTiling | None = None, elemen
     'float16', for float16 ones); ``config`` overrides the tiling."""
     require_hopper("kernel v7 (wgmma)")
     launch_tensor_cores(kernel_for, driver_launch, args, prob, config, element,
-                        tilings=(default_tiling, simulator_tiling), who="kernel v7 (wgmma)")
+                        tilings=(default_tiling, simulator_tiling), who="kernel v7 (wgmma)", head_dims=HEAD_DIMS)
 
 
 @lru_cache(maxsize=256)  # by value: as v6's
