@@ -127,7 +127,7 @@ def test_bad_inputs_name_the_argument(rng):
     with pytest.raises(TypeError, match="hopper_attention takes float16 or bfloat16; got q of dtype float32"):
         tf.hopper_attention(q, k, v)
     q, k, v = make_qkv(rng, (1,), 8, 8, d=96, dtype=np.float16)
-    with pytest.raises(ValueError, match="hopper_attention supports d = dv in"):
+    with pytest.raises(ValueError, match=r"hopper_attention supports d = dv one of \(64, 128\); got q"):
         tf.hopper_attention(q, k, v)
 
 
