@@ -68,7 +68,8 @@ class TmaTiling(HopperTiling):
             problems.append(f"Br = 64 · WARPGROUPS must be at most {MAX_BOX_ROWS} (a TMA box)")
         if self.HEAD_GROUP != 1:
             problems.append("HEAD_GROUP must be 1 (the wgmma kernels take one head at a time)")
-        if self.PRODUCER and WARPGROUP * (self.PRODUCER_REGISTERS + self.WARPGROUPS * self.CONSUMER_REGISTERS) > REGISTERS:
+        registers = WARPGROUP * (self.PRODUCER_REGISTERS + self.WARPGROUPS * self.CONSUMER_REGISTERS)
+        if self.PRODUCER and registers > REGISTERS:
             problems.append(f"the warpgroups' registers (setmaxnreg) must fit in {REGISTERS}")
         return problems
 
@@ -78,10 +79,14 @@ class TmaTiling(HopperTiling):
         return (TensorMap(self.D, n_q, heads, self.BR), TensorMap(self.D, n_k, kv_heads, self.BC),
                 TensorMap(self.D, n_k, kv_heads, self.BC))
 
-    def launch_bounds(self):
-        """Warp-specialised kernels are compiled for one block of NT threads per multiprocessor: ptxas keeps
-        setmaxnreg only with launch bounds (or a register cap). None for the others."""
-        return (self.NT, 1) if self.PRODUCER else None
+    def compile_options(self) -> dict:
+        """The warp-specialised kernels' options on a GPU: one block of NT threads per multiprocessor (ptxas keeps
+        setmaxnreg only with launch bounds), and at most CONSUMER_REGISTERS registers a thread at launch
+        (setmaxnreg.inc must not ask for fewer than a thread has). none for the others."""
+        if not self.PRODUCER:
+            return {}
+        cap = min(self.CONSUMER_REGISTERS, REGISTERS // self.NT // 8 * 8)  # a multiple of 8, as setmaxnreg's
+        return {"launch_bounds": (self.NT, 1), "max_registers": cap}
 
 
 @lru_cache(maxsize=None)

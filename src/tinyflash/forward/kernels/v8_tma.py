@@ -142,7 +142,7 @@ def make_kernel(cfg: TmaTiling, element: str):
         tma.wait(base + uint32(Q_FULL), uint32(0))  # Q_i has landed (its barrier's one phase)
         for j in range(n_tiles):
             k_start, stage = j * BC, j % STAGES
-            if tid == ZERO and j + STAGES - ONE < n_tiles:  # into the stage that every warpgroup left at the last barrier
+            if tid == ZERO and j + STAGES - ONE < n_tiles:  # into the stage every warpgroup left at the last barrier
                 load_kv(TMAPS, base, j + STAGES - ONE, kv_head)
             tile = base + uint32(STAGE0 + stage * STAGE)
             tma.wait(base + uint32(FULL0 + stage * BAR), uint32((j // STAGES) % TWO))  # K_j, V_j have landed

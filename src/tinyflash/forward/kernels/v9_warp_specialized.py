@@ -66,7 +66,7 @@ def make_kernel(cfg: TmaTiling, element: str):
     WG = u(wgmma.WARPGROUP)
     producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
     consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
-    options = {} if simulator_enabled() else {"launch_bounds": cfg.launch_bounds()}  # the simulator takes none
+    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
     STAGE, BAR = layout["stage 1"] - layout["stage 0"], u(tma.BARRIER_BYTES)
     S_TILES, O_TILES, P_STEPS, HALVES = cfg.BC // 8, cfg.D // 8, cfg.BC // 16, cfg.D // BOX_COLUMNS
     Q_HALF, KV_HALF = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's columns 0-63 to 64-127
