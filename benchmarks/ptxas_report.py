@@ -12,9 +12,10 @@ compiles a kernel's Python function for a signature and a compute capability, an
 The kernels, each at the settings a GPU run uses by default:
 
 * forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
-* forward v7 (``v7_wgmma``) at ``hopper_tiling.default_tiling(d)``, d = 64 and 128, float16 and bfloat16, for
-  ``sm_90a`` (its wgmma instructions exist only there); ptxas's warnings and wgmma notes (C7510, C7515, C7519)
-  are printed under the kernel's line;
+* forward v7 on (``v7_wgmma``, ``v8_tma``, ``v9_warp_specialized``, ...) at their default tilings
+  (``hopper_tiling.default_tiling``, ``tma_tiling.default_tiling``, ``tma_tiling.default_specialised_tiling``),
+  d = 64 and 128, float16 and bfloat16, for ``sm_90a`` (wgmma and setmaxnreg exist only there); ptxas's warnings
+  and wgmma notes (C7508 setmaxnreg ignored, C7510, C7515, C7519, C7520) are printed under the kernel's line;
 * forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in
   TENSOR_CORE_DIMS (32, 64, 96, 128, 256, and 40 and 200: padded to 64 and 224), causal or not, n in (4096,
   16384), float16 and bfloat16; each tiling in the block order that runs it
@@ -224,22 +225,27 @@ def backward_tensor_core_jobs() -> list[Job]:
     return found
 
 
-def v7_jobs() -> list[Job]:
-    """v7 (wgmma) at its default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
-    from tinyflash.forward.kernels import hopper_tiling, v7_wgmma as v7
+def hopper_jobs() -> list[Job]:
+    """The wgmma kernels (v7 on) at their default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
+    from tinyflash.forward import kernels
+    from tinyflash.forward.kernels import hopper_tiling, tma_tiling
 
+    defaults = {"v7": hopper_tiling.default_tiling, "v8": tma_tiling.default_tiling}  # the others: warp-specialised
     found = []
-    for element in ("float16", "bfloat16"):
-        for d in (64, 128):
-            cfg = hopper_tiling.default_tiling(d)
-            variant = f"d={d} {element} warpgroups={cfg.WARPGROUPS} BC={cfg.BC} lazy={cfg.LAZY_RESCALE}"
-            found.append(Job("forward v7", variant, lambda cfg=cfg, element=element:
-                             (v7.make_kernel(cfg, element), v7.SIGNATURE), arch="sm_90a"))
+    for name in [n for n in kernels.VERSIONS if int(n[1:]) >= 7]:
+        module = getattr(kernels, kernels.VERSIONS[name].module.removesuffix(".py"))
+        for element in ("float16", "bfloat16"):
+            for d in (64, 128):
+                cfg = defaults.get(name, tma_tiling.default_specialised_tiling)(d)
+                variant = (f"d={d} {element} warpgroups={cfg.WARPGROUPS} BC={cfg.BC} lazy={cfg.LAZY_RESCALE}"
+                           + (f" stages={cfg.STAGES} producer={cfg.PRODUCER}" if name != "v7" else ""))
+                found.append(Job(f"forward {name}", variant, lambda module=module, cfg=cfg, element=element:
+                                 (module.make_kernel(cfg, element), module.SIGNATURE), arch="sm_90a"))
     return found
 
 
 def jobs(sweep: bool = False) -> list[Job]:
-    return (v5_jobs() + v6_jobs() + v7_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
+    return (v5_jobs() + v6_jobs() + hopper_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
             + (v6_sweep_jobs() if sweep else []))
 
 

@@ -1,6 +1,8 @@
-"""Stage 4, kernel v7 (wgmma), at the smallest sizes its tiles allow: one warpgroup of 128 threads (64 query
-rows), 16 keys per tile. On numba's simulator, with the emulated instructions of tinyflash.gpu.wgmma_emulation;
-on a Hopper GPU the same tests run the real ones (elsewhere they are skipped: v7 needs compute capability 9.0).
+"""Stage 4, kernels v7 (wgmma), v8 (TMA) and v9 (warp specialisation), at the smallest sizes their tiles allow:
+one (consumer) warpgroup of 128 threads (64 query rows), 16 keys per tile, v9 with its producer warpgroup besides.
+On numba's simulator, with the emulated instructions of tinyflash.gpu.wgmma_emulation and tma_emulation; on a
+Hopper GPU the same tests run the real ones (elsewhere they are skipped: they need compute capability 9.0).
+Most tests run for every version (``HOPPER``, from the registry); v7's through hopper_attention, the entry point.
 
 float16 through hopper_attention; bfloat16, which NumPy lacks, through the kernel's launch with 16-bit
 patterns made by tinyflash.gpu.ptx_emulation.to_bits. Results against the float64 reference: FlashAttention's
@@ -15,13 +17,31 @@ import tinyflash as tf
 from tinyflash.core.checks import check_attention_inputs
 from tinyflash.core.online_softmax import LOG2E
 from tinyflash.core.tolerance import F32_TOL, RuleCheck, assert_close, assert_fa_rule
+from tinyflash.forward import hopper
 from tinyflash.forward.kernels import VERSIONS
 from tinyflash.forward.kernels.hopper_tiling import HopperTiling
+from tinyflash.forward.kernels.tma_tiling import TmaTiling
 from tinyflash.gpu.launch import LaunchArgs
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 from tinyflash.gpu.runtime import simulator_enabled
 
 pytestmark = pytest.mark.simulator
+HOPPER = [name for name in VERSIONS if int(name[1:]) >= 7]  # the wgmma kernels
+ENTRY = hopper.VERSION  # what hopper_attention runs
+
+
+def attention(version, q, k, v, **options):
+    """``version`` on q, k, v: through hopper_attention for the version it runs, else cuda_attention(kernel=...)."""
+    if version == ENTRY and "config" not in options:
+        return tf.hopper_attention(q, k, v, **options)
+    return tf.cuda_attention(q, k, v, kernel=version, **options)
+
+
+def tiling(version, d, warpgroups, bc, **more):
+    """A tiling of ``version``: v7's HopperTiling; v8's TmaTiling; v9's on, with a producer warpgroup."""
+    if version == "v7":
+        return HopperTiling(D=d, WARPGROUPS=warpgroups, BC=bc, **more).validate()
+    return TmaTiling(D=d, WARPGROUPS=warpgroups, BC=bc, PRODUCER=version != "v8", **more).validate()
 
 
 @pytest.fixture(autouse=True)
@@ -40,37 +60,39 @@ def check(o, lse, q, k, v, causal, what, scale=None):
     assert_close(lse, ref_lse, F32_TOL, f"{what} lse", is_lse=True)
 
 
+@pytest.mark.parametrize("version", HOPPER)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_q, n_k", [(20, 37), (33, 17)])
-def test_float16_ragged(rng, n_q, n_k, causal):
+def test_float16_ragged(rng, n_q, n_k, causal, version):
     """Ragged tiles on both sides (a 64-row warpgroup tile mostly past Nq), Nq != Nk; with causal and Nq > Nk,
     rows that see no key."""
     q, k, v = make_qkv(rng, (1,), n_q, n_k, d=64, dtype=np.float16)
     copies = [x.copy() for x in (q, k, v)]
-    o, lse = tf.hopper_attention(q, k, v, causal=causal)
+    o, lse = attention(version, q, k, v, causal=causal)
     assert o.dtype == np.float16 and o.shape == (1, n_q, 64) and lse.dtype == np.float32 and lse.shape == (1, n_q)
-    check(o, lse, q, k, v, causal, f"v7 {n_q}x{n_k} causal={causal}")
+    check(o, lse, q, k, v, causal, f"{version} {n_q}x{n_k} causal={causal}")
     assert all(np.array_equal(x, c) for x, c in zip((q, k, v), copies))  # inputs untouched
     if causal and n_q > n_k:
         assert np.all(o[0, :n_q - n_k] == 0) and np.all(np.isneginf(lse[0, :n_q - n_k]))
 
 
+@pytest.mark.parametrize("version", HOPPER)
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_dim_128_many_tiles(rng, causal):
-    """d = 128 (Q_i, K_j, V_j in two 64-column halves; V_j's descriptor crosses them), 5 key tiles through the
-    two stages, a full 64-row tile and a scale."""
+def test_head_dim_128_many_tiles(rng, causal, version):
+    """d = 128 (Q_i, K_j, V_j in two 64-column halves, two TMA boxes each; V_j's descriptor crosses them), 5 key
+    tiles through the two stages (each stage's barrier through 3 phases), a full 64-row tile and a scale."""
     q, k, v = make_qkv(rng, (), 64, 80, d=128, dtype=np.float16)
-    o, lse = tf.hopper_attention(q, k, v, causal=causal, scale=0.05)
-    check(o, lse, q, k, v, causal, f"v7 d=128 64x80 causal={causal}", scale=0.05)
+    o, lse = attention(version, q, k, v, causal=causal, scale=0.05)
+    check(o, lse, q, k, v, causal, f"{version} d=128 64x80 causal={causal}", scale=0.05)
 
 
-def test_two_warpgroups(rng):
-    """Two warpgroups (Br = 128, 256 threads), 32-key tiles, causal with Nq > 64: the second warpgroup's rows of
-    Q_i, its first warp's causal skip, and 36 rows past Nq."""
+@pytest.mark.parametrize("version", HOPPER)
+def test_two_warpgroups(rng, version):
+    """Two (consumer) warpgroups (Br = 128), 32-key tiles, causal with Nq > 64: the second warpgroup's rows of
+    Q_i, its first warp's causal skip, and 36 rows past Nq (the TMA box of Q_i reads them as zeros)."""
     q, k, v = make_qkv(rng, (1,), 92, 70, d=64, dtype=np.float16)
-    cfg = HopperTiling(D=64, WARPGROUPS=2, BC=32).validate()
-    o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v7", config=cfg)
-    check(o, lse, q, k, v, True, "v7 two warpgroups 92x70 causal")
+    o, lse = attention(version, q, k, v, causal=True, config=tiling(version, 64, 2, 32))
+    check(o, lse, q, k, v, True, f"{version} two warpgroups 92x70 causal")
     assert np.all(o[0, :92 - 70] == 0) and np.all(np.isneginf(lse[0, :92 - 70]))
 
 
@@ -85,18 +107,30 @@ def test_eager_rescaling_equals_lazy(rng):
     assert_close(o_lazy.astype(np.float64), o.astype(np.float64), 2e-3, "lazy against eager rescaling")
 
 
-def test_grouped_query_heads(rng):
-    """4 query heads on 2 K/V heads (and a batch of 2): the same numbers as with K, V repeated to 4 heads."""
+@pytest.mark.parametrize("version", HOPPER)
+def test_grouped_query_heads(rng, version):
+    """4 query heads on 2 K/V heads (and a batch of 2): the same numbers as with K, V repeated to 4 heads (the
+    TMA kernels' K and V maps have 4 heads, Q's 8)."""
     q = rng.standard_normal((2, 4, 17, 64)).astype(np.float16)  # (B, H, Nq, d)
     _, k, v = make_qkv(rng, (2, 2), 1, 20, d=64, dtype=np.float16)  # (B, H_kv, Nk, d)
-    o, lse = tf.hopper_attention(q, k, v, causal=True)
-    o_rep, lse_rep = tf.hopper_attention(q, np.repeat(k, 2, axis=-3), np.repeat(v, 2, axis=-3), causal=True)
+    o, lse = attention(version, q, k, v, causal=True)
+    o_rep, lse_rep = attention(version, q, np.repeat(k, 2, axis=-3), np.repeat(v, 2, axis=-3), causal=True)
     assert np.array_equal(o, o_rep) and np.array_equal(lse, lse_rep)
-    check(o, lse, q, k, v, True, "v7 GQA")
+    check(o, lse, q, k, v, True, f"{version} GQA")
 
 
+@pytest.mark.parametrize("version", [v for v in HOPPER if v != "v7"])
+def test_three_stages_many_tiles(rng, version):
+    """A ring of 3 stages over 7 key tiles (ragged), two query tiles: each stage's barriers through their phases,
+    tile j + 2 requested while tile j is multiplied."""
+    q, k, v = make_qkv(rng, (1,), 70, 100, d=64, dtype=np.float16)
+    o, lse = attention(version, q, k, v, causal=False, config=tiling(version, 64, 1, 16, STAGES=3))
+    check(o, lse, q, k, v, False, f"{version} 3 stages 70x100")
+
+
+@pytest.mark.parametrize("version", HOPPER)
 @pytest.mark.parametrize("causal", [False, True])
-def test_bfloat16(rng, causal):
+def test_bfloat16(rng, causal, version):
     """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
     q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
     prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
@@ -107,7 +141,7 @@ def test_bfloat16(rng, causal):
                               "LSE": (lse, lse.size)},
                       scalars={"n_q": prob.n_q, "n_k": prob.n_k, "scale_log2": np.float32(prob.scale * LOG2E),
                                "causal": causal, "kv_group": 1}, n_heads=1)
-    VERSIONS["v7"].launch(args, prob, element="bfloat16")
+    VERSIONS[version].launch(args, prob, element="bfloat16")
     o = from_bits(o, "bfloat16").reshape(prob.n_q, prob.d)
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
     naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
@@ -131,10 +165,21 @@ def test_bad_inputs_name_the_argument(rng):
         tf.hopper_attention(q, k, v)
 
 
-def test_registered_with_its_limits():
-    v7 = VERSIONS["v7"]
-    assert list(VERSIONS)[-1] == "v7" and v7.accepts("bfloat16", 128, 128) and v7.accepts(np.float16, 64, 64)
-    assert not v7.accepts(np.float32, 64, 64) and not v7.accepts(np.float16, 96, 96)
+@pytest.mark.parametrize("version", HOPPER)
+def test_registered_with_its_limits(version):
+    entry = VERSIONS[version]
+    assert entry.accepts("bfloat16", 128, 128) and entry.accepts(np.float16, 64, 64)
+    assert not entry.accepts(np.float32, 64, 64) and not entry.accepts(np.float16, 96, 96)
+
+
+def test_tma_tilings_checked():
+    assert TmaTiling(D=128, WARPGROUPS=2, BC=128, PRODUCER=True).NT == 384
+    with pytest.raises(ValueError, match="STAGES"):
+        TmaTiling(D=64, WARPGROUPS=1, BC=64, STAGES=5).validate()
+    with pytest.raises(ValueError, match="registers"):
+        TmaTiling(D=64, WARPGROUPS=2, BC=64, PRODUCER=True, PRODUCER_REGISTERS=40).validate()
+    with pytest.raises(ValueError, match="shared memory"):
+        TmaTiling(D=128, WARPGROUPS=2, BC=128, STAGES=4).validate()
     with pytest.raises(ValueError, match="WARPGROUPS"):
         HopperTiling(D=64, WARPGROUPS=4, BC=64).validate()
     with pytest.raises(ValueError, match="BC must be a multiple of 16"):

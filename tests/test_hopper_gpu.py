@@ -1,11 +1,13 @@
-"""Stage 4 (kernel v7, wgmma) on a Hopper GPU at real sizes: hopper_attention on PyTorch tensors, float16 and
-bfloat16, d = 64 and 128, causal or not, grouped-query heads, ragged lengths.
+"""Stage 4 (kernels v7 wgmma, v8 TMA, v9 warp specialisation) on a Hopper GPU at real sizes: hopper_attention's
+call path on PyTorch tensors with each version (``HOPPER``, from the registry), float16 and bfloat16, d = 64 and
+128, causal or not, grouped-query heads, ragged lengths.
 
 Each result is checked on sampled query rows of the first and last head against the float64 reference, by
 FlashAttention's rule against naive attention computed in the same precision by PyTorch
 (``tinyflash.bench.checking.check_output``). Skipped without a GPU (conftest), and on a GPU that is not
 compute capability 9.0 (wgmma exists there only), except the test of the error such a GPU gives.
-Run: ``python -m pytest -m gpu tests/test_hopper_gpu.py tests/test_wgmma_ptx.py tests/test_hopper.py``.
+Run: ``python -m pytest -m gpu tests/test_hopper_gpu.py tests/test_wgmma_ptx.py tests/test_tma_ptx.py
+tests/test_hopper.py``.
 """
 
 import numpy as np
@@ -16,6 +18,15 @@ from tinyflash.core.tolerance import fa_rule
 
 pytestmark = pytest.mark.gpu
 NS = [1, 17, 128, 1000, 4097]
+HOPPER = [name for name in __import__("tinyflash.forward.kernels", fromlist=["VERSIONS"]).VERSIONS
+          if int(name[1:]) >= 7]  # the wgmma kernels
+
+
+def attention(version, q, k, v, causal):
+    """hopper_attention's call path (checks, plan, launch through the driver for device arrays) with ``version``."""
+    from tinyflash.forward.hopper import TILINGS, Entry, attention_call, require_hopper
+
+    return attention_call(q, k, v, causal, None, Entry("hopper_attention", version, require_hopper, TILINGS[version]))
 
 
 def on_hopper() -> bool:
@@ -41,19 +52,21 @@ def random_qkv(torch, n_q, n_k, d, dtype, heads=2, kv_heads=None, seed=0):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", NS)
-def test_lengths(rng, hopper, n, d, causal, dtype):
+@pytest.mark.parametrize("version", HOPPER)
+def test_lengths(rng, hopper, version, n, d, causal, dtype):
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
     q, k, v = random_qkv(torch, n, n, d, getattr(torch, dtype), seed=int(rng.integers(2**31)))
-    o, lse = tf.hopper_attention(q, k, v, causal=causal)
+    o, lse = attention(version, q, k, v, causal)
     assert o.dtype == q.dtype and o.shape == q.shape and lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
     verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
     assert verdict.ok, verdict
 
 
 @pytest.mark.parametrize("n_q, n_k", [(1000, 777), (300, 4096), (4097, 129)])
-def test_unequal_lengths(rng, hopper, n_q, n_k):
+@pytest.mark.parametrize("version", HOPPER)
+def test_unequal_lengths(rng, hopper, version, n_q, n_k):
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
@@ -61,22 +74,23 @@ def test_unequal_lengths(rng, hopper, n_q, n_k):
         for causal in (False, True):
             for dtype in (torch.float16, torch.bfloat16):
                 q, k, v = random_qkv(torch, n_q, n_k, d, dtype, seed=int(rng.integers(2**31)))
-                o, lse = tf.hopper_attention(q, k, v, causal=causal)
+                o, lse = attention(version, q, k, v, causal)
                 verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
                 assert verdict.ok, (d, causal, dtype, verdict)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (8, 1)])
-def test_grouped_query_heads(rng, hopper, heads, kv_heads, dtype):
+@pytest.mark.parametrize("version", HOPPER)
+def test_grouped_query_heads(rng, hopper, version, heads, kv_heads, dtype):
     """GQA and MQA: the same numbers as with K and V repeated to every query head, and right by the rule."""
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
     q, k, v = random_qkv(torch, 1000, 1500, 128, getattr(torch, dtype), heads, kv_heads, int(rng.integers(2**31)))
-    o, lse = tf.hopper_attention(q, k, v, causal=True)
+    o, lse = attention(version, q, k, v, True)
     group = heads // kv_heads
-    o_rep, lse_rep = tf.hopper_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal=True)
+    o_rep, lse_rep = attention(version, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
     assert torch.equal(o, o_rep) and torch.equal(lse, lse_rep)
     verdict = check_output(o, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal=True, rng=rng,
                            lse=lse)
@@ -99,20 +113,25 @@ def test_tilings(rng, hopper):
             assert verdict.ok, (cfg, verdict)
 
 
-def test_deterministic(rng, hopper):
-    """The same inputs give bitwise the same outputs: no atomics, a fixed order of every sum."""
+@pytest.mark.parametrize("version", HOPPER)
+def test_deterministic(rng, hopper, version):
+    """The same inputs give bitwise the same outputs: no atomics, a fixed order of every sum (and, for the TMA
+    kernels, new arrays at other addresses: their tensor maps are not those of the first call)."""
     torch = pytest.importorskip("torch")
     q, k, v = random_qkv(torch, 3000, 3000, 128, torch.bfloat16, heads=4)
-    first = tf.hopper_attention(q, k, v, causal=True)
+    first = attention(version, q, k, v, True)
     for _ in range(3):
-        again = tf.hopper_attention(q, k, v, causal=True)
+        q, k, v = q.clone(), k.clone(), v.clone()
+        again = attention(version, q, k, v, True)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_numpy_float16_and_v6_agree(rng, hopper):
-    """NumPy in, NumPy out; right by the rule; close to v6 (both accumulate in float32, in another order)."""
+@pytest.mark.parametrize("version", HOPPER)
+def test_numpy_float16_and_v6_agree(rng, hopper, version):
+    """NumPy in, NumPy out (through numba's launch: the TMA kernels' maps made for the launch); right by the rule;
+    close to v6 (both accumulate in float32, in another order)."""
     q, k, v = (rng.standard_normal((2, 300, 64)).astype(np.float16) for _ in range(3))
-    o, lse = tf.hopper_attention(q, k, v, causal=True)
+    o, lse = attention(version, q, k, v, True)
     assert isinstance(o, np.ndarray) and o.dtype == np.float16
     ref_o = tf.reference_attention(q, k, v, causal=True)[0]
     assert fa_rule(o, tf.naive_attention(q, k, v, causal=True)[0], ref_o, np.float16).ok

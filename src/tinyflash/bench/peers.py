@@ -118,14 +118,20 @@ def stage3_tiling(cfg, group: int) -> Peer:
     return Peer("tinyflash", label, make, ("float16", "bfloat16"))
 
 
-def stage4() -> Peer:
-    """tinyflash.hopper_attention (stage 4, kernel v7: wgmma), called as a user calls it."""
+def stage4(version: str | None = None) -> Peer:
+    """tinyflash.hopper_attention (stage 4), called as a user calls it; with ``version`` (v7, v8, v9, ...), the same
+    call path (checks, plan, driver launch) running that kernel at its default tiling."""
+    from ..forward import hopper
+
+    version = version or hopper.VERSION
+
     def make(x):
-        from ..forward.hopper import hopper_attention
+        from ..forward.hopper import TILINGS, Entry, attention_call, require_hopper
 
-        return lambda: hopper_attention(x["q"], x["k"], x["v"], causal=x["causal"])[0]
+        entry = Entry("hopper_attention", version, require_hopper, TILINGS[version])
+        return lambda: attention_call(x["q"], x["k"], x["v"], x["causal"], None, entry)[0]
 
-    return Peer("tinyflash", "v7", make, ("float16", "bfloat16"))
+    return Peer("tinyflash", version, make, ("float16", "bfloat16"))
 
 
 def stage4_tiling(cfg) -> Peer:

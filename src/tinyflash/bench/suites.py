@@ -98,8 +98,12 @@ def tensor_core_tiling_peers(point) -> list:
 
 
 def hopper_peers(point) -> list:
-    """Stage 4 (v7, wgmma) beside stage 3 (v6) and SDPA's flash (the baseline) and cuDNN backends."""
-    return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(), p.stage4()]
+    """Stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation, ...) beside stage 3 (v6) and SDPA's flash (the
+    baseline) and cuDNN backends."""
+    from ..forward.hopper import TILINGS
+
+    return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(),
+            *[p.stage4(version) for version in TILINGS]]
 
 
 V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (2, 192), (3, 96)], 128: [(1, 128), (2, 64), (2, 128), (3, 96)]}  # (WG, BC)
@@ -237,9 +241,10 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("tensor-core-tiles", "v6's tilings and head groups, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (128, 64), "causal": (False, True), "n": (4096, 16384)},
               tensor_core_tiling_peers, library="torch", rounds=5),
-    Benchmark("hopper", "stage 4 (v7, wgmma) beside v6 and SDPA's flash and cuDNN backends", "forward",
+    Benchmark("hopper", "stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation) beside v6 and SDPA's flash and "
+              "cuDNN backends", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
-              hopper_peers, library="torch", rounds=10, by_n={4096: {"batch": 4}}),
+              hopper_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
     Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
               hopper_tiling_peers, library="torch", rounds=5),

@@ -1,8 +1,9 @@
-"""Stage 4: FlashAttention-3's techniques on Hopper — the host wrapper of kernel v7 (``wgmma``).
+"""Stage 4: FlashAttention-3's techniques on Hopper — the host wrapper of the wgmma kernels (v7 on).
 
 :func:`hopper_attention` has the contract of :func:`tinyflash.tensor_core_attention` and its steps
 (check the inputs, allocate the outputs, size the grid and launch; the checks and sizing kept per shape for
-PyTorch and CuPy inputs), with kernel v7 (``tinyflash/forward/kernels/v7_wgmma.py``) instead of v6. Its
+PyTorch and CuPy inputs), with :data:`VERSION` (kernel v7, ``tinyflash/forward/kernels/v7_wgmma.py``; v8, TMA,
+and v9, warp specialisation, beside it) instead of v6. Its
 instructions (``tinyflash/gpu/wgmma.py``) exist on compute capability 9.0 only: elsewhere a call raises
 ``UnsupportedGPUError`` before anything is compiled. On numba's simulator they are emulated.
 """
@@ -10,10 +11,15 @@ instructions (``tinyflash/gpu/wgmma.py``) exist on compute capability 9.0 only: 
 from __future__ import annotations
 
 from ..warpgroup_tile import HEAD_DIMS
-from .kernels.hopper_tiling import default_tiling, require_hopper
+from .kernels import hopper_tiling, tma_tiling
+from .kernels.hopper_tiling import require_hopper
 from .tensor_cores import Entry, attention_call
 
-HOPPER = Entry("hopper_attention", "v7", require_hopper, default_tiling, HEAD_DIMS)
+# each wgmma kernel's tiling on a GPU, (d, causal, n_q) -> tiling
+TILINGS = {"v7": hopper_tiling.default_tiling, "v8": tma_tiling.default_tiling,
+           "v9": tma_tiling.default_specialised_tiling}
+VERSION = "v7"  # the kernel hopper_attention runs (any key of TILINGS)
+HOPPER = Entry("hopper_attention", VERSION, require_hopper, TILINGS[VERSION], HEAD_DIMS)
 
 
 def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = None):

@@ -15,6 +15,10 @@
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
     wgmma.py     Hopper's warpgroup multiply (wgmma: fence, mma_async, commit, wait), its shared-memory
                  descriptors and the 128-byte swizzle; wgmma_emulation.py emulates them (asynchrony included)
+    tma.py       Hopper's tensor memory accelerator (TMA copies), mbarriers, setmaxnreg and named barriers;
+                 tma_emulation.py emulates them (barrier phases and transaction bytes included)
+    tensor_map.py  the host's side of TMA: tensor maps encoded by the driver (a Python description on the
+                 simulator), kept per array address
 
 Nothing here knows the softmax, the mask or the tiles of attention: the kernels import these pieces,
 and the attention mathematics from ``tinyflash.core`` (and, on the tensor cores, ``tinyflash.warp_tile``).

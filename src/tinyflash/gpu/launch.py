@@ -56,6 +56,9 @@ class LaunchArgs:
     # when the grid runs over K/V heads instead (a backward kernel sums dK, dV over a group): the arrays with
     # kv_group matrices per head of the grid (Q, dO, lse, ...); K, V, dK, dV then have one per head of the grid
     group_arrays: tuple = ()
+    # arrays made for each launch from its views: (name, fn(views, heads) -> array), heads the launch's heads (the
+    # TMA kernels' tensor maps, which hold the addresses of the views)
+    derived: tuple = ()
 
 
 def parameters(kernel) -> tuple:
@@ -128,7 +131,9 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
     More than 48 KiB of shared memory is asked for first; if the driver refuses,
     :class:`SharedMemoryRefused` is raised before anything runs.
     """
-    whole = by_name(kernel, {**{name: a for name, (a, _) in args.arrays.items()}, **args.scalars})
+    arrays = {name: a for name, (a, _) in args.arrays.items()}
+    whole = by_name(kernel, {**arrays, **{name: make(arrays, args.n_heads) for name, make in args.derived},
+                             **args.scalars})
     try:
         allow_large_shared_memory(kernel, whole, smem_bytes)
     except Exception as exc:
@@ -149,6 +154,7 @@ def launch(kernel, n_tiles: int, threads: int, smem_bytes: int, args: LaunchArgs
             else:
                 first, count = h0, heads
             views[name] = a[first * size:(first + count) * size]
+        views.update({name: make(views, heads) for name, make in args.derived})
         kernel[(n_tiles, heads), threads, 0, smem_bytes](*by_name(kernel, {**views, **args.scalars}))
 
 

@@ -116,8 +116,30 @@ def _exchange(value):
     turn = thread.__dict__.get("_tinyflash_turn", 0)
     thread._tinyflash_turn = 1 - turn
     warp[turn][lane] = value
-    thread.syncthreads()  # every lane has deposited
+    if _warp_barriers:  # the warp's own barrier: its lanes, not the block's threads
+        key = (tuple(thread.blockIdx), tid // 32, "barrier")
+        (warps.get(key) or warps.setdefault(key, threading.Barrier(32))).wait(WARP_BARRIER_SECONDS)
+    else:
+        thread.syncthreads()  # every lane has deposited
     return list(warp[turn]), lane
+
+
+_warp_barriers = False
+WARP_BARRIER_SECONDS = 300.0  # a warp whose lanes do not all arrive: BrokenBarrierError instead of a hang
+
+
+@contextmanager
+def warp_barriers():
+    """Inside, a warp's exchange waits for its own 32 lanes only, not for the block. For the warp-specialised
+    kernels, whose warpgroups never meet at a block barrier between their instructions (a producer issues copies
+    while consumers multiply): there a block-wide barrier would wait for threads that never come. The two-slot
+    argument of :func:`_exchange` holds the same with a warp's barrier."""
+    global _warp_barriers
+    before, _warp_barriers = _warp_barriers, True
+    try:
+        yield
+    finally:
+        _warp_barriers = before
 
 
 @contextmanager

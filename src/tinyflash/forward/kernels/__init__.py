@@ -24,7 +24,8 @@ from typing import Callable
 import numpy as np
 
 from . import (tensor_core_tiling, v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered,
-               v5_branch_free, v6_tensor_cores, v7_wgmma)
+               v5_branch_free, v6_tensor_cores, v7_wgmma, v8_tma,
+               v9_warp_specialized)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,14 @@ VERSIONS = {v.name: v for v in (
              "asynchronously; Q_i, K_j, V_j read by the tensor cores from 128-byte-swizzled shared memory through "
              "descriptors, P_ij from registers; compute capability 9.0 only", ("config",),
              dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128, head_dims=tensor_core_tiling.HEAD_DIMS),
+    _version("v8", v8_tma, "TMA: one thread asks the copy engine for each tile of Q_i, K_j, V_j, which lands "
+             "swizzled in shared memory and completes on an mbarrier; a ring of stages (tensor maps from the host)",
+             ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
+             head_dims=tensor_core_tiling.HEAD_DIMS),
+    _version("v9", v9_warp_specialized, "warp specialisation: a producer warpgroup issues every TMA copy, two "
+             "consumer warpgroups multiply; full and empty mbarriers per stage; registers moved to the consumers "
+             "(setmaxnreg)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
+             head_dims=tensor_core_tiling.HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 

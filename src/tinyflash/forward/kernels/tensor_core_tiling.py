@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -149,12 +149,13 @@ def sized_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_
 
 def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, config: TensorCoreTiling | None = None,
                         element: str | None = None, *, tilings=None, who: str = "kernel v6 (tensor cores)",
-                        head_dims: tuple = HEAD_DIMS) -> None:
+                        head_dims: tuple = HEAD_DIMS, derived: tuple = ()) -> None:
     """Launch ``kernel_for(tiling, element, head_group)`` on ``args`` (Q, K, V, O flat in 16-bit elements, LSE;
     n_q, n_k, scale_log2, causal, kv_group by name): device arrays on a GPU through the driver (``driver_launch``:
     the kernel's sized launch, as v6.driver_launch keeps it), else through numba. ``tilings``: the kernel's
     (default_tiling(d, causal, n_q), simulator_tiling(d)) when ``config`` is None (None: this module's);
-    ``head_dims``: the d = dv the kernel takes."""
+    ``head_dims``: the d = dv the kernel takes; ``derived``: (name, fn(tiling, views, heads)), arrays made for
+    each launch through numba (``LaunchArgs.derived``)."""
     if element is None:  # the problem's dtype (a NumPy dtype, or 'bfloat16')
         element = str(np.dtype(prob.dtype) if not isinstance(prob.dtype, str) else prob.dtype)
         if element not in ELEMENTS:
@@ -182,7 +183,7 @@ def launch_tensor_cores(kernel_for, driver_launch, args: LaunchArgs, prob, confi
     words = {name: (as_words(a), size // 2) if name != "LSE" else (flat(a), size)  # 16-bit pairs: Q, K, V, O
              for name, (a, size) in args.arrays.items()}
     grid_args = LaunchArgs(arrays=words, scalars={**sc, "head_group": group}, n_heads=args.n_heads,
-                           kv_group=args.kv_group)
+                           kv_group=args.kv_group, derived=tuple((name, partial(make, cfg)) for name, make in derived))
     # numba's launches (gpu/launch.py; it copies host arrays, and launches once per 65,535 heads); on the
     # simulator, where every emulated warp instruction waits at a barrier, with faster barriers
     if simulator_enabled():

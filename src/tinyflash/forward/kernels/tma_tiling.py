@@ -1,0 +1,158 @@
+"""The tiling and the host side of the TMA kernels (v8 on): stages, mbarriers, tensor maps, the producer.
+
+A block's consumer warpgroups (WARPGROUPS of them, Br = 64 · WARPGROUPS query rows) compute as in v7; the
+tiles come by TMA (``tinyflash.gpu.tma``) into a ring of STAGES stages of (K_j, V_j), each completed on its own
+"full" mbarrier. With PRODUCER, one more warpgroup, the first, issues the copies and nothing else, and each
+stage has an "empty" mbarrier on which the consumers say they are done with it (warp specialisation).
+:meth:`TmaTiling.smem_layout` is where everything lives; :meth:`TmaTiling.maps` the tensor maps of a problem.
+
+Host: the kernels take O, LSE and their tensor maps (Q's, K's, V's: ``gpu/tensor_map.py``), not Q, K, V. Through
+the driver (device arrays on a GPU) a call's maps come from a :class:`~tinyflash.gpu.tensor_map.MapCache`, by
+the arrays' addresses; through numba (the simulator, NumPy inputs, more heads than a grid holds) they are
+encoded for each launch from its arrays (``LaunchArgs.derived``).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ...gpu.driver_launch import driver_kernel
+from ...gpu.runtime import simulator_enabled
+from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
+from ...gpu.tma import BARRIER_BYTES
+from ...gpu.wgmma import WARPGROUP
+from ...warpgroup_tile import HEAD_DIMS, tile_problems
+from .hopper_tiling import HopperTiling, require_hopper
+from .tensor_core_tiling import launch_tensor_cores
+
+Q_MAP, K_MAP, V_MAP = 0, 1, 2  # the maps' order in the kernels' TMAPS array
+REGISTERS = 65536  # per multiprocessor (and per block at most): what setmaxnreg shares out
+
+
+@dataclass(frozen=True)
+class TmaTiling(HopperTiling):
+    """v7's tiling (WARPGROUPS consumer warpgroups, BC keys a tile, head dim D), loaded by TMA into STAGES stages;
+    with PRODUCER, one more warpgroup that loads, its registers per thread set to PRODUCER_REGISTERS and the
+    consumers' to CONSUMER_REGISTERS (setmaxnreg)."""
+
+    STAGES: int = 2
+    PRODUCER: bool = False
+    PRODUCER_REGISTERS: int = 24
+    CONSUMER_REGISTERS: int = 240
+    WHAT = "TMA tiling"
+
+    @property
+    def NT(self) -> int:  # threads per block: the consumers, and the producer's warpgroup
+        return WARPGROUP * (self.WARPGROUPS + int(self.PRODUCER))
+
+    def smem_layout(self) -> dict:
+        """Byte offsets from the block's 1024-byte-aligned base: Q_i, STAGES stages of (K_j, V_j), then the
+        mbarriers: Q_i's, one "full" per stage, one "empty" per stage."""
+        q, kv = self.BR * self.D * 2, self.BC * self.D * 2
+        bars = q + self.STAGES * 2 * kv
+        return {"Q_i": 0, "stage 0": q, "stage 1": q + 2 * kv, "V_j in a stage": kv, "Q_i full": bars,
+                "full 0": bars + BARRIER_BYTES, "empty 0": bars + (1 + self.STAGES) * BARRIER_BYTES,
+                "end": bars + (1 + 2 * self.STAGES) * BARRIER_BYTES}
+
+    def shape_problems(self) -> list[str]:
+        problems = tile_problems(self.D, self.BC)
+        if self.WARPGROUPS not in (1, 2, 3):
+            problems.append("WARPGROUPS must be 1, 2 or 3")
+        if not 2 <= self.STAGES <= 4:
+            problems.append("STAGES must be 2, 3 or 4")
+        if self.BR > MAX_BOX_ROWS:
+            problems.append(f"Br = 64 · WARPGROUPS must be at most {MAX_BOX_ROWS} (a TMA box)")
+        if self.HEAD_GROUP != 1:
+            problems.append("HEAD_GROUP must be 1 (the wgmma kernels take one head at a time)")
+        registers = WARPGROUP * (self.PRODUCER_REGISTERS + self.WARPGROUPS * self.CONSUMER_REGISTERS)
+        if self.PRODUCER and registers > REGISTERS:
+            problems.append(f"the warpgroups' registers (setmaxnreg) must fit in {REGISTERS}")
+        return problems
+
+    def maps(self, n_q: int, n_k: int, heads: int, kv_heads: int) -> tuple:
+        """The tensor maps of Q (boxes of Br rows), K and V (boxes of Bc rows) of ``heads`` query heads of n_q
+        rows and ``kv_heads`` K/V heads of n_k rows."""
+        return (TensorMap(self.D, n_q, heads, self.BR), TensorMap(self.D, n_k, kv_heads, self.BC),
+                TensorMap(self.D, n_k, kv_heads, self.BC))
+
+    def compile_options(self) -> dict:
+        """The warp-specialised kernels' options on a GPU: one block of NT threads per multiprocessor (ptxas keeps
+        setmaxnreg only with launch bounds), and at most CONSUMER_REGISTERS registers a thread at launch
+        (setmaxnreg.inc must not ask for fewer than a thread has). none for the others."""
+        if not self.PRODUCER:
+            return {}
+        cap = min(self.CONSUMER_REGISTERS, REGISTERS // self.NT // 8 * 8)  # a multiple of 8, as setmaxnreg's
+        return {"launch_bounds": (self.NT, 1), "max_registers": cap}
+
+
+@lru_cache(maxsize=None)
+def default_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
+    """v8's tiling on a GPU: v7's (two warpgroups, 128-key tiles), two stages."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=128).validate()
+
+
+@lru_cache(maxsize=None)
+def default_specialised_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
+    """v9's and v10's on a GPU: two consumer warpgroups and a producer (FlashAttention-3's 3 warpgroups), 128-key
+    tiles, two stages."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=128, PRODUCER=True).validate()
+
+
+def simulator_tiling(d: int) -> TmaTiling:
+    """One warpgroup, 16 keys per tile, two stages: the smallest, for numba's simulator."""
+    return TmaTiling(D=d, WARPGROUPS=1, BC=16).validate()
+
+
+def simulator_specialised_tiling(d: int) -> TmaTiling:
+    """A producer and two consumers (the smallest that has both roles and two consumers), 16-key tiles."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=16, PRODUCER=True).validate()
+
+
+def kernel_maps(cfg: TmaTiling, views: dict, heads: int, n_q: int, n_k: int, kv_group: int):
+    """The kernels' TMAPS for one launch through numba: the maps of its views of Q, K and V."""
+    return tensor_maps(cfg.maps(n_q, n_k, heads, heads // kv_group), [views[name] for name in ("Q", "K", "V")])
+
+
+def launch_tma(kernel_for, driver_launch, args, prob, config, element, *, tilings, who: str) -> None:
+    """Launch a TMA kernel as ``tensor_core_tiling.launch_tensor_cores`` launches v6 and v7, with its tensor maps;
+    on the simulator each warp's exchanges wait for its own lanes (``ptx_emulation.warp_barriers``)."""
+    require_hopper(who)
+    sc = args.scalars
+
+    def maps(cfg, views, heads):
+        return kernel_maps(cfg, views, heads, sc["n_q"], sc["n_k"], args.kv_group)
+
+    if simulator_enabled():
+        from ...gpu.ptx_emulation import warp_barriers
+    with warp_barriers() if simulator_enabled() else nullcontext():
+        launch_tensor_cores(kernel_for, driver_launch, args, prob, config, element, tilings=tilings, who=who,
+                            head_dims=HEAD_DIMS, derived=(("TMAPS", maps),))
+
+
+@dataclass(frozen=True)
+class TmaLaunch:
+    """A TMA kernel sized for one problem (``driver_launch.GridLaunch``: O, LSE, TMAPS, then fixed scalars) and the
+    maps of the addresses its calls have seen: called as v6's and v7's sized launches are, on Q, K, V, O, LSE."""
+
+    grid: object
+    maps: MapCache
+
+    def __call__(self, q, k, v, o, lse, stream: int = 0) -> None:
+        self.grid(o, lse, self.maps(q, k, v), stream=stream)
+
+
+def sized_tma_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool,
+                     kv_group: int, element: str, cfg: TmaTiling) -> TmaLaunch:
+    """``kernel_for(cfg, element, 1)`` compiled for ``signature`` and sized for one problem (as
+    ``tensor_core_tiling.sized_launch``), with a cache of its tensor maps."""
+    from ...gpu.driver_launch import GridLaunch
+
+    kernel = driver_kernel(kernel_for(cfg, element, 1), signature, cfg.smem_bytes)
+    grid = GridLaunch.sized(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
+                            scale_log2=np.float32(scale_log2), causal=bool(causal), kv_group=kv_group, head_group=1)
+    return TmaLaunch(grid, MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)))
+

@@ -1,0 +1,146 @@
+"""The host's side of TMA: tensor maps, what a kernel's ``tma.tma_load_3d`` copies are read through.
+
+A tensor map (CUDA's ``CUtensorMap``, 128 opaque bytes) holds a tensor's global address, its shape and strides,
+the box one copy moves and the swizzle it lands in. The driver encodes it (``cuTensorMapEncodeTiled``); numba
+has no ``__grid_constant__`` kernel parameter, so the kernels get their maps in a global array of 16 uint64
+words each (``tma.MAP_WORDS``), which the copying thread makes visible to the copy engine (``tma.acquire_map``).
+
+The maps here are 3-D, over a (heads, rows, columns) array of 16-bit elements (Q, K or V, flat, as the host
+wrappers pass them): columns innermost, rows of ``columns · 2`` bytes, heads of ``rows`` rows. A box is 64
+columns (128 bytes: the most the 128-byte swizzle takes) × ``box_rows`` rows × one head; a head of d = 128 is
+two boxes side by side, which is the layout of ``tinyflash.warpgroup_tile``'s tiles (two 64-column halves).
+Rows past the end of a head are read as zeros: a ragged last tile needs no code.
+
+**Maps hold addresses.** A map is for one array at one address, and a call's arrays are new ones (or the same
+memory again: PyTorch's allocator hands out the same blocks over and over). :class:`MapCache` keeps the maps,
+copied to the GPU, for the last calls' addresses: a call whose addresses it has seen pays a dictionary look-up;
+another encodes its maps (a driver call each, on the host) and copies them to the GPU. FlashAttention-3 encodes
+its maps at every call and passes them as ``__grid_constant__`` parameters, which costs no copy.
+
+**On numba's simulator** there is no driver and the map's bytes are not documented: :meth:`TensorMap.simulated`
+keeps the map's Python description (this class, and the array itself) and puts its number in the words the
+kernel gets; ``tma_emulation`` finds it there and copies what the hardware would.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .runtime import simulator_enabled
+
+BOX_COLUMNS = 64  # 16-bit elements of a box's row: 128 bytes, the 128-byte swizzle's row
+MAX_BOX_ROWS = 256  # the driver's limit on each dimension of a box
+ELEMENT_BYTES = 2
+SIMULATED = 0x7E45_0001_7E45_0001  # the first word of a simulated map's 16, then its number
+MAP_WORDS = 16
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A 3-D map over ``heads`` × ``rows`` × ``columns`` 16-bit elements, boxes of 64 columns × ``box_rows`` rows
+    × 1 head, 128-byte swizzled, zeros out of bounds."""
+
+    columns: int
+    rows: int
+    heads: int
+    box_rows: int
+
+    def __post_init__(self):
+        if self.columns % BOX_COLUMNS or not 0 < self.box_rows <= MAX_BOX_ROWS or self.rows < 1 or self.heads < 1:
+            raise ValueError(f"a tensor map needs columns a multiple of {BOX_COLUMNS}, 1 .. {MAX_BOX_ROWS} rows a box "
+                             f"and a non-empty tensor; got {self}")
+
+    @property
+    def box_bytes(self) -> int:  # what one copy completes on its mbarrier (out-of-bounds zeros included)
+        return BOX_COLUMNS * self.box_rows * ELEMENT_BYTES
+
+    def encode(self, address: int) -> bytes:
+        """The 128 bytes of the CUtensorMap for the array at device ``address`` (16-byte aligned), by the driver.
+        (Data type uint16: the copy moves 16-bit patterns, float16 or bfloat16 alike; out-of-bounds zeros are
+        +0.0 in both.)"""
+        from cuda.bindings import driver
+
+        u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+        row_bytes, head_bytes = self.columns * ELEMENT_BYTES, self.rows * self.columns * ELEMENT_BYTES
+        err, tmap = driver.cuTensorMapEncodeTiled(
+            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, address,
+            [u64(self.columns), u64(self.rows), u64(self.heads)],  # sizes, innermost first
+            [u64(row_bytes), u64(head_bytes)],  # strides of the outer two dimensions, in bytes
+            [u32(BOX_COLUMNS), u32(self.box_rows), u32(1)], [u32(1)] * 3,
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed for {self} at {address:#x}: {err}")
+        import ctypes
+
+        return ctypes.string_at(tmap.getPtr(), 128)
+
+    def simulated(self, array) -> np.ndarray:
+        """On the simulator: the 16 words of a map over ``array`` (its elements, heads · rows · columns of them):
+        a marker and the number under which this description and the array are kept."""
+        halves = np.asarray(array).reshape(-1).view(np.uint16)
+        if halves.size < self.heads * self.rows * self.columns:
+            raise ValueError(f"{self} is larger than its array of {halves.size} 16-bit elements")
+        number = next(_numbers)
+        if len(_SIMULATED_MAPS) >= 4096:  # a launch on the simulator is over when it returns: old maps are unused
+            _SIMULATED_MAPS.clear()
+        _SIMULATED_MAPS[number] = (self, halves)
+        words = np.zeros(MAP_WORDS, np.uint64)
+        words[0], words[1] = SIMULATED, number
+        return words
+
+
+_numbers = itertools.count(1)
+_SIMULATED_MAPS: dict = {}  # number -> (TensorMap, its array's 16-bit elements)
+
+
+def simulated_map(words) -> tuple:
+    """(TensorMap, elements) of the simulated map whose 16 words are ``words`` (``tma_emulation`` reads them)."""
+    if int(words[0]) != SIMULATED or int(words[1]) not in _SIMULATED_MAPS:
+        raise ValueError("not a tensor map made by TensorMap.simulated (or one forgotten since): the kernel was "
+                         "given the wrong words, or the wrong index into its maps")
+    return _SIMULATED_MAPS[int(words[1])]
+
+
+def device_address(array) -> int:
+    """The device address of a CUDA array interface array (CuPy, numba, PyTorch: its ``data_ptr()``, which costs
+    less than building its array interface)."""
+    pointer = getattr(array, "data_ptr", None)
+    return int(pointer()) if callable(pointer) else int(array.__cuda_array_interface__["data"][0])
+
+
+def tensor_maps(maps, arrays):
+    """The maps for ``arrays`` (one each, in order), as the kernel gets them: a device array of 16 words per map
+    (a numba device array; on the simulator a NumPy array of :meth:`TensorMap.simulated` words)."""
+    if simulator_enabled():
+        return np.concatenate([m.simulated(a) for m, a in zip(maps, arrays)])
+    from numba import cuda
+
+    data = b"".join(m.encode(device_address(a)) for m, a in zip(maps, arrays))
+    return cuda.to_device(np.frombuffer(data, np.uint64))  # 256-byte aligned: each map 64-byte aligned
+
+
+class MapCache:
+    """Tensor maps on the GPU for the addresses of the last calls of one launch plan (module docstring): at most
+    ``size``; when full, the device is synchronised (a kernel in flight may still read the maps) and it starts
+    again empty."""
+
+    def __init__(self, maps, size: int = 64):
+        self.maps, self.size, self._found = tuple(maps), size, {}
+
+    def __call__(self, *arrays):
+        key = tuple(map(device_address, arrays))
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= self.size:
+                from numba import cuda
+
+                cuda.synchronize()
+                self._found.clear()
+            found = self._found[key] = tensor_maps(self.maps, arrays)
+        return found

@@ -1,0 +1,188 @@
+"""The instructions of ``tma.py`` emulated in Python for numba's CUDA simulator: mbarriers, TMA copies, named
+barriers, setmaxnreg.
+
+An mbarrier is kept in Python, per block, by its shared address: its phase, the arrivals still expected and the
+bytes of copies still expected, as the hardware counts them (``tma.py``'s docstring). A copy reads its tensor map's
+description (``tensor_map.simulated_map``), writes the box into the block's shared memory at once, 128-byte
+swizzled (bits 4-6 of each shared address XOR its bits 7-9, as the hardware does), zeros outside the tensor, and
+completes its bytes on the barrier. A waiting thread sleeps on the block's condition variable until an arrival
+or a copy changes a barrier. So a kernel that waits on the wrong parity, announces the wrong number of bytes or
+arrives too few times hangs or reads a stage too early here too: a wait that lasts more than ``DEADLOCK_SECONDS``
+raises, naming the barrier.
+
+Checked besides: a barrier used before ``mbarrier_init``; more arrivals than a phase expects; a copy whose box
+would land on an mbarrier, or outside shared memory; a destination that is not 128-byte aligned.
+
+Not emulated: time. A copy lands when it is issued, so a stage that is overwritten while a warpgroup's
+multiplies still read it (a missing wait on an "empty" barrier) is caught only when the threads happen to
+run in that order; ``fence.proxy.*`` and the tensor-map fences do nothing (one coherent memory); setmaxnreg does
+nothing (registers are Python's). Named barriers count threads (the hardware counts warps: the same when every
+lane of a warp calls them, as ``.aligned`` requires).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from .tensor_map import BOX_COLUMNS, MAP_WORDS, simulated_map
+
+DEADLOCK_SECONDS = 120.0
+ROW_BYTES, CHUNK_BYTES = 128, 16  # a swizzled row; one 16-byte chunk (8 elements)
+
+
+class _Block:
+    """One block's mbarriers and named barriers, and the condition its waiting threads sleep on."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.barriers = {}  # shared address -> [count, arrivals pending, bytes pending, phase]
+        self.named = {}  # id -> [threads arrived, generation]
+
+
+def _block() -> _Block:
+    thread = threading.current_thread()
+    blocks = thread._manager.__dict__.setdefault("_tinyflash_tma", {})
+    key = tuple(thread.blockIdx)
+    return blocks.get(key) or blocks.setdefault(key, _Block())
+
+
+def _barrier(block: _Block, bar) -> list:
+    state = block.barriers.get(int(bar))
+    if state is None:
+        raise RuntimeError(f"mbarrier at shared byte {int(bar)} used before mbarrier_init")
+    return state
+
+
+def _settle(state: list) -> None:
+    """Complete the phase if no arrival and no byte is pending: flip the phase, expect the next one's arrivals."""
+    if state[1] == 0 and state[2] == 0:
+        state[1], state[3] = state[0], state[3] + 1
+
+
+def mbarrier_init(bar, count):
+    """Emulated ``mbarrier.init``: phase 0 in progress, ``count`` arrivals expected, no bytes."""
+    if int(bar) % 8:
+        raise ValueError(f"an mbarrier is 8-byte aligned; got shared byte {int(bar)}")
+    block = _block()
+    with block.changed:
+        block.barriers[int(bar)] = [int(count), int(count), 0, 0]
+
+
+def _arrive(bar, nbytes: int) -> None:
+    block = _block()
+    with block.changed:
+        state = _barrier(block, bar)
+        if state[1] == 0:
+            raise RuntimeError(f"mbarrier at shared byte {int(bar)}: an arrival beyond its count of {state[0]} while "
+                               f"its phase waits for {state[2]} bytes")
+        state[1] -= 1
+        state[2] += nbytes
+        _settle(state)
+        block.changed.notify_all()
+
+
+def arrive(bar):
+    """Emulated ``mbarrier.arrive``."""
+    _arrive(bar, 0)
+
+
+def arrive_expect_tx(bar, nbytes):
+    """Emulated ``mbarrier.arrive.expect_tx``: ``nbytes`` more expected, and an arrival."""
+    _arrive(bar, int(nbytes))
+
+
+def try_wait(bar, parity):
+    """Emulated ``mbarrier.try_wait.parity``: 1 if the phase of that parity is over; else sleep until a barrier of
+    the block changes (or 50 ms) and answer again; past DEADLOCK_SECONDS of waiting, raise."""
+    block, thread = _block(), threading.current_thread()
+    with block.changed:
+        state = _barrier(block, bar)
+        if state[3] % 2 != int(parity):
+            thread.__dict__.pop("_tinyflash_waiting", None)
+            return np.uint32(1)
+        block.changed.wait(0.05)
+        if state[3] % 2 != int(parity):
+            thread.__dict__.pop("_tinyflash_waiting", None)
+            return np.uint32(1)
+    since = thread.__dict__.setdefault("_tinyflash_waiting", time.monotonic())
+    if getattr(thread, "abort", False):
+        raise RuntimeError("another thread of the block failed")
+    if time.monotonic() - since > DEADLOCK_SECONDS:
+        raise RuntimeError(f"mbarrier at shared byte {int(bar)}: waited {DEADLOCK_SECONDS:.0f} s for the phase of "
+                           f"parity {int(parity)} (arrivals pending {state[1]} of {state[0]}, bytes pending {state[2]}): "
+                           "a deadlock, a wrong parity, or copies that never complete the bytes announced")
+    return np.uint32(0)
+
+
+def tma_load_3d(dst, maps, index, col, row, head, bar):
+    """Emulated ``cp.async.bulk.tensor.3d ... mbarrier::complete_tx::bytes``: the box lands now."""
+    tmap, elements = simulated_map(maps[int(index) * MAP_WORDS:(int(index) + 1) * MAP_WORDS])
+    smem = np.asarray(threading.current_thread()._tinyflash_smem).view(np.uint16)  # the block's shared memory
+    dst, col, row, head = int(dst), int(col), int(row), int(head)
+    if dst % ROW_BYTES:
+        raise ValueError(f"a 128-byte-swizzled TMA box must land 128-byte aligned; got shared byte {dst}")
+    box = np.zeros((tmap.box_rows, BOX_COLUMNS), np.uint16)  # (box rows, 64): zeros outside the tensor
+    cube = elements[:tmap.heads * tmap.rows * tmap.columns].reshape(tmap.heads, tmap.rows, tmap.columns)
+    if 0 <= head < tmap.heads:
+        rows = cube[head, max(row, 0):max(min(row + tmap.box_rows, tmap.rows), 0), max(col, 0):col + BOX_COLUMNS]
+        box[max(-row, 0):max(-row, 0) + rows.shape[0], max(-col, 0):max(-col, 0) + rows.shape[1]] = rows
+    r, c = np.arange(tmap.box_rows)[:, None], np.arange(BOX_COLUMNS // 8)[None, :]  # (rows, 1), (1, 8 chunks)
+    address = dst + r * ROW_BYTES + c * CHUNK_BYTES  # (rows, 8): each chunk's place before the swizzle
+    address = address ^ (((address >> 7) & 7) << 4)
+    end = dst + tmap.box_bytes
+    block = _block()
+    if end > smem.size * 2 or any(dst <= b < end for b in block.barriers):
+        raise IndexError(f"a TMA box of {tmap.box_bytes} bytes at shared byte {dst} would overwrite an mbarrier or "
+                         f"pass the end of shared memory ({smem.size * 2} bytes)")
+    halves = (address // 2)[..., None] + np.arange(8)  # (rows, 8 chunks, 8 elements)
+    smem[halves] = box.reshape(tmap.box_rows, 8, 8)
+    with block.changed:
+        state = _barrier(block, bar)
+        state[2] -= tmap.box_bytes
+        _settle(state)
+        block.changed.notify_all()
+
+
+def acquire_map(maps, index):
+    """Emulated ``fence.proxy.tensormap``: checks that the map is one, nothing to order."""
+    simulated_map(maps[int(index) * MAP_WORDS:(int(index) + 1) * MAP_WORDS])
+
+
+prefetch_map = acquire_map  # emulated ``prefetch.tensormap``: nothing to fetch
+
+
+def make_setmaxnreg(grow: bool, count: int):
+    """Emulated ``setmaxnreg``: nothing (registers are Python's)."""
+
+    def setmaxnreg():
+        pass
+
+    return setmaxnreg
+
+
+def make_named_barrier(arrive_only: bool, ident: int, threads: int):
+    """Emulated ``bar.sync`` / ``bar.arrive`` of ``threads`` threads on barrier ``ident``."""
+
+    def barrier():
+        block = _block()
+        with block.changed:
+            state = block.named.setdefault(ident, [0, 0])
+            state[0] += 1
+            generation = state[1]
+            if state[0] == threads:
+                state[0], state[1] = 0, state[1] + 1
+                block.changed.notify_all()
+                return
+            if arrive_only:
+                return
+            start = time.monotonic()
+            while state[1] == generation:
+                block.changed.wait(0.05)
+                if time.monotonic() - start > DEADLOCK_SECONDS:
+                    raise RuntimeError(f"named barrier {ident} of {threads} threads: waited {DEADLOCK_SECONDS:.0f} s "
+                                       f"with {state[0]} arrived")
+
+    return barrier

@@ -1,0 +1,155 @@
+"""The TMA and mbarrier instructions of tinyflash.gpu.tma, one block at a time.
+
+A box copied by TMA must land exactly where the wgmma descriptors read a tile (``wgmma.swizzled_chunk``: 64-column
+halves one after the other, each row's 16-byte chunks permuted by the row's place among 8), with zeros for rows
+past the end of the tensor; the expected layout is written out here by hand. Without a GPU these run the
+simulator's emulations (``tma_emulation.py``); on a Hopper GPU the real instructions, so the tensor map's encoding
+and the hardware's swizzle are checked there. The last tests check the emulation's own rules (simulator only).
+"""
+
+import numpy as np
+import pytest
+from numba import cuda, int32, uint32, uint64
+
+from tinyflash.gpu import ptx, tma, wgmma
+from tinyflash.gpu.runtime import simulator_enabled
+from tinyflash.gpu.smem import shared_words
+from tinyflash.gpu.tensor_map import TensorMap, tensor_maps
+
+ALIGN = 1024
+
+
+@pytest.fixture
+def hopper_or_simulator():
+    if not simulator_enabled():
+        from tinyflash.gpu.runtime import compute_capability
+
+        if compute_capability() != (9, 0):
+            pytest.skip("TMA copies with the 128-byte swizzle, as here, need compute capability 9.0")
+
+
+def make_copy_kernel(box_bytes: int, halves: int):
+    """One block of 128 threads: thread 0 copies ``halves`` boxes (columns 0-63, 64-127) of head ``head`` from row
+    ``row`` into shared memory, one after the other; everyone waits on the barrier, then copies shared memory out,
+    and thread 0 writes what try_wait says of parity 0 (completed) and 1 (not yet)."""
+    BAR = uint32(halves * box_bytes)
+    WORDS = halves * box_bytes // 4
+
+    @cuda.jit
+    def copy(maps, row, head, out, flags):
+        smem = shared_words()
+        tid = cuda.threadIdx.x
+        raw = ptx.shared_address(smem, uint64(0))
+        base = (raw + uint32(ALIGN - 1)) & ~uint32(ALIGN - 1)
+        if tid == 0:
+            tma.mbarrier_init(base + BAR, uint32(1))
+            wgmma.fence_proxy_async()
+            tma.acquire_map(maps, uint64(0))
+            tma.arrive_expect_tx(base + BAR, uint32(halves * box_bytes))
+            for h in range(halves):
+                tma.tma_load_3d(base + uint32(h * box_bytes), maps, uint64(0), int32(64 * h), int32(row), int32(head),
+                                base + BAR)
+        cuda.syncthreads()  # the barrier is initialised before anyone waits on it
+        tma.wait(base + BAR, uint32(0))
+        first = (base - raw) // uint32(4)
+        for i in range(tid, WORDS, 128):
+            out[i] = smem[first + uint32(i)]
+        if tid == 0:
+            flags[0], flags[1] = tma.try_wait(base + BAR, uint32(0)), tma.try_wait(base + BAR, uint32(1))
+
+    return copy
+
+
+def expected_tile(x, head, row, box_rows):
+    """(halves · box_rows · 64,) uint16: the box as the descriptors read it, written out by hand."""
+    heads, rows, cols = x.shape
+    tile = np.zeros(cols // 64 * box_rows * 64, np.uint16)
+    bits = x.view(np.uint16)
+    for h in range(cols // 64):
+        for r in range(box_rows):
+            for c in range(8):  # 16-byte chunks of the row's 64 columns
+                place = h * box_rows * 64 + r * 64 + (c ^ (r % 8)) * 8  # in 16-bit elements
+                if row + r < rows:
+                    tile[place:place + 8] = bits[head, row + r, 64 * h + 8 * c:64 * h + 8 * c + 8]
+    return tile
+
+
+@pytest.mark.parametrize("cols, rows, box_rows, row", [(64, 40, 32, 16), (128, 100, 64, 0), (128, 70, 16, 64)])
+def test_a_box_lands_swizzled_with_zeros_past_the_end(rng, hopper_or_simulator, cols, rows, box_rows, row):
+    """Rows row .. row + box_rows of head 1 (of 3), past the end for some: zeros there."""
+    x = rng.standard_normal((3, rows, cols)).astype(np.float16)  # (heads, rows, cols), never zeros
+    tmap = TensorMap(cols, rows, 3, box_rows)
+    flat = cuda.to_device(x.reshape(-1).view(np.uint32))
+    maps = tensor_maps([tmap], [flat])
+    halves = cols // 64
+    out, flags = cuda.device_array(halves * tmap.box_bytes // 4, np.uint32), cuda.device_array(2, np.uint32)
+    make_copy_kernel(tmap.box_bytes, halves)[1, 128, 0, halves * tmap.box_bytes + 8 + ALIGN](maps, row, 1, out,
+                                                                                               flags)
+    got = out.copy_to_host().view(np.uint16)
+    want = expected_tile(x, 1, row, box_rows)
+    wrong = np.flatnonzero(got != want)
+    assert wrong.size == 0, f"{wrong.size} elements differ, first at {wrong[:8]}"
+    assert list(flags.copy_to_host()) == [1, 0]  # phase 0 completed; phase 1 in progress
+
+
+def test_tensor_maps_are_checked():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        TensorMap(96, 10, 1, 16)
+    with pytest.raises(ValueError, match="1 .. 256 rows"):
+        TensorMap(64, 10, 1, 320)
+
+
+# --- the emulation's own rules ----------------------------------------------------------------------------------
+
+simulator_only = pytest.mark.skipif(not simulator_enabled(), reason="checks the simulator's emulation")
+
+
+@simulator_only
+def test_an_arrival_beyond_the_count_is_an_error():
+    @cuda.jit
+    def twice(out):
+        smem = shared_words()
+        bar = ptx.shared_address(smem, uint64(0))
+        tma.mbarrier_init(bar, uint32(1))
+        tma.arrive_expect_tx(bar, uint32(64))  # one arrival expected: this one, with 64 bytes still to come
+        tma.arrive(bar)
+
+    with pytest.raises(RuntimeError, match="an arrival beyond its count"):
+        twice[1, 1, 0, 64](np.zeros(1, np.uint32))
+
+
+@simulator_only
+def test_a_wait_that_never_ends_is_reported(monkeypatch):
+    """Bytes announced that no copy completes: the wait raises after DEADLOCK_SECONDS instead of hanging."""
+    from tinyflash.gpu import tma_emulation
+
+    monkeypatch.setattr(tma_emulation, "DEADLOCK_SECONDS", 0.5)
+
+    @cuda.jit
+    def stuck(out):
+        smem = shared_words()
+        bar = ptx.shared_address(smem, uint64(0))
+        tma.mbarrier_init(bar, uint32(1))
+        tma.arrive_expect_tx(bar, uint32(1024))
+        tma.wait(bar, uint32(0))
+
+    with pytest.raises(RuntimeError, match="a deadlock, a wrong parity"):
+        stuck[1, 1, 0, 64](np.zeros(1, np.uint32))
+
+
+@simulator_only
+def test_a_box_onto_a_barrier_is_an_error(rng):
+    x = rng.standard_normal((1, 16, 64)).astype(np.float16)
+    tmap = TensorMap(64, 16, 1, 16)
+    maps = tensor_maps([tmap], [x.reshape(-1)])
+
+    @cuda.jit
+    def overlap(maps):
+        smem = shared_words()
+        base = ptx.shared_address(smem, uint64(0))
+        tma.mbarrier_init(base + uint32(1024), uint32(1))
+        tma.arrive_expect_tx(base + uint32(1024), uint32(2048))
+        tma.tma_load_3d(base, maps, uint64(0), int32(0), int32(0), int32(0), base + uint32(1024))
+
+    with pytest.raises(IndexError, match="overwrite an mbarrier"):
+        overlap[1, 1, 0, 4096](maps)
