@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from ...warpgroup_tile import HEAD_DIMS as WARPGROUP_HEAD_DIMS
 from . import (tensor_core_tiling, v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered,
                v5_branch_free, v6_tensor_cores, v7_wgmma, v8_tma,
                v9_warp_specialized)
@@ -72,15 +73,15 @@ VERSIONS = {v.name: v for v in (
     _version("v7", v7_wgmma, "Hopper's wgmma (stage 4): a warpgroup of 4 warps multiplies 64 query rows at once, "
              "asynchronously; Q_i, K_j, V_j read by the tensor cores from 128-byte-swizzled shared memory through "
              "descriptors, P_ij from registers; compute capability 9.0 only", ("config",),
-             dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128, head_dims=tensor_core_tiling.HEAD_DIMS),
+             dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128, head_dims=WARPGROUP_HEAD_DIMS),
     _version("v8", v8_tma, "TMA: one thread asks the copy engine for each tile of Q_i, K_j, V_j, which lands "
              "swizzled in shared memory and completes on an mbarrier; a ring of stages (tensor maps from the host)",
              ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
-             head_dims=tensor_core_tiling.HEAD_DIMS),
+             head_dims=WARPGROUP_HEAD_DIMS),
     _version("v9", v9_warp_specialized, "warp specialisation: a producer warpgroup issues every TMA copy, two "
              "consumer warpgroups multiply; full and empty mbarriers per stage; registers moved to the consumers "
              "(setmaxnreg)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
-             head_dims=tensor_core_tiling.HEAD_DIMS),
+             head_dims=WARPGROUP_HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 
