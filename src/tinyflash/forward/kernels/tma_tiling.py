@@ -15,12 +15,13 @@ encoded for each launch from its arrays (``LaunchArgs.derived``).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from ...gpu.driver_launch import driver_kernel
+from ...gpu.arrays import is_device_array
 from ...gpu.runtime import simulator_enabled
 from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
 from ...gpu.tma import BARRIER_BYTES
@@ -121,6 +122,16 @@ def launch_tma(kernel_for, driver_launch, args, prob, config, element, *, tiling
     """Launch a TMA kernel as ``tensor_core_tiling.launch_tensor_cores`` launches v6 and v7, with its tensor maps;
     on the simulator each warp's exchanges wait for its own lanes (``ptx_emulation.warp_barriers``)."""
     require_hopper(who)
+    if not simulator_enabled() and not all(is_device_array(a) for a, _ in args.arrays.values()):
+        # a tensor map holds a device address: host arrays go to the GPU first, and O and LSE come back
+        from numba import cuda
+
+        on_device = {name: (cuda.to_device(a), size) for name, (a, size) in args.arrays.items()}
+        launch_tma(kernel_for, driver_launch, replace(args, arrays=on_device), prob, config, element, tilings=tilings,
+                   who=who)
+        for name in ("O", "LSE"):
+            on_device[name][0].copy_to_host(args.arrays[name][0])
+        return
     sc = args.scalars
 
     def maps(cfg, views, heads):

@@ -40,7 +40,7 @@ from ...gpu import ptx, wgmma
 from ...gpu.driver_launch import GridLaunch
 from ...gpu.launch import LaunchArgs
 from ...gpu.loads import cp_async_swizzled_rows
-from ...gpu.runtime import device_function, u
+from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_words
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
 from ...warpgroup_tile import HEAD_DIMS, warpgroup_tile
@@ -73,6 +73,9 @@ def make_kernel(cfg: HopperTiling, element: str):
     copy_q = cp_async_swizzled_rows(cfg.D // 2, cfg.NT, cfg.BR)  # rows of Q into a swizzled tile of Br rows
     copy_kv = cp_async_swizzled_rows(cfg.D // 2, cfg.NT, cfg.BC)  # rows of K or V into one of Bc rows
 
+    # on a GPU, ptxas keeps the registers within what one block of NT threads may hold (3 warpgroups: 168)
+    BOUNDS = {} if simulator_enabled() else {"launch_bounds": (cfg.NT, 1)}
+
     @cuda.jit(device=True, inline="always")
     def load_kv(K, V, kv_off, k_start, n_k, stage_addr, tid):
         """K_j and V_j into one stage of shared memory: cp.async, in flight until waited for."""
@@ -97,7 +100,7 @@ def make_kernel(cfg: HopperTiling, element: str):
             stop = key_stop(row + uint64(half * 8) + ONE, n_q, n_k, causal)  # keys < stop allowed
             mask_row(s, 0, half, stop, k_start, t)
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @cuda.jit(fastmath=FAST_MATH, **BOUNDS)
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group):
         smem = shared_words()  # cfg.smem_layout() from a 1024-byte-aligned base: Q_i, two stages of (K_j, V_j)
         tid = uint64(cuda.threadIdx.x)
