@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..forward.hopper import VERSION as HOPPER_VERSION
 from . import tables
 from .record import data_dir, number, read_csv, repository
 from .suites import BENCHMARKS
@@ -54,11 +55,13 @@ def headlines() -> str:
     tc = [r for r in ok(record("tensor_cores_h200"), variant="v6")]
     queued, alone = [float(r["vs_baseline"]) for r in tc], [float(r["latency_vs_baseline"]) for r in tc]
     backward = record("backward_h200")
-    bw_eff = []
-    for r in ok(backward, impl="tinyflash", variant="v1", n_q="16384"):
-        same = {k: r[k] for k in ("d", "causal", "n_q")}
-        bw_eff.append(float(tables.find(backward, impl="torch_efficient", dtype="float32", **same)["time_ms"])
-                      / float(r["time_ms"]))
+    bw_eff = [float(tables.find(backward, impl="torch_efficient", dtype="float32", d=r["d"], causal=r["causal"],
+                                n_q=r["n_q"])["time_ms"]) / float(r["time_ms"])
+              for r in ok(backward, impl="tinyflash", variant="v1", n_q="16384")]
+    hopper = record("hopper_h200")
+    v9 = ok(hopper, impl="tinyflash", variant=HOPPER_VERSION)
+    cudnn = [float(tables.find(hopper, impl="torch_cudnn", **{k: r[k] for k in ("dtype", "d", "causal", "n_q")})
+                   ["time_ms"]) / float(r["time_ms"]) for r in v9]
     tc_bw = [float(r["vs_baseline"]) for r in ok(record("backward_tensor_cores_h200"), impl="tinyflash", variant="v2")]
     decode = record("decode_h200")
     per_call = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="")]
@@ -70,6 +73,9 @@ def headlines() -> str:
         f"* **Stage 3** (tensor cores, v6): {span(queued)} the speed of FlashAttention-2 (PyTorch SDPA's flash "
         f"backend) in all {len(tc)} configurations measured, calls queued back to back; one call alone, "
         f"{span(alone)}.",
+        f"* **Stage 4** (Hopper's wgmma, TMA and warp specialisation, {HOPPER_VERSION}): "
+        f"{span([float(r['vs_baseline']) for r in v9])} the speed of FlashAttention-2 and {span(cudnn)} that of "
+        f"SDPA's cuDNN backend, float16 at N = 16,384 ({len(v9)} configurations, calls queued).",
         f"* **Training** (the backward pass): on the tensor cores {span(tc_bw)} the speed of FlashAttention-2's "
         f"backward (SDPA flash) in float16 and bfloat16, calls queued; a whole training step through "
         f"`tinyflash.torch` (forward and backward) {span(step)}; on the CUDA cores {span(bw_eff)} of SDPA's "
@@ -84,10 +90,6 @@ def ok(rows, **where):
 
 
 # --- docs/results.md --------------------------------------------------------------------------------------
-
-
-def versions_block() -> str:
-    return tables.versions_table(record("kernel_versions_h200"))
 
 
 def vector_block() -> str:
@@ -135,14 +137,6 @@ def stage3_runs(sweep_rows) -> str:
             "configurations are at 1.0× or more.")
 
 
-def example_block() -> str:
-    return tables.example_32k_table(record("example_32k_h200"))
-
-
-def tensor_core_block() -> str:
-    return tables.tensor_core_table(record("tensor_cores_h200"))
-
-
 def tensor_core_sentence() -> str:
     rows = record("tensor_cores_h200")
     v6 = ok(rows, variant="v6")
@@ -167,16 +161,8 @@ def tensor_core_sentence() -> str:
             f"(measured {rows[0]['date'][:10]}).")
 
 
-def tiles_block() -> str:
-    return tables.tiles_table(record("tensor_core_tiles_h200"))
-
-
 def groups_block() -> str:
     return tables.groups_table(record("tensor_core_tiles_h200"))
-
-
-def backward_block() -> str:
-    return tables.backward_table(record("backward_h200"))
 
 
 def backward_longest() -> str:
@@ -188,10 +174,6 @@ def backward_longest() -> str:
             f"{'ran out of memory' if naive['status'] == 'oom' else naive['status']}, while tinyflash's ran at "
             f"{float(ours['tflops']):.1f} TFLOP/s (SDPA efficient {float(eff['tflops']):.1f}) with a peak of "
             f"{number(ours, 'peak_bytes') / 2**20:,.0f} MiB of device memory.")
-
-
-def decode_block() -> str:
-    return tables.decode_table(record("decode_h200"))
 
 
 def decode_bar() -> str:
@@ -229,12 +211,9 @@ def gpu_tests() -> str:
             "dated notes say what failed and what was fixed):\n\n" + "\n".join(lines))
 
 
-def backward_tensor_cores_block() -> str:
-    return tables.backward_tensor_core_table(record("backward_tensor_cores_h200"))
-
-
-def backward_tiles_block() -> str:
-    return tables.backward_tile_table(record("backward_tensor_core_tiles_h200"))
+def table(stem: str):
+    """A block maker: the table of figures/data/<stem>.csv, chosen by its benchmark (``tables.summary``)."""
+    return lambda: tables.summary(record(stem))
 
 
 def backward_tensor_cores_sentence() -> str:
@@ -262,10 +241,6 @@ def deterministic_sentence() -> str:
             f"before it, which must all add to it first (same run as the table above).")
 
 
-def training_step_block() -> str:
-    return tables.training_step_table(record("training_step_h200"))
-
-
 def training_step_sentence() -> str:
     rows = record("training_step_h200")
     ours = ok(rows, impl="tinyflash", variant="torch")
@@ -284,10 +259,6 @@ def gpt_training() -> str:
     from .training_run import sentence
 
     return sentence(record("gpt_training_h200"))
-
-
-def decode_call_block() -> str:
-    return tables.decode_call_table(record("decode_whole_call_h200"))
 
 
 def decode_call_bar() -> str:
@@ -415,14 +386,15 @@ def benchmark_commands() -> str:
 
 BLOCKS = {
     "quickstart-costs": quickstart_costs, "headlines": headlines,
-    "versions": versions_block, "vector": vector_block, "sweep": sweep_block, "sweep-sentences": sweep_sentences,
-    "example-32k": example_block, "tensor-cores": tensor_core_block, "tensor-cores-sentence": tensor_core_sentence,
-    "tensor-core-tiles": tiles_block, "tensor-core-groups": groups_block, "backward": backward_block,
+    "versions": table("kernel_versions_h200"), "vector": vector_block, "sweep": sweep_block, "sweep-sentences": sweep_sentences,
+    "example-32k": table("example_32k_h200"), "tensor-cores": table("tensor_cores_h200"), "tensor-cores-sentence": tensor_core_sentence,
+    "tensor-core-tiles": table("tensor_core_tiles_h200"), "tensor-core-groups": groups_block, "backward": table("backward_h200"),
     "backward-longest": backward_longest,
-    "backward-tensor-cores": backward_tensor_cores_block, "backward-tensor-cores-sentence": backward_tensor_cores_sentence,
-    "backward-tensor-core-tiles": backward_tiles_block, "decode": decode_block, "decode-bar": decode_bar, "ptxas": ptxas_block,
-    "deterministic": deterministic_sentence, "training-step": training_step_block,
-    "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": decode_call_block,
+    "backward-tensor-cores": table("backward_tensor_cores_h200"), "backward-tensor-cores-sentence": backward_tensor_cores_sentence,
+    "backward-tensor-core-tiles": table("backward_tensor_core_tiles_h200"),
+    "hopper": table("hopper_h200"), "head-dims": table("head_dims_h200"), "decode": table("decode_h200"), "decode-bar": decode_bar, "ptxas": ptxas_block,
+    "deterministic": deterministic_sentence, "training-step": table("training_step_h200"),
+    "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": table("decode_whole_call_h200"),
     "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,
     "gpu-tests": gpu_tests, "memory-fit": memory_fit, "traffic": traffic, "cpu-memory": cpu_memory, "training-memory": training_memory,
     "kv-cache": kv_cache, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,

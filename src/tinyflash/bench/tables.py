@@ -144,18 +144,44 @@ def tensor_core_table(rows: list[dict]) -> str:
 
 
 def hopper_table(rows: list[dict]) -> str:
-    """Stage 4 against its peers (``hopper``): v7's TFLOP/s and its speed over SDPA flash per configuration
-    (queued; the middle half of the rounds' ratios; one call alone), over SDPA cuDNN and v6 (queued), the peers'
-    TFLOP/s. The bar of issue 25: v7 / cuDNN at least 0.9×, v7 / flash at least 1.3×."""
-    lines = ["| dtype | d | causal | B × N | v7 TFLOP/s | v7 / flash | its rounds' middle half | one call alone: v7 / "
-             "flash | v7 / cuDNN | v7 / v6 | v6 | SDPA flash | SDPA cuDNN |", "|---" * 13 + "|"]
+    """Stage 4's steps against their peers (``hopper``): each kernel's speed over SDPA flash (queued), v6 to the last
+    wgmma version; for the one ``hopper_attention`` runs (``forward.hopper.VERSION``), its TFLOP/s, one call alone
+    over flash's, and its speed over SDPA cuDNN by time; the peers' TFLOP/s."""
+    from ..forward.hopper import VERSION
+
+    steps = sorted({r["variant"] for r in rows if r["impl"] == "tinyflash"}, key=lambda v: int(v[1:]))
+    lines = ["| dtype | d | causal | B × N | " + " | ".join(f"{v} / flash" for v in steps) + f" | {VERSION} TFLOP/s | "
+             f"one call alone: {VERSION} / flash | {VERSION} / cuDNN | SDPA flash | SDPA cuDNN |",
+             "|---" * (len(steps) + 9) + "|"]
     for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
         def get(impl, variant=""):
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
 
-        v7, v6, cudnn = get("tinyflash", "v7"), get("tinyflash", "v6"), get("torch_cudnn")
-        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v7)} | {against_baseline(v7)} | "
-                     f"{speed(v7, cudnn)} | {speed(v7, v6)} | {cell(v6)} | {cell(get('torch_flash'))} | {cell(cudnn)} |")
+        runs, cudnn = get("tinyflash", VERSION), get("torch_cudnn")
+        ladder = " | ".join(cell(get("tinyflash", v), "vs_baseline", "{:.2f}×") for v in steps)
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {ladder} | {cell(runs)} | "
+                     f"{cell(runs, 'latency_vs_baseline', '{:.2f}×')} | {speed(runs, cudnn)} | {cell(get('torch_flash'))} | "
+                     f"{cell(cudnn)} |")
+    return "\n".join(lines)
+
+
+def head_dim_table(rows: list[dict]) -> str:
+    """Stage 3 at head dims beside 64 and 128 (``head-dims``): v6 as a user calls it, its TFLOP/s and speed over SDPA
+    flash (queued; one call alone), and the fastest of its candidate tilings there."""
+    lines = ["| dtype | d | causal | B × N | v6 TFLOP/s | v6 / flash | one call alone: v6 / flash | fastest tiling tried "
+             "| its speed / flash | SDPA flash |", "|---" * 10 + "|"]
+    for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
+        def get(impl, variant=""):
+            return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
+
+        v6 = get("tinyflash", "v6")
+        tried = [r for r in rows if r["impl"] == "tinyflash" and r["variant"].startswith("v6 ") and r["status"] == "ok"
+                 and (r["dtype"], r["d"], r["causal"], r["batch"], r["n_q"]) == (dtype, d, causal, b, n)]
+        best = max(tried, key=lambda r: float(r["vs_baseline"]), default=None)
+        name = best["variant"].removeprefix("v6 ").split(" group=")[0] if best else DASH
+        lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v6)} | {cell(v6, 'vs_baseline', '{:.2f}×')} | "
+                     f"{cell(v6, 'latency_vs_baseline', '{:.2f}×')} | {name} | {cell(best, 'vs_baseline', '{:.2f}×')} | "
+                     f"{cell(get('torch_flash'))} |")
     return "\n".join(lines)
 
 
@@ -418,7 +444,8 @@ TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": examp
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
           "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table,
           "training-step": training_step_table, "decode-whole-call": decode_call_table, "hopper": hopper_table,
-          "hopper-tiles": hopper_tiles_table}
+          "hopper-tiles": hopper_tiles_table, "head-dims": head_dim_table,
+          "backward-tensor-core-tiles": backward_tile_table}
 
 
 def summary(rows: list[dict]) -> str:
