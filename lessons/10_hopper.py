@@ -60,7 +60,9 @@ CONFIGS = sorted({key[2:] for key in TFLOPS}, key=lambda c: (int(c[0]), c[1]))  
 mma_sync, wgmma_128 = 16 * 8 * 16, wgmma.WGMMA_M * 128 * wgmma.WGMMA_K  # multiply-adds: m16n8k16, m64n128k16
 print(f"multiply-adds per instruction: mma.sync m16n8k16 {mma_sync}, wgmma m64n128k16 {wgmma_128:,} "
       f"({wgmma_128 // mma_sync}x, issued by {wgmma.WARPGROUP // 32} warps together)")
-# cuDNN's attention on Hopper uses wgmma and TMA; stage 3 does not. On the H200 (committed record):
+# That is why FlashAttention-3 is faster than FlashAttention-2 on Hopper: FlashAttention-2's kernels
+# (PyTorch's SDPA flash in the tables below) multiply with mma.sync, as stage 3 does, and copy with
+# every thread. cuDNN's attention on Hopper uses wgmma and TMA. On the H200 (committed record):
 gap = [TFLOPS["tinyflash", "v6", *c] / TFLOPS["torch_cudnn", "", *c] for c in CONFIGS]
 print(f"v6 (stage 3) reaches {100 * min(gap):.0f}% to {100 * max(gap):.0f}% of cuDNN's TFLOP/s "
       f"(float16, N = {int(RECORD[0]['n_q']):,}, d = 64 and 128, causal and not)")
@@ -93,9 +95,9 @@ rows_of = {tid: (16 * (tid // 32) + tid % 32 // 4, 16 * (tid // 32) + tid % 32 /
 owners = np.zeros(wgmma.WGMMA_M, int)  # (64,) how many threads hold a piece of each row
 for pair in rows_of.values():
     owners[list(pair)] += 1
-print(f"\nwarpgroup: {wgmma.WARPGROUP} threads own {wgmma.WGMMA_M} rows, each row spread over {set(owners)} "
+print(f"\nwarpgroup: {wgmma.WARPGROUP} threads own {wgmma.WGMMA_M} rows, each row spread over {owners.min()} "
       f"threads; thread 0 rows {rows_of[0]}, thread 37 rows {rows_of[37]}, thread 127 rows {rows_of[127]}")
-assert set(owners) == {4}
+assert owners.min() == owners.max() == 4
 show("tinyflash/warpgroup_tile.py: S_ij as one batch (fence, d / 16 multiplies, commit, wait)",
      excerpt(warpgroup_tile, "def scores", "fence_s(s)"))
 # mma_s issues; nothing is computed yet. commit_group closes the batch, wait_all (wait_group 0)
@@ -140,19 +142,20 @@ print("  start of k-step kk (bytes from the tile):",
 
 # %% [6] Code: TMA and the mbarrier: one thread, one request per 64 columns, bytes counted
 show("kernels/v9_warp_specialized.py: K_j and V_j requested by one thread",
-     excerpt(v9_warp_specialized.make_kernel, "def load_kv", "bar)"))
+     excerpt(v9_warp_specialized.make_kernel, "def load_kv", "    bar)"))  # to the V copy's last line
 stage_bytes = 2 * cfg.BC * cfg.D * 2  # K_j and V_j, 16-bit
+v7_threads = hopper.TILINGS["v7"](cfg.D).NT  # v7 on a GPU: every thread of the block copies
 print(f"a stage's 'full' barrier expects {stage_bytes:,} bytes (K_j and V_j, {cfg.BC} keys × d = {cfg.D}); "
-      f"v7 had each of its {cfg.BR} copying threads issue {stage_bytes // 16 // cfg.BR} cp.async of 16 bytes")
+      f"in v7 each of {v7_threads} threads issues {stage_bytes // 16 // v7_threads} cp.async of 16 bytes for it")
 # A barrier completes a phase when its arrivals and its bytes are all in; its parity bit then flips.
 # Stage s serves tiles s, s + S, s + 2S, ...: the consumers wait for parity (j // S) % 2 on "full",
 # the producer for ((j // S) + 1) % 2 on "empty" (on a fresh barrier parity 1 counts as done, so
 # the first S tiles are requested at once).
 S = cfg.STAGES
-print(f"  tile j:                      " + " ".join(f"{j:2d}" for j in range(6)))
+print("  tile j:                      " + " ".join(f"{j:2d}" for j in range(6)))
 print(f"  stage j % {S}:                 " + " ".join(f"{j % S:2d}" for j in range(6)))
-print(f"  consumers wait 'full' parity " + " ".join(f"{(j // S) % 2:2d}" for j in range(6)))
-print(f"  producer waits 'empty' parity" + " ".join(f"{(j // S + 1) % 2:2d}" for j in range(6)))
+print("  consumers wait 'full' parity " + " ".join(f"{(j // S) % 2:2d}" for j in range(6)))
+print("  producer waits 'empty' parity" + " ".join(f"{(j // S + 1) % 2:2d}" for j in range(6)))
 
 # %% [7] Code: warp specialisation: who does what, and the registers moved to who needs them
 show("kernels/v9_warp_specialized.py: one kernel, two roles",
@@ -203,11 +206,14 @@ for name, ratios in steps.items():
     print(f"  {name}: {min(ratios):.2f}x to {max(ratios):.2f}x")
 wgmma_gain = {dd: TFLOPS["tinyflash", "v7", dd, "False"] / TFLOPS["tinyflash", "v6", dd, "False"]
               for dd in ("64", "128")}
-assert wgmma_gain["128"] > wgmma_gain["64"]  # wgmma alone pays more the more columns each multiply has
-# Reading the ladder: wgmma alone (v7) helps at d = 128, less or not at all at d = 64, where every
-# thread still spends its time copying tiles and waiting at the block's barrier. TMA (v8) is the
-# largest step: the threads stop computing addresses and issuing copies. Warp specialisation (v9)
-# adds least here, because its consumers still wait for each of their multiplies at once.
+assert wgmma_gain["128"] > wgmma_gain["64"]  # wgmma alone pays more at d = 128 than at d = 64
+mean = {name: float(np.exp(np.log(r).mean())) for name, r in steps.items()}  # geometric means of the steps
+assert mean["v7 -> v8"] == max(mean.values()) and mean["v8 -> v9"] == min(mean.values())
+# Reading the ladder: wgmma alone (v7) pays at d = 128, much less at d = 64, where every thread still
+# spends its time copying tiles and waiting at the block's barrier at every tile. TMA (v8) is the
+# largest step on average: the threads stop computing addresses and issuing copies. Warp
+# specialisation (v9) adds least, because its consumers still wait for each of their multiplies
+# before doing anything else: the copies were already out of their way.
 print(f"hopper_attention runs {hopper.VERSION}; measured here: dtype "
       f"{sorted({r['dtype'] for r in RECORD})}, N {sorted({int(r['n_q']) for r in RECORD})}")
 
