@@ -65,14 +65,15 @@ def test_split_kernel_mqa_and_row_chunks(rng):
 @pytest.mark.simulator
 @pytest.mark.parametrize("paged, row_bytes", [(False, 16), (True, 16), (True, 32)])
 def test_the_ring_wraps_on_the_simulator(rng, paged, row_bytes):
-    """One key per slot and tile (tiles of 8 keys at d = 32, float16, 16 bytes per thread and row;
+    """The CUDA-core split kernel (d = 32 in float16 goes to the tensor cores unless asked), one key per slot and
+    tile (tiles of 8 keys at d = 32, float16, 16 bytes per thread and row;
     16 keys with 32 bytes, two copies each): 7 or 4 tiles per split, more than the ring's STAGES,
     so stages are reused; causal with 2 queries, a ragged last tile, and (paged) pages of 4 tokens
     read through the block table."""
     q, k, v = decode_inputs(rng, 1, 2, 1, 2, 50, 32, np.float16)
     tiles = -(-50 // (kernels.SIMULATOR_THREADS // kernels.lanes(32, 2, row_bytes)[2]))
     assert tiles > kernels.STAGES
-    tuning = {"num_splits": 1, "causal": True, "unroll": 1, "row_bytes": row_bytes}
+    tuning = {"num_splits": 1, "causal": True, "kernel": "cuda_cores", "unroll": 1, "row_bytes": row_bytes}
     if paged:
         run, o, lse, prob = prepare_paged(q, to_paged(k, v, [50], page_size=4, rng=rng), **tuning)
     else:
