@@ -9,8 +9,10 @@ What changed since v1 (the CUDA-core backward):
   dS never leave the registers for dK and dV (the forward's trick, ``tinyflash.warp_tile``, read sideways).
   lse_i and D_i are per query: per column of the lane's fragments, read from shared memory.
 * dQ_i wants dS by query rows: each warp writes its dSᵀ to shared memory, and after a barrier takes 16 query
-  rows of dQ_i, reading dS by ``ldmatrix.trans`` and K_j by ``ldmatrix.trans``, and adds its partial dQ_i to
-  the float32 accumulator in HBM with atomics (one per element, as v1).
+  rows of dQ_i (with more warps than dQ_i's row tiles, a share of its columns too), reading dS by
+  ``ldmatrix.trans`` and K_j by ``ldmatrix.trans``, and adds its partial dQ_i to the float32 accumulator in HBM
+  with atomics: two neighbouring columns per request where the GPU has them (``red.global.add.v2.f32``), else
+  one per element, as v1.
 * The grid runs over K/V heads; a block walks the query tiles of every query head of its group, so dK_j and
   dV_j sum over grouped-query heads in registers, K and V read once.
 * Q_i, dO_i (cp.async), lse_i and D_i come in two stages: the next query tile is in flight while one is
