@@ -12,17 +12,14 @@ rule for o against naive attention in the same precision, lse within F32_TOL.
 import numpy as np
 import pytest
 from conftest import make_qkv
+from test_tensor_core import bf16_attention, bf16_inputs, check_bf16
 
 import tinyflash as tf
-from tinyflash.core.checks import check_attention_inputs
-from tinyflash.core.online_softmax import LOG2E
-from tinyflash.core.tolerance import F32_TOL, RuleCheck, assert_close, assert_fa_rule
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.forward import hopper
 from tinyflash.forward.kernels import VERSIONS
 from tinyflash.forward.kernels.hopper_tiling import HopperTiling
 from tinyflash.forward.kernels.tma_tiling import TmaTiling
-from tinyflash.gpu.launch import LaunchArgs
-from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 from tinyflash.gpu.runtime import simulator_enabled
 
 pytestmark = pytest.mark.simulator
@@ -132,28 +129,9 @@ def test_three_stages_many_tiles(rng, version):
 @pytest.mark.parametrize("causal", [False, True])
 def test_bfloat16(rng, causal, version):
     """bfloat16: FlashAttention's rule against naive attention on the same bfloat16 inputs, rounded to bfloat16."""
-    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), 21, 30, d=64))  # exact in bf16
-    prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
-                                  causal=causal, scale=None, allowed=(np.dtype(np.float16),))
-    bits = [to_bits(x, "bfloat16").reshape(-1) for x in (q, k, v)]  # (Nq·d,), (Nk·d,), (Nk·d,) uint16
-    o, lse = np.zeros(prob.n_q * prob.d, np.uint16), np.zeros(prob.n_q, np.float32)  # (Nq·d,), (Nq,)
-    args = LaunchArgs(arrays={"Q": (bits[0], q.size), "K": (bits[1], k.size), "V": (bits[2], v.size), "O": (o, o.size),
-                              "LSE": (lse, lse.size)},
-                      scalars={"n_q": prob.n_q, "n_k": prob.n_k, "scale_log2": np.float32(prob.scale * LOG2E),
-                               "causal": causal, "kv_group": 1}, n_heads=1)
-    VERSIONS[version].launch(args, prob, element="bfloat16")
-    o = from_bits(o, "bfloat16").reshape(prob.n_q, prob.d)
-    ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
-    naive = from_bits(to_bits(tf.naive_attention(q, k, v, causal=causal)[0], "bfloat16"), "bfloat16")
-
-    def bf16(x):
-        return from_bits(to_bits(x, "bfloat16"), "bfloat16").astype(np.float64)
-
-    r = bf16(ref_o)
-    atol = 2.0 * float(np.abs(bf16(bf16(r + 0.3) - 0.3) - r).max())  # flash-attn's fwd_atol, in bfloat16
-    rule = RuleCheck(float(np.abs(o - ref_o).max()), float(np.abs(naive - ref_o).max()), atol, 2.0)
-    assert rule.ok, str(rule)
-    assert_close(lse, ref_lse, F32_TOL, "bf16 lse", is_lse=True)
+    q, k, v = bf16_inputs(rng, 21, 30, 64)  # exact in bfloat16
+    o, lse = bf16_attention(q, k, v, causal, version=version)
+    check_bf16(o, lse, q, k, v, causal)
 
 
 def test_bad_inputs_name_the_argument(rng):

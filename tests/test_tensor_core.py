@@ -145,8 +145,9 @@ def test_head_dim_128_and_a_scale(rng):
     assert_close(lse, ref_lse, F32_TOL, "d=128 lse", is_lse=True)
 
 
-def bf16_attention(q, k, v, causal, config=None):
-    """v6 on the bfloat16 patterns of q, k, v (float32 arrays): (o as float32, lse); config: its tiling."""
+def bf16_attention(q, k, v, causal, config=None, version="v6"):
+    """Kernel ``version`` (v6 unless named) on the bfloat16 patterns of q, k, v (float32 arrays): (o as float32,
+    lse); config: its tiling."""
     prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
                                   causal=causal, scale=None, allowed=(np.dtype(np.float16),))
     bits = [to_bits(x, "bfloat16").reshape(-1) for x in (q, k, v)]  # (Nq·d,), (Nk·d,), (Nk·d,) uint16
@@ -155,7 +156,7 @@ def bf16_attention(q, k, v, causal, config=None):
                               "LSE": (lse, lse.size)},
                       scalars={"n_q": prob.n_q, "n_k": prob.n_k, "scale_log2": np.float32(prob.scale * LOG2E),
                                "causal": causal, "kv_group": 1}, n_heads=1)
-    VERSIONS["v6"].launch(args, prob, element="bfloat16", config=config)
+    VERSIONS[version].launch(args, prob, element="bfloat16", config=config)
     return from_bits(o, "bfloat16").reshape(prob.n_q, prob.d), lse
 
 
