@@ -75,7 +75,9 @@ def headlines() -> str:
         f"{span(alone)}.",
         f"* **Stage 4** (Hopper's wgmma, TMA and warp specialisation, {HOPPER_VERSION}): "
         f"{span([float(r['vs_baseline']) for r in v9])} the speed of FlashAttention-2 and {span(cudnn)} that of "
-        f"SDPA's cuDNN backend, float16 at N = 16,384 ({len(v9)} configurations, calls queued).",
+        f"SDPA's cuDNN backend, {' and '.join(sorted({r['dtype'] for r in v9}))} at N = "
+        f"{' and '.join(f'{n:,}' for n in sorted({int(r['n_q']) for r in v9}))} ({len(v9)} configurations, calls "
+        f"queued).",
         f"* **Training** (the backward pass): on the tensor cores {span(tc_bw)} the speed of FlashAttention-2's "
         f"backward (SDPA flash) in float16 and bfloat16, calls queued; a whole training step through "
         f"`tinyflash.torch` (forward and backward) {span(step)}; on the CUDA cores {span(bw_eff)} of SDPA's "
