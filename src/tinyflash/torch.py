@@ -13,7 +13,8 @@ kernels go to PyTorch's current stream, the outputs come from its allocator.
 
 The forward saves (q, k, v, o, lse) — O(N) beyond the inputs, not the N × N matrix P — and the backward
 recomputes P from them. float16 and bfloat16 with d = dv go to the tensor cores
-(:func:`tinyflash.tensor_core_attention`, d a multiple of 8 up to 256, and
+(:func:`tinyflash.tensor_core_attention`, d a multiple of 8 up to 256 — on a Hopper GPU, compute
+capability 9.0, :func:`tinyflash.hopper_attention` at d = 64 and 128, the faster forward — and
 :func:`tinyflash.tensor_core_attention_backward`, d = 64 or 128), and may have fewer K/V heads than query
 heads (grouped-query attention: k.grad and v.grad sum over each group); float16 and bfloat16 at other head
 dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
@@ -38,8 +39,12 @@ except ImportError as exc:  # say what is missing and what still works, not a ba
 from .backward.cuda import cuda_attention_backward
 from .backward.tensor_cores import tensor_core_attention_backward
 from .forward.cuda import cuda_attention
+from .forward.hopper import hopper_attention
+from .forward.kernels.hopper_tiling import COMPUTE_CAPABILITY as HOPPER
 from .forward.kernels.tensor_core_tiling import HEAD_DIMS
 from .forward.tensor_cores import tensor_core_attention
+from .gpu.runtime import compute_capability
+from .warpgroup_tile import HEAD_DIMS as HOPPER_HEAD_DIMS
 from .warp_tile import BACKWARD_HEAD_DIMS, head_dims_text
 
 Tensor = torch.Tensor
@@ -50,6 +55,12 @@ def on_tensor_cores(q, k, v, head_dims: tuple = HEAD_DIMS) -> bool:
     forward's, HEAD_DIMS; the backward's, BACKWARD_HEAD_DIMS)."""
     return (q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
             and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] in head_dims)
+
+
+def on_hopper(q, k, v) -> bool:
+    """Whether stage 4 (:func:`tinyflash.hopper_attention`, wgmma and TMA) takes the forward: tensor-core inputs
+    at d = dv in its head dims, on a GPU of compute capability 9.0 (the current device, where the kernels run)."""
+    return on_tensor_cores(q, k, v, HOPPER_HEAD_DIMS) and compute_capability() == HOPPER
 
 
 def _refuse_capture_off_tensor_cores(q, head_dims: tuple) -> None:
@@ -86,7 +97,9 @@ def _refuse_backward_off_tensor_cores(q, k) -> None:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
                       deterministic: bool) -> tuple[Tensor, Tensor]:
     """(o, lse) of the numba forward: the tensor cores where they take the inputs, else the CUDA cores
-    (``deterministic`` is the backward's: the forward is deterministic anyway)."""
+    (``deterministic`` is the backward's: the forward is deterministic anyway); on Hopper, stage 4's."""
+    if on_hopper(q, k, v):
+        return hopper_attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
     if on_tensor_cores(q, k, v):
         return tensor_core_attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
     _refuse_capture_off_tensor_cores(q, HEAD_DIMS)
