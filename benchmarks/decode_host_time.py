@@ -8,17 +8,18 @@ the shape: checks, sizing, kernels packed), then ``--calls`` calls in a row are 
 µs per call of the fastest of the five printed:
 
     no-op launch   the whole call with both kernels' cuLaunchKernel replaced by a function that does nothing
-                   (``gpu.driver_launch.HostOnlyKernel``): the Python path alone, from the entry to the driver
+                   (``gpu.driver_launch.HostOnlyKernel``): the Python path alone, from the entry to the driver,
+                   in CPU time of this thread (so that other processes on a busy host do not count)
     call           on a GPU: the real call, the GPU synchronised only at the end of the loop; where the GPU
                    finishes a call's kernels sooner than the host makes the next call, this is the host time
                    with the two launches in it
     SDPA flash     on a GPU: PyTorch's scaled_dot_product_attention (flash backend set outside the loop, K/V
-                   heads grouped), timed the same way: the yardstick (its host path is ~40 µs on the H200)
+                   heads grouped), timed the same way: the yardstick
 
 Then the steps of one planned call, each timed alone. Without a GPU (or with ``--host-only``) only the no-op
 rows are measured, on CPU tensors: the planned path is taken as for CUDA tensors (device 0, stream 0), the
-compute-capability check is skipped and the plan's block table and lengths are not made; a CPU tensor's allocation is cheaper than one from PyTorch's CUDA
-caching allocator, so the figures are a lower bound of the GPU host's. Needs PyTorch.
+compute-capability check is skipped and the plan's block table and lengths are not made. A CPU tensor's
+allocation may cost a little less than one from PyTorch's CUDA caching allocator. Needs PyTorch.
 """
 
 import argparse
@@ -76,24 +77,26 @@ def inputs(batch: int, n_k: int, dtype, device: str):
     return make(batch, HEADS, 1, D), make(batch, KV_HEADS, n_k, D), make(batch, KV_HEADS, n_k, D)
 
 
-def us_per_call(fn, calls: int, sync, runs: int = RUNS) -> float:
-    """Wall-clock µs per call over ``calls`` calls in a row (after 20 more), synchronised at the end: the least
-    of ``runs`` runs (the one least disturbed by other processes on the host)."""
+def us_per_call(fn, calls: int, sync, runs: int = RUNS, clock=time.perf_counter) -> float:
+    """µs per call over ``calls`` calls in a row (after 20 more), synchronised at the end, by ``clock`` (wall time;
+    or ``time.thread_time``, this thread's CPU time, which other processes on a busy host do not disturb): the
+    least of ``runs`` runs."""
     for _ in range(20):
         fn()
     sync()
     best = float("inf")
     for _ in range(runs):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             fn()
         sync()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return 1e6 * best / calls
 
 
 def steps(q, k, v) -> dict:
-    """µs of each step of a planned call on (q, k, v), each timed alone (the fastest of 5 runs of 2,000)."""
+    """µs of each step of a planned call on (q, k, v), each timed alone (this thread's CPU time, the fastest of 5 runs
+    of 2,000)."""
     from tinyflash.decode import cuda as decode_cuda
     from tinyflash.gpu.arrays import array_library, library
 
@@ -114,7 +117,7 @@ def steps(q, k, v) -> dict:
              "plan(q, k, v)": lambda: plan(q, k, v),
              "the whole call": lambda: decode_cuda.cuda_split_kv_attention(q, k, v)}
     del o
-    return {name: 1e6 * min(timeit.repeat(fn, number=2000, repeat=5)) / 2000
+    return {name: 1e6 * min(timeit.Timer(fn, timer=time.thread_time).repeat(number=2000, repeat=5)) / 2000
             for name, fn in table.items()}
 
 
@@ -136,7 +139,7 @@ def main(argv=None) -> None:
     env = environment(torch.cuda.get_device_name() if on_gpu else "no GPU (CPU tensors, no-op launches)")
     print(f"decode host time: {env['device']}, torch "
           f"{torch.__version__}, commit {env['commit'] or '-'}, {env['date']}; H={HEADS} H_kv={KV_HEADS} d={D} Nq=1; "
-          f"µs per call over {args.calls} calls in a row, the fastest of {RUNS} runs")
+          f"µs per call over {args.calls} calls in a row (no-op launch: CPU time), the fastest of {RUNS} runs")
     print(f"  {'dtype':<9} {'B':>2} {'Nk':>7}  {'no-op launch':>12}" + (f"  {'call':>8}  {'SDPA flash':>10}" if on_gpu
                                                                        else ""))
     for dtype in (torch.float16, torch.bfloat16):
@@ -144,7 +147,7 @@ def main(argv=None) -> None:
             q, k, v = inputs(batch, n_k, dtype, device)
             call = lambda: cuda_split_kv_attention(q, k, v)  # noqa: E731
             with no_op_launches(on_cpu=not on_gpu):
-                host = us_per_call(call, args.calls, sync)
+                host = us_per_call(call, args.calls, sync, clock=time.thread_time)
             line = f"  {str(dtype).removeprefix('torch.'):<9} {batch:>2} {n_k:>7}  {host:12.1f}"
             if on_gpu:
                 import torch.nn.functional as F
@@ -160,7 +163,8 @@ def main(argv=None) -> None:
             del q, k, v
 
     q, k, v = inputs(1, 4096, torch.float16, device)
-    print("  the steps of a planned call at B=1, Nk=4,096, float16, no-op launches (µs, fastest of 5 runs of 2,000):")
+    print("  the steps of a planned call at B=1, Nk=4,096, float16, no-op launches (µs of CPU time, fastest of 5 runs "
+          "of 2,000):")
     with no_op_launches(on_cpu=not on_gpu):
         for name, us in steps(q, k, v).items():
             print(f"    {name:<32} {us:6.2f}")
