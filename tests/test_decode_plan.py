@@ -50,7 +50,7 @@ def fake_library() -> arrays.ArrayLibrary:
     return arrays.ArrayLibrary(key, lambda like, shape, dtype: FakeArray(
         (shape,) if isinstance(shape, int) else shape, like.dtype if dtype is None else dtype, like.device),
         lambda x: x.address, stream, lambda: Fake.current, lambda x: x.contiguous,
-        {"float16": F16, "bfloat16": None, "float32": F32})
+        {"float16": F16, "float32": F32})
 
 
 @pytest.fixture

@@ -208,7 +208,6 @@ class DecodePlan:
                  o_part_elements: int, lse_part_elements: int, gather: bool, keep: tuple):
         self.prob, self.lib, self.device, self.split, self.combine = prob, lib, device, split, combine
         self.out_shape, self.lse_shape = prob.out_shape, prob.lse_shape
-        self.out_dtype = lib.dtypes["bfloat16" if prob.dtype == BFLOAT16 else prob.dtype.name]
         self.float32 = lib.dtypes["float32"]
         self.lse_part_at = 4 * (-(-o_part_elements // 4))  # the lse partials start 16 bytes aligned
         self.workspace = self.lse_part_at + lse_part_elements  # float32 elements
@@ -233,7 +232,7 @@ class DecodePlan:
         if (q_at | k_at | v_at) & 15:  # a view that starts off a 16-byte boundary (cp.async needs one): a copy
             q, k, v = dense(q), dense(k), dense(v)
             q_at, k_at, v_at = address(q), address(k), address(v)
-        o = lib.empty(q, self.out_shape, self.out_dtype)  # (..., H, Nq, d): packed rows of each K/V head
+        o = lib.empty(q, self.out_shape, None)  # (..., H, Nq, d) in q's dtype: packed rows of each K/V head
         lse = lib.empty(q, self.lse_shape, self.float32)  # (..., H, Nq)
         work = lib.empty(q, self.workspace, self.float32)  # (B·H_kv·S·rows·d,) O partials, (B·H_kv·S·rows,) lse
         o_part_at = address(work)

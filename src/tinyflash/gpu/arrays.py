@@ -216,12 +216,12 @@ class ArrayLibrary:
     * ``key(q, k, v)``: what a plan depends on: the shapes, dtypes, whether each is C-contiguous (all a plan reads
       of the strides: a strided input is copied at each call) and the devices (an int: the GPU's ordinal, -1 for
       host memory);
-    * ``empty(like, shape, dtype)``: an array on ``like``'s device, of a ``dtypes`` value;
+    * ``empty(like, shape, dtype)``: an array on ``like``'s device, of a ``dtypes`` value (None: ``like``'s dtype);
     * ``address(x)``: the device address of ``x``'s first element;
     * ``stream(device)``: the library's current stream on that GPU, a CUstream handle as an int;
     * ``device()``: the library's current GPU;
     * ``contiguous(x)``: whether ``x`` is C-contiguous (its shape and strides say);
-    * ``dtypes``: 'float16', 'bfloat16', 'float32' -> the library's dtype.
+    * ``dtypes``: 'float16', 'float32' -> the library's dtype.
     """
 
     key: Callable
@@ -244,9 +244,11 @@ def _torch_library() -> ArrayLibrary:
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     stream = raw_stream or (lambda device: torch.cuda.current_stream(device).cuda_stream)
     device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    return ArrayLibrary(key, lambda like, shape, dtype: like.new_empty(shape, dtype=dtype), torch.Tensor.data_ptr,
-                        stream, device, torch.Tensor.is_contiguous,
-                        {n: getattr(torch, n) for n in ("float16", "bfloat16", "float32")})
+    def empty(like, shape, dtype):  # like.new_empty: on like's device, no device argument parsed
+        return like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
+
+    return ArrayLibrary(key, empty, torch.Tensor.data_ptr, stream, device, torch.Tensor.is_contiguous,
+                        {"float16": torch.float16, "float32": torch.float32})
 
 
 def _cupy_library() -> ArrayLibrary:
@@ -256,11 +258,10 @@ def _cupy_library() -> ArrayLibrary:
         return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.flags.c_contiguous, k.flags.c_contiguous,
                 v.flags.c_contiguous, q.device.id, k.device.id, v.device.id)
 
-    dtypes = {n: np.dtype(n) for n in ("float16", "float32")}
-    dtypes[BFLOAT16] = None  # a bfloat16 output (ml_dtypes) takes like.dtype: see empty below
     return ArrayLibrary(key, lambda like, shape, dtype: cupy.empty(shape, dtype=like.dtype if dtype is None else dtype),
                         lambda x: x.data.ptr, lambda device: cupy.cuda.get_current_stream().ptr,
-                        cupy.cuda.runtime.getDevice, lambda x: x.flags.c_contiguous, dtypes)
+                        cupy.cuda.runtime.getDevice, lambda x: x.flags.c_contiguous,
+                        {n: np.dtype(n) for n in ("float16", "float32")})
 
 
 _ARRAY_LIBRARIES: dict = {"torch": _torch_library, "cupy": _cupy_library}  # name -> ArrayLibrary, made on first use
