@@ -194,12 +194,12 @@ class DecodePlan:
     but for the addresses of q, k, v, the outputs and the partials.
 
     A call (:meth:`__call__`) allocates three arrays in the inputs' library, on its current stream: o, lse, and
-    one workspace that holds the splits' O partials and then their lse partials. It writes the five or seven
-    addresses that change into the packed parameters and launches the split kernel and then the combine kernel
-    on that stream. It does not synchronise. The workspace is freed when the call returns. PyTorch's caching
-    allocator and CuPy's memory pool hand freed memory only to later work on the same stream, and both kernels
-    are queued on that stream before the free, so the next user of that memory runs after the combine kernel
-    has read it. A workspace kept between calls (one per plan and stream) would save one allocation (2-4 µs),
+    one workspace that holds the splits' O partials and then their lse partials. It writes the seven addresses
+    that change (q, k, v, o, lse, and the two parts of the workspace) into the packed parameters and launches the
+    split kernel and then the combine kernel on that stream. It does not synchronise. The workspace is freed
+    when the call returns. PyTorch's caching allocator and CuPy's memory pool hand freed memory only to later
+    work on the same stream, and both kernels are queued on that stream before the free, so the next user of
+    that memory runs after the combine kernel has read it. A workspace kept between calls (one per plan and stream) would save one allocation (2-4 µs),
     but it would hold up to tens of MB per plan for as long as the plan lives, and a CUDA graph captured with
     it would hold its address after the plan is forgotten.
     """
@@ -258,8 +258,8 @@ MAX_PLANS = 1024  # then forgotten and made again: a program of ever new shapes 
 def plan_key(name: str, lib: ArrayLibrary, q, k, v, num_splits, causal, scale):
     """What a :class:`DecodePlan` depends on, as a dict key: the library (``name``, ``lib``), ``num_splits``,
     ``causal``, ``scale``, and q's, k's and v's shapes, dtypes, contiguity and devices (``lib.key``). None where a
-    key would let a wrong value through: only a ``bool`` causal, a ``float`` or None scale and an ``int`` or None num_splits give one
-    (True == 1 as a key, but ``causal=1`` and ``num_splits=True`` must still be refused)."""
+    key would let a wrong value through: only a ``bool`` causal, a ``float`` or None scale and an ``int`` or None
+    num_splits give one (True == 1 as a key, but ``causal=1`` and ``num_splits=True`` must still be refused)."""
     if type(causal) is not bool or (scale is not None and type(scale) is not float) or (
             num_splits is not None and type(num_splits) is not int):
         return None
