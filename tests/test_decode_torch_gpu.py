@@ -1,4 +1,4 @@
-"""Decoding as a PyTorch model calls it (``pytest -m gpu``): bfloat16, the whole-call path (checked and sized
+"""Decoding as a PyTorch model calls it (``pytest -m gpu``): bfloat16, the whole-call path (checked and planned
 once per shape), a decode step captured in a CUDA graph, and the kernels on PyTorch's current stream."""
 
 import numpy as np
@@ -90,17 +90,31 @@ def test_bfloat16_at_the_cuda_cores_head_dims(rng, d, n_q, causal):
     assert torch.equal(o_p, o) and torch.allclose(lse_p, lse, rtol=0, atol=1e-5)
 
 
-def test_the_whole_call_is_sized_once_per_shape(rng):
-    """The second call of a shape reuses its SizedDecode; both calls give the prepared run's o, bit for bit."""
+def test_the_whole_call_is_planned_once_per_shape(rng):
+    """The second call of a shape reuses its DecodePlan; both calls give the prepared run's o, bit for bit."""
     q, k, v = decode_tensors(int(rng.integers(2**31)), 8, 32, 8, 1, 32_768, 128, torch.float16)
     first = tf.cuda_split_kv_attention(q, k, v)
-    count = len(decode_cuda._SIZED)
+    count = len(decode_cuda._PLANS)
     second = tf.cuda_split_kv_attention(q, k, v)
-    assert len(decode_cuda._SIZED) == count and torch.equal(first[0], second[0])
+    assert len(decode_cuda._PLANS) == count and torch.equal(first[0], second[0])
     run, o, lse, prob = decode_cuda.prepare_split_kv(q, k, v)
     run()
     torch.cuda.synchronize()
     assert torch.equal(first[0], o.reshape(prob.out_shape)) and torch.equal(first[1], lse.reshape(prob.lse_shape))
+
+
+def test_strided_and_misaligned_inputs_give_the_same_o(rng):
+    """k, v as a transposed view (B, Nk, H_kv, d) -> (B, H_kv, Nk, d) and q starting 2 bytes into its memory: the
+    planned path copies them (at each call) and gives the contiguous inputs' o and lse, bit for bit."""
+    q, k, v = decode_tensors(int(rng.integers(2**31)), 2, 32, 8, 1, 3_001, 128, torch.bfloat16)
+    expected = tf.cuda_split_kv_attention(q, k, v)
+    k_t, v_t = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))  # (B, H_kv, Nk, d), strided
+    q_off = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)  # 2 bytes off 16
+    q_off.copy_(q)
+    assert not k_t.is_contiguous() and q_off.data_ptr() % 16 == 2
+    for _ in range(2):  # planning, then planned
+        got = tf.cuda_split_kv_attention(q_off, k_t, v_t)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 def test_a_decode_step_captured_in_a_cuda_graph(rng):

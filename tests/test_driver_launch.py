@@ -89,6 +89,29 @@ def test_array_values_from_its_bytes():
         dl.slot_codes(types.Array(types.float32, 2, "C"))
 
 
+def test_packed_launch_writes_only_the_addresses():
+    """A PackedLaunch of the combine kernel, packed with the outputs' sizes only (Bytes), then given their
+    addresses: the very bytes DriverKernel packs from the arrays themselves, launched as often as called."""
+    from tinyflash.decode.kernels import combine
+
+    kernel = dl.HostOnlyKernel(combine.make_combine_kernel("float16"), combine.combine_signature("float16"))
+    shapes = {"O_PART": (3, 5, 64), "LSE_PART": (3, 5), "O": (5, 64), "LSE": (5,)}
+    arrays = {name: _DeviceArrayStandIn(shape, address=(i + 1) << 20) for i, (name, shape) in enumerate(shapes.items())}
+    for name, x in arrays.items():  # float32 partials and lse: 4 bytes an element, as the signature reads them
+        if name != "O":
+            x.__cuda_array_interface__["typestr"] = "<f4"
+    scalars = {"n_splits": 3, "rows": 5, "d": 64}
+    sizes = {name: dl.Bytes(dl.address_and_bytes(x)[1]) for name, x in arrays.items()}
+    launch = dl.PackedLaunch(kernel, (2, 1), 128, 0, {**sizes, **scalars}, moving=tuple(shapes))
+    for at, x in zip(launch.where, arrays.values()):
+        launch.slots[at] = dl.address_and_bytes(x)[0]
+    expected = struct.pack(kernel.format, *dl.param_values(kernel.argument_types, (*arrays.values(), 3, 5, 64)))
+    assert bytes(launch.params.buffer) == expected
+    launches = dl.HostOnlyKernel.launches
+    launch.launch(stream=7)
+    assert dl.HostOnlyKernel.launches == launches + 1
+
+
 @pytest.mark.gpu
 def test_driver_launch_equals_numbas():
     """The same kernel through numba and through the driver (now, and bound with its arguments

@@ -279,11 +279,12 @@ def test_call_key(rng):
     None scale (causal=1 hashes like True, but must still be refused by the checks)."""
     from tinyflash.forward.tensor_cores import call_key
 
-    fake = type("ndarray", (), {"__module__": "cupy._core.core", "shape": (2, 9, 64), "dtype": np.dtype(np.float16)})
+    fake = type("ndarray", (), {"__module__": "cupy._core.core", "shape": (2, 9, 64), "dtype": np.dtype(np.float16),
+                                "device": type("Device", (), {"id": 1})()})
     q = fake()
     assert call_key(q, q, q, True, None) == ("cupy", (2, 9, 64), (2, 9, 64), (2, 9, 64), *(np.dtype(np.float16),) * 3,
-                                             True, None)
-    assert call_key(q, q, q, False, 0.125)[-2:] == (False, 0.125)
+                                             True, None, (1, 1, 1))  # and the GPU of each
+    assert call_key(q, q, q, False, 0.125)[-3:-1] == (False, 0.125)
     for causal, scale in ((1, None), (np.bool_(True), None), (True, 1), (True, np.float32(0.125))):
         assert call_key(q, q, q, causal, scale) is None
     host = rng.standard_normal((2, 9, 64)).astype(np.float16)

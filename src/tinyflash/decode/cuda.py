@@ -5,31 +5,33 @@ one) do what every host wrapper here does, in this order: check the inputs, allo
 (and the splits' partials), size the grid, launch the split kernel and then the combine kernel.
 
 A decode step is short (tens of µs at short contexts), so the host's part counts. For PyTorch and CuPy
-inputs on a GPU, :func:`cuda_split_kv_attention` does the checks and the sizing once for each
-combination of shapes, dtypes, ``num_splits``, ``causal`` and ``scale`` (a :class:`SizedDecode`, kept);
-a call then allocates its outputs and launches two kernels through the driver, on the stream of the
-inputs' library, so that a decode step can be captured in a CUDA graph. :func:`prepare_split_kv` and
-:func:`prepare_paged` go further for a decode loop: their ``run()`` launches on buffers fixed once.
+inputs on a GPU, :func:`cuda_split_kv_attention` does the checks, the sizing and the packing of both kernels'
+parameters once per :func:`plan_key` (shapes, dtypes, contiguity and GPU of q, k and v; ``num_splits``,
+``causal``, ``scale``): a :class:`DecodePlan`, kept. A call then looks its plan up with one tuple, allocates
+three arrays (o, lse and one workspace for the splits' partials), writes their addresses and the inputs'
+into the packed parameters and launches two kernels through the driver, on the stream of the inputs'
+library, without synchronising, so that a decode step can be captured in a CUDA graph
+(``benchmarks/decode_host_time.py`` times that path). :func:`prepare_split_kv` and :func:`prepare_paged` go
+further for a decode loop: their ``run()`` launches on buffers fixed once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
 from types import SimpleNamespace
 
 import numpy as np
 
 from ..core.checks import BFLOAT16, as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
-from ..forward.tensor_cores import call_key
-from ..gpu.arrays import bfloat16_bits, current_stream, dense, empty, is_device_array, numba_flat, result, to_device
+from ..gpu.arrays import (ArrayLibrary, array_library, bfloat16_bits, dense, empty, is_device_array, library,
+                          numba_flat, result, to_device)
 from ..gpu.launch import MAX_GRID_Y, by_name
 from ..gpu.ptx_emulation import fast_barriers
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
 from ..warp_tile import MIN_COMPUTE_CAPABILITY
-from ..gpu.driver_launch import GridLaunch, driver_kernel
-from ..gpu.launch import parameters
+from ..gpu.driver_launch import Bytes, PackedLaunch, driver_kernel
 from ..hardware import current
 from . import kernels
 from .kernels import combine as combine_kernel
@@ -185,65 +187,128 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     return run, o, lse, prob
 
 
-@dataclass(frozen=True)
-class SizedDecode:
-    """A contiguous-cache decode call sized once for PyTorch or CuPy inputs of one shape on a GPU: the split and
-    combine kernels' launches (grids, threads, shared memory and scalars fixed), the sizes of the outputs and the
-    partials, and the block table and lengths the split kernel reads (device arrays, made once). A call allocates
-    o, lse and the partials in the inputs' library and launches the two kernels on its current stream."""
+class DecodePlan:
+    """A contiguous-cache decode call planned once, for PyTorch or CuPy inputs on a GPU, per :func:`plan_key`:
+    every check passed, the split kernel chosen, the grids sized, the block table and lengths the split kernel
+    reads made (device arrays on the inputs' GPU), and both kernels' parameters packed (:class:`PackedLaunch`)
+    but for the addresses of q, k, v, the outputs and the partials.
 
-    prob: object
-    split: GridLaunch
-    combine: GridLaunch
-    sizes: tuple  # elements of o, lse, the splits' O partials, their lse partials
-    table: object
-    lens: object
+    A call (:meth:`__call__`) allocates three arrays in the inputs' library, on its current stream: o, lse, and
+    one workspace that holds the splits' O partials and then their lse partials. It writes the seven addresses
+    that change (q, k, v, o, lse, and the two parts of the workspace) into the packed parameters and launches the
+    split kernel and then the combine kernel on that stream. It does not synchronise. The workspace is freed
+    when the call returns. PyTorch's caching allocator and CuPy's memory pool hand freed memory only to later
+    work on the same stream, and both kernels are queued on that stream before the free, so the next user of
+    that memory runs after the combine kernel has read it. A workspace kept between calls (one per plan and stream) would save one allocation (2-4 µs),
+    but it would hold up to tens of MB per plan for as long as the plan lives, and a CUDA graph captured with
+    it would hold its address after the plan is forgotten.
+    """
+
+    def __init__(self, prob, lib: ArrayLibrary, device: int, split: PackedLaunch, combine: PackedLaunch,
+                 o_part_elements: int, lse_part_elements: int, gather: bool, keep: tuple):
+        self.prob, self.lib, self.device, self.split, self.combine = prob, lib, device, split, combine
+        self.out_shape, self.lse_shape = prob.out_shape, prob.lse_shape
+        self.float32 = lib.dtypes["float32"]
+        self.lse_part_at = 4 * (-(-o_part_elements // 4))  # the lse partials start 16 bytes aligned
+        self.workspace = self.lse_part_at + lse_part_elements  # float32 elements
+        self.gather = gather  # an input is not C-contiguous (the key says which): copied at each call
+        self.keep = keep  # the block table and lengths that the split kernel's packed parameters point to
+        self.lock = threading.Lock()  # the packed parameters are shared: one call writes and launches at a time
 
     def __call__(self, q, k, v):
-        n_o, n_lse, n_o_part, n_lse_part = self.sizes
-        o, lse = empty(q, n_o, self.prob.dtype), empty(q, n_lse, np.float32)
-        o_part, lse_part = empty(q, n_o_part, np.float32), empty(q, n_lse_part, np.float32)
-        stream = current_stream(q)
-        self.split(dense(q), dense(k), dense(v), self.table, self.lens, o_part, lse_part, stream=stream)
-        self.combine(o_part, lse_part, o, lse, stream=stream)
-        return o.reshape(self.prob.out_shape), lse.reshape(self.prob.lse_shape)
+        lib = self.lib
+        if lib.device() != self.device:  # the inputs' GPU is not the current one: allocate and launch there
+            from numba import cuda
+
+            with cuda.gpus[self.device]:
+                return self._call(q, k, v, lib)
+        return self._call(q, k, v, lib)
+
+    def _call(self, q, k, v, lib):
+        address = lib.address
+        if self.gather:
+            q, k, v = dense(q), dense(k), dense(v)
+        q_at, k_at, v_at = address(q), address(k), address(v)
+        if (q_at | k_at | v_at) & 15:  # a view that starts off a 16-byte boundary (cp.async needs one): a copy
+            q, k, v = dense(q), dense(k), dense(v)
+            q_at, k_at, v_at = address(q), address(k), address(v)
+        o = lib.empty(q, self.out_shape, None)  # (..., H, Nq, d) in q's dtype: packed rows of each K/V head
+        lse = lib.empty(q, self.lse_shape, self.float32)  # (..., H, Nq)
+        work = lib.empty(q, self.workspace, self.float32)  # (B·H_kv·S·rows·d,) O partials, (B·H_kv·S·rows,) lse
+        o_part_at = address(work)
+        lse_part_at = o_part_at + 4 * self.lse_part_at
+        stream = lib.stream(self.device)
+        split, combine = self.split, self.combine
+        with self.lock:
+            slots, (at_q, at_k, at_v, at_o_part, at_lse_part) = split.slots, split.where
+            slots[at_q], slots[at_k], slots[at_v], slots[at_o_part], slots[at_lse_part] = (
+                q_at, k_at, v_at, o_part_at, lse_part_at)
+            slots, (at_o_part, at_lse_part, at_o, at_lse) = combine.slots, combine.where
+            slots[at_o_part], slots[at_lse_part], slots[at_o], slots[at_lse] = (
+                o_part_at, lse_part_at, address(o), address(lse))
+            split.launch(stream)
+            combine.launch(stream)
+        return o, lse
 
 
-_SIZED: dict = {}  # key -> SizedDecode
-MAX_SIZED = 1024  # then forgotten and made again: a program of ever new shapes holds no more
+_PLANS: dict = {}  # plan_key(...) -> DecodePlan
+MAX_PLANS = 1024  # then forgotten and made again: a program of ever new shapes holds no more
 
 
-def sized_decode(q, k, v, num_splits, causal, scale) -> SizedDecode | None:
-    """The :class:`SizedDecode` of these inputs, made on first use and kept; None where the whole-call path does
-    not apply (NumPy or numba arrays, the simulator, an empty problem), and the general path runs."""
-    key = call_key(q, k, v, causal, scale)
-    if key is None or simulator_enabled() or (num_splits is not None and type(num_splits) is not int):
+def plan_key(name: str, lib: ArrayLibrary, q, k, v, num_splits, causal, scale):
+    """What a :class:`DecodePlan` depends on, as a dict key: the library (``name``, ``lib``), ``num_splits``,
+    ``causal``, ``scale``, and q's, k's and v's shapes, dtypes, contiguity and devices (``lib.key``). None where a
+    key would let a wrong value through: only a ``bool`` causal, a ``float`` or None scale and an ``int`` or None
+    num_splits give one (True == 1 as a key, but ``causal=1`` and ``num_splits=True`` must still be refused)."""
+    if type(causal) is not bool or (scale is not None and type(scale) is not float) or (
+            num_splits is not None and type(num_splits) is not int):
         return None
-    key += (num_splits,)
-    sized = _SIZED.get(key)
-    if sized is None:
-        prob = checked_problem(q, k, v, causal=causal, scale=scale)
-        batch, h_kv = _lead(prob)
-        if batch * h_kv * prob.n_q * prob.d == 0:
-            return None
-        split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, page_size=0, num_splits=num_splits)
-        split, smem = split_kernel.build(p["rb"])
-        scalars = _split_scalars(prob, prob.n_k, h_kv, 1)
-        split_launch = GridLaunch.sized(driver_kernel(split, split_kernel.signature, smem), p["grid"],
-                                        split_kernel.threads, smem,
-                                        **{n: scalars[n] for n in parameters(split) if n in scalars})
-        combine = combine_kernel.make_combine_kernel(str(prob.dtype))
-        combine_launch = GridLaunch.sized(driver_kernel(combine, combine_kernel.combine_signature(prob.dtype)),
-                                          _combine_grid(p, prob.d, batch, h_kv),
-                                          combine_kernel.THREADS, 0, **_combine_scalars(p, prob.d))
-        rows = batch * h_kv * p["rows"]
-        sizes = (rows * prob.d, rows, rows * p["num_splits"] * prob.d, rows * p["num_splits"])
-        table, lens = to_device(np.zeros(1, np.int32), q), to_device(np.full(batch, prob.n_k, np.int32), q)
-        sized = SizedDecode(prob, split_launch, combine_launch, sizes, table, lens)
-        if len(_SIZED) >= MAX_SIZED:
-            _SIZED.clear()
-        _SIZED[key] = sized
-    return sized
+    return name, num_splits, causal, scale, lib.key(q, k, v)
+
+
+def make_plan(lib: ArrayLibrary, key, q, k, v, num_splits, causal, scale) -> DecodePlan | None:
+    """Check the inputs and plan their call (:class:`DecodePlan`); None where the planned path does not apply (the
+    simulator, host tensors, an empty problem) and the general path runs, with its own checks and errors."""
+    devices = key[-1][-3:]
+    if simulator_enabled() or min(devices) < 0:
+        return None
+    if len(set(devices)) > 1:
+        raise ValueError(f"q, k and v must be on one GPU; got q on GPU {devices[0]}, k on GPU {devices[1]}, "
+                         f"v on GPU {devices[2]}")
+    prob = checked_problem(q, k, v, causal=causal, scale=scale)
+    batch, h_kv = _lead(prob)
+    if batch * h_kv * prob.n_q * prob.d == 0:
+        return None
+    device = devices[0]
+    if lib.device() != device:  # load the kernels into the inputs' GPU's context, size for its SMs
+        from numba import cuda
+
+        with cuda.gpus[device]:
+            return _plan(lib, prob, q, k, v, batch, h_kv, device, num_splits)
+    return _plan(lib, prob, q, k, v, batch, h_kv, device, num_splits)
+
+
+def _plan(lib, prob, q, k, v, batch, h_kv, device, num_splits) -> DecodePlan:
+    """:func:`make_plan`'s work on the inputs' GPU: choose and size the split kernel, pack both kernels."""
+    split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=prob.n_k, page_size=0, num_splits=num_splits)
+    split, smem = split_kernel.build(p["rb"])
+    rows = batch * h_kv * p["rows"]  # packed rows of every K/V head
+    o_part, lse_part = rows * p["num_splits"] * prob.d, rows * p["num_splits"]  # float32 elements
+    element = 4 if prob.dtype == np.float32 else 2  # bytes
+    table, lens = to_device(np.zeros(1, np.int32), q), to_device(np.full(batch, prob.n_k, np.int32), q)
+    arrays = {"Q": Bytes(element * math.prod(q.shape)), "K": Bytes(element * math.prod(k.shape)),
+              "V": Bytes(element * math.prod(v.shape)), "TABLE": table, "LENS": lens,
+              "O_PART": Bytes(4 * o_part), "LSE_PART": Bytes(4 * lse_part), "O": Bytes(element * rows * prob.d),
+              "LSE": Bytes(4 * rows)}
+    split_launch = PackedLaunch(driver_kernel(split, split_kernel.signature, smem), p["grid"], split_kernel.threads,
+                                smem, {**arrays, **_split_scalars(prob, prob.n_k, h_kv, 1)},
+                                moving=("Q", "K", "V", "O_PART", "LSE_PART"))
+    combine = combine_kernel.make_combine_kernel(str(prob.dtype))
+    combine_launch = PackedLaunch(driver_kernel(combine, combine_kernel.combine_signature(prob.dtype)),
+                                  _combine_grid(p, prob.d, batch, h_kv), combine_kernel.THREADS, 0,
+                                  {**arrays, **_combine_scalars(p, prob.d)}, moving=("O_PART", "LSE_PART", "O", "LSE"))
+    gather = not all(lib.contiguous(x) for x in (q, k, v))
+    return DecodePlan(prob, lib, device, split_launch, combine_launch, o_part, lse_part, gather, (table, lens))
 
 
 def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: bool = False,
@@ -255,13 +320,24 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
     (float16, bfloat16) or 128 (float32). NumPy in, NumPy out; device arrays in, device arrays out.
     ``num_splits=None``: :func:`tinyflash.decode.split_kv.choose_num_splits` for this GPU. bfloat16 (PyTorch
     tensors; NumPy has no bfloat16) at every head dim: on the tensor cores at theirs (64, 128), on the CUDA
-    cores (float32 arithmetic) at the others. PyTorch and CuPy inputs on a GPU take the whole-call path
-    (:class:`SizedDecode`: checked and sized once per shape, launched on the library's current stream).
+    cores (float32 arithmetic) at the others. PyTorch and CuPy inputs on a GPU take the planned path
+    (:class:`DecodePlan`: checked and sized once per shape, dtype, contiguity and GPU, launched on the library's
+    current stream on the inputs' GPU).
     """
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
-    sized = sized_decode(q, k, v, num_splits, causal, scale)
-    if sized is not None:
-        return sized(q, k, v)
+    name = library(q)
+    lib = array_library(name) if library(k) == library(v) == name else None
+    key = lib and plan_key(name, lib, q, k, v, num_splits, causal, scale)
+    if key is not None:
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = make_plan(lib, key, q, k, v, num_splits, causal, scale)
+            if plan is not None:
+                if len(_PLANS) >= MAX_PLANS:
+                    _PLANS.clear()
+                _PLANS[key] = plan
+        if plan is not None:
+            return plan(q, k, v)
     run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, scale=scale)
     run()
     to_host = not is_device_array(q)

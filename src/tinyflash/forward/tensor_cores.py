@@ -106,8 +106,11 @@ MAX_PLANS = 1024  # then the plans are forgotten and made again: a program of ev
 
 def call_key(q, k, v, causal, scale):
     """What a :class:`CallPlan` depends on, as a dict key, for PyTorch CUDA tensors and CuPy arrays (the
-    driver's path); None for anything else, which is then checked at every call. Only a ``bool`` causal
-    and a ``float`` or None scale give a key: 1 == True as a key, but ``causal=1`` must still be refused."""
+    driver's path): the library, shapes, dtypes, ``causal``, ``scale`` and the inputs' GPUs; None for anything
+    else, which is then checked at every call. Only a ``bool`` causal and a ``float`` or None scale give a key:
+    1 == True as a key, but ``causal=1`` must still be refused. A plan's kernel is loaded into the context of the
+    GPU current when the plan is made: with several GPUs, call with the inputs' GPU current
+    (``torch.cuda.device(q.device)``)."""
     if type(causal) is not bool or (scale is not None and type(scale) is not float):
         return None
     lib = library(q)
@@ -115,7 +118,9 @@ def call_key(q, k, v, causal, scale):
         return None
     if lib == "torch" and not (q.is_cuda and k.is_cuda and v.is_cuda):  # CuPy arrays are always on the GPU
         return None
-    return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale)
+    devices = (q.get_device(), k.get_device(), v.get_device()) if lib == "torch" else (
+        q.device.id, k.device.id, v.device.id)  # a plan's kernel is loaded on one GPU
+    return (lib, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, causal, scale, devices)
 
 
 def plan_call(q, k, v, causal, scale, entry: Entry = TENSOR_CORES) -> CallPlan:
@@ -158,7 +163,7 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
 
     A call's host work is part of its time (at N = 4,096 a call takes well under a millisecond), so
     for PyTorch and CuPy inputs the checks and the sizing of the launch are done once for each
-    combination of shapes, dtypes, ``causal`` and ``scale``, and kept (:func:`call_key`); a call
+    combination of shapes, dtypes, GPUs, ``causal`` and ``scale``, and kept (:func:`call_key`); a call
     then only looks its plan up, allocates o and lse and launches.
     """
     return attention_call(q, k, v, causal, scale, TENSOR_CORES)

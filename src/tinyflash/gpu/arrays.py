@@ -15,10 +15,15 @@ PyTorch is never imported unless the caller passed a tensor. The ways in and out
 * :func:`to_device`: a host array copied to the GPU in the caller's library;
 * :func:`empty`, :func:`zeros`: an output, allocated in the caller's library; :func:`result`: an output in the caller's form;
 * :func:`bfloat16_bits`: a bfloat16 array seen as its 16-bit patterns, which numba can take;
-* :func:`current_stream`: the caller's library's stream, which the launches through the driver go to.
+* :func:`current_stream`: the caller's library's stream, which the launches through the driver go to;
+* :func:`array_library`: for PyTorch and CuPy, the few operations a planned call makes (:class:`ArrayLibrary`),
+  each one call into the library.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from numba import cuda
@@ -201,3 +206,70 @@ def host_copy(x) -> np.ndarray:
     if lib == "torch":
         return x.detach().cpu().numpy()
     return x.copy_to_host()
+
+
+@dataclass(frozen=True)
+class ArrayLibrary:
+    """What a call planned once per shape (``decode.cuda.DecodePlan``) asks of the inputs' library at every call,
+    each a direct call into the library (no dispatch on the library inside):
+
+    * ``key(q, k, v)``: what a plan depends on: the shapes, dtypes, whether each is C-contiguous (all a plan reads
+      of the strides: a strided input is copied at each call) and the devices (an int: the GPU's ordinal, -1 for
+      host memory);
+    * ``empty(like, shape, dtype)``: an array on ``like``'s device, of a ``dtypes`` value (None: ``like``'s dtype);
+    * ``address(x)``: the device address of ``x``'s first element;
+    * ``stream(device)``: the library's current stream on that GPU, a CUstream handle as an int;
+    * ``device()``: the library's current GPU;
+    * ``contiguous(x)``: whether ``x`` is C-contiguous (its shape and strides say);
+    * ``dtypes``: 'float16', 'float32' -> the library's dtype.
+    """
+
+    key: Callable
+    empty: Callable
+    address: Callable
+    stream: Callable
+    device: Callable
+    contiguous: Callable
+    dtypes: dict
+
+
+def _torch_library() -> ArrayLibrary:
+    import torch
+
+    def key(q, k, v):
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.is_contiguous(), k.is_contiguous(),
+                v.is_contiguous(), q.get_device(), k.get_device(), v.get_device())
+
+    # the raw stream handle, as PyTorch's compiler asks for it (torch.cuda.current_stream builds a Stream object)
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    stream = raw_stream or (lambda device: torch.cuda.current_stream(device).cuda_stream)
+    device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    def empty(like, shape, dtype):  # like.new_empty: on like's device, no device argument parsed
+        return like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
+
+    return ArrayLibrary(key, empty, torch.Tensor.data_ptr, stream, device, torch.Tensor.is_contiguous,
+                        {"float16": torch.float16, "float32": torch.float32})
+
+
+def _cupy_library() -> ArrayLibrary:
+    import cupy
+
+    def key(q, k, v):
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.flags.c_contiguous, k.flags.c_contiguous,
+                v.flags.c_contiguous, q.device.id, k.device.id, v.device.id)
+
+    return ArrayLibrary(key, lambda like, shape, dtype: cupy.empty(shape, dtype=like.dtype if dtype is None else dtype),
+                        lambda x: x.data.ptr, lambda device: cupy.cuda.get_current_stream().ptr,
+                        cupy.cuda.runtime.getDevice, lambda x: x.flags.c_contiguous,
+                        {n: np.dtype(n) for n in ("float16", "float32")})
+
+
+_ARRAY_LIBRARIES: dict = {"torch": _torch_library, "cupy": _cupy_library}  # name -> ArrayLibrary, made on first use
+
+
+def array_library(lib: str) -> ArrayLibrary | None:
+    """The :class:`ArrayLibrary` of 'torch' or 'cupy' (a name :func:`library` gives); None for any other."""
+    found = _ARRAY_LIBRARIES.get(lib)
+    if callable(found):
+        found = _ARRAY_LIBRARIES[lib] = found()
+    return found

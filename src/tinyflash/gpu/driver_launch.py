@@ -287,15 +287,103 @@ class GridLaunch:
         self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars, stream=stream)
 
 
+class PackedLaunch:
+    """A :class:`DriverKernel` with every parameter packed once but the addresses of its arrays named in
+    ``moving``: grid, threads, shared memory, scalars, and the size of every array (fixed by a problem's shape).
+    A call writes those addresses into their slots (``slots[where[i]] = address``) and launches
+    (:meth:`launch`); nothing else is packed again.
+
+    ``args`` maps each parameter to its value; an array in ``moving`` may be a :class:`Bytes` (its size
+    only). The slots are shared: a caller writes them and launches under one lock (the driver copies the
+    parameters before ``cuLaunchKernel`` returns, so the next call may write them again at once)."""
+
+    def __init__(self, kernel: DriverKernel, grid, threads: int, smem_bytes: int, args: dict, moving: tuple):
+        self.kernel = kernel
+        names = parameters(kernel.dispatcher)
+        self.params = PackedParams(kernel.format)
+        self.params.pack(param_values(kernel.argument_types, [args[n] for n in names], kernel._sizes))
+        self.slots = (ctypes.c_uint64 * (len(self.params.buffer) // SLOT)).from_buffer(self.params.buffer)
+        first, start = {}, 0  # each parameter's first slot: an array takes 7 (its address is the 5th), a scalar 1
+        for name, itemsize in zip(names, kernel._sizes):
+            first[name], start = start, start + (7 if itemsize else 1)
+        self.where = tuple(first[n] + 4 for n in moving)
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        self.head = (kernel.handle, gx, gy, gz, threads, 1, 1, smem_bytes)  # cuLaunchKernel's leading arguments
+        self.grid, self.threads, self.smem_bytes = tuple(grid), threads, smem_bytes
+
+    def launch(self, stream: int = 0):
+        """Launch with the slots as they are, on ``stream`` (a CUstream handle as an int; 0: the default
+        stream); a failed launch is a RuntimeError."""
+        driver = self.kernel._driver
+        (err,) = driver.cuLaunchKernel(*self.head, driver.CUstream(stream), self.params.address, 0)
+        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
+            from numba import cuda
+
+            cuda.current_context()
+            (err,) = driver.cuLaunchKernel(*self.head, driver.CUstream(stream), self.params.address, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            _, name = driver.cuGetErrorName(err)
+            raise RuntimeError(f"cuLaunchKernel failed: {name.decode() if name else err} (grid {self.grid}, block "
+                               f"{self.threads}, {self.smem_bytes} bytes of shared memory)")
+
+
+class Bytes:
+    """A stand-in for a device array of ``nbytes`` bytes that does not exist yet (address 0): what
+    :class:`PackedLaunch` packs for an array whose address every call writes."""
+
+    def __init__(self, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (int(nbytes),), "typestr": "|u1", "data": (0, False), "version": 3}
+
+
+class HostOnlyKernel(DriverKernel):
+    """A :class:`DriverKernel` that compiles nothing and whose launches do nothing (they are counted): the host's
+    part of a call, timed or tested without a GPU (``benchmarks/decode_host_time.py``, the plan tests)."""
+
+    launches = 0  # launches made by every host-only kernel
+
+    def __init__(self, dispatcher, signature: tuple, smem_bytes: int = 0):
+        self._driver = _NoDriver
+        self.dispatcher, self.signature = dispatcher, signature
+        self.argument_types = tuple(signature)
+        self._sizes = item_sizes(self.argument_types)
+        self.handle = 0
+        self.format = slot_format(self.argument_types)
+        self._params = PackedParams(self.format)
+        self._lock = threading.Lock()
+        self._stream0 = 0
+
+
+class _NoDriver:
+    """The few names of the driver's binding that a launch uses, launching nothing."""
+
+    class CUresult:
+        CUDA_SUCCESS, CUDA_ERROR_INVALID_CONTEXT = 0, 201
+
+    CUstream = int
+
+    @staticmethod
+    def cuLaunchKernel(*args):
+        HostOnlyKernel.launches += 1
+        return (0,)
+
+
 _CACHE: dict = {}
 
 
+def current_device() -> int:
+    """The id of numba's current device (the one whose context a kernel is loaded into and launched in)."""
+    from numba import cuda
+
+    return cuda.get_current_device().id
+
+
 def driver_kernel(dispatcher, signature: tuple, smem_bytes: int = 0) -> DriverKernel:
-    """The :class:`DriverKernel` of ``dispatcher`` for ``signature``, compiled on first use and kept.
+    """The :class:`DriverKernel` of ``dispatcher`` for ``signature`` on the current device, compiled on first use
+    and kept (one per device: a kernel is loaded into one device's context).
 
     Looked up by the signature's identity (a module constant, or a cached function's result), not
     its value: hashing a tuple of numba types costs tens of µs, at every call."""
-    key = (dispatcher, id(signature), smem_bytes)
+    key = (dispatcher, id(signature), smem_bytes, current_device())
     if key not in _CACHE:
         _CACHE[key] = DriverKernel(dispatcher, signature, smem_bytes)  # it holds the signature: the id stays unique
     return _CACHE[key]
