@@ -71,9 +71,10 @@ def backward_key(arrays, causal, scale, deterministic=False, kernel=VERSION):
 
 
 def check_kernel(kernel, deterministic) -> str:
-    """The main kernel's name (None: :data:`VERSION`), checked: a key of :data:`TILINGS`, and v3 not asked for
-    deterministic mode (it has none)."""
-    kernel = VERSION if kernel is None else kernel
+    """The main kernel's name, checked: a key of :data:`TILINGS`, and v3 not asked for deterministic mode (it has
+    none). None: :data:`VERSION`, or v2 where ``deterministic`` (v2 keeps the deterministic mode)."""
+    if kernel is None:
+        kernel = "v2" if deterministic is True else VERSION
     if kernel not in TILINGS:
         raise ValueError(f"kernel must be one of {', '.join(TILINGS)} (None: {VERSION}); got {kernel!r}")
     if kernel == "v3" and deterministic is True:
@@ -130,7 +131,7 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     dq is bitwise reproducible too (at a cost in time: docs/results.md).
 
     ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on) or 'v3' (Hopper's wgmma,
-    compute capability 9.0 only; no deterministic mode); None: :data:`VERSION`.
+    compute capability 9.0 only; no deterministic mode); None: :data:`VERSION` (v2 if ``deterministic``).
 
     For PyTorch and CuPy arrays on a GPU the checks and the sizing of the three launches are done once per
     combination of shapes, dtypes, ``causal``, ``scale`` and ``deterministic`` (as :func:`tinyflash.tensor_core_attention` does),

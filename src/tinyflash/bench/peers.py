@@ -201,18 +201,20 @@ def backward_stage2(config=None, label: str | None = None) -> Peer:
     return Peer("tinyflash", label or LATEST, make, ("float16", "float32"))
 
 
-def backward_stage3(deterministic: bool = False) -> Peer:
-    """tinyflash.tensor_core_attention_backward (backward kernel v2), given the tensor-core forward's o and lse;
-    ``deterministic``: dQ added in key-tile order (variant 'v2 deterministic')."""
+def backward_stage3(deterministic: bool = False, kernel: str = "v2") -> Peer:
+    """tinyflash.tensor_core_attention_backward with main kernel ``kernel`` (v2: mma.sync; v3: Hopper's wgmma),
+    given the tensor-core forward's o and lse; ``deterministic``: dQ added in key-tile order (v2 only, variant
+    'v2 deterministic')."""
     def make(x):
         from ..backward.tensor_cores import tensor_core_attention_backward
         from ..forward.tensor_cores import tensor_core_attention
 
         q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]
         o, lse = tensor_core_attention(q, k, v, causal=causal)
-        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic)
+        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic,
+                                                      kernel=kernel)
 
-    return Peer("tinyflash", "v2 deterministic" if deterministic else "v2", make, ("float16", "bfloat16"))
+    return Peer("tinyflash", f"{kernel} deterministic" if deterministic else kernel, make, ("float16", "bfloat16"))
 
 
 def backward_stage3_tiling(cfg, pair_atomics: bool) -> Peer:

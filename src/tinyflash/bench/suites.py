@@ -146,8 +146,10 @@ def backward_peers(point) -> list:
 
 
 def backward_tensor_core_peers(point) -> list:
-    """SDPA's flash backward (the baseline) and the tensor-core backward, atomic and deterministic."""
-    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3(), p.backward_stage3(deterministic=True)]
+    """SDPA's flash backward (the baseline) and the tensor-core backward: v2 atomic and deterministic, and v3
+    (Hopper's wgmma; on other GPUs its row says why it did not run)."""
+    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3(), p.backward_stage3(deterministic=True),
+            p.backward_stage3(kernel="v3")]
 
 
 def training_step_peers(point) -> list:
@@ -258,7 +260,7 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("backward", "the backward pass beside SDPA's backwards and naive attention", "backward",
               {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False, True), "n": (1024, 4096, 16384)},
               backward_peers, rounds=5, baseline=("torch_efficient", "")),
-    Benchmark("backward-tensor-cores", "the tensor-core backward beside SDPA's flash backward", "backward",
+    Benchmark("backward-tensor-cores", "the tensor-core backward (v2, v3) beside SDPA's flash backward", "backward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_peers, library="torch", by_n={4096: {"batch": 4}}),
     Benchmark("backward-tensor-core-tiles", "backward kernel v2's tilings and dQ atomics beside SDPA's flash backward",
