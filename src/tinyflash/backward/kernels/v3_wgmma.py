@@ -85,7 +85,7 @@ def make_kernel(cfg: BackwardHopperTiling, element: str):
     mma_s = wgmma.mma_async_ss(element, cfg.BR)  # Sᵀ, dPᵀ: K_j or V_j by Q_iᵀ or dO_iᵀ, K-major both
     mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
     mma_q = wgmma.mma_async_ss(element, cfg.DQ_N, trans_b=True, trans_a=True)  # dQ_i: dS from dSᵀ, K_j, MN-major
-    pack, wait_all = ptx.pack(element), wgmma.wait_group(0)
+    pack, wait_all, wait_one = ptx.pack(element), wgmma.wait_group(0), wgmma.wait_group(1)
     fence_s, fence_o, fence_q, fence_w = (wgmma.fence_operands(cfg.BR // 2), wgmma.fence_operands(cfg.D // 2),
                                           wgmma.fence_operands(cfg.DQ_N // 2), wgmma.fence_operands(4 * Q_STEPS))
     # descriptors' fixed bits: K-major (SBO 8 rows; LBO unused); MN-major with LBO from columns 0-63 to 64-127
@@ -120,32 +120,43 @@ def make_kernel(cfg: BackwardHopperTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def transposed_scores(s, dp, k_rows, v_rows, stage):
-        """Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ for the warpgroup's 64 keys (rows) and Br queries (columns): one
-        batch, waited for. The first k-step overwrites the accumulators (scale_d = 0)."""
+        """Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ for the warpgroup's 64 keys (rows) and Br queries (columns): two
+        batches; returns when Sᵀ's is done, dPᵀ's still in flight (:func:`wait_scores` waits for it). The first
+        k-step of each overwrites its accumulators (scale_d = 0)."""
         wgmma.fence()
         for kk in range(K_STEPS):
             mma_s(s, wgmma.descriptor(k_rows + k_step(kk, BC), K_MAJOR), wgmma.descriptor(stage + k_step(kk, BR), K_MAJOR),
                   uint32(kk != 0))
+        wgmma.commit_group()
+        wgmma.fence()
         for kk in range(K_STEPS):
             mma_s(dp, wgmma.descriptor(v_rows + k_step(kk, BC), K_MAJOR),
                   wgmma.descriptor(stage + uint32(DO_IN) + k_step(kk, BR), K_MAJOR), uint32(kk != 0))
         wgmma.commit_group()
-        wait_all()
-        fence_s(s)  # the softmax reads s and dp after the wait, not before
-        fence_s(dp)
+        wait_one()
+        fence_s(s)  # the softmax reads s after the wait, not before
 
     @cuda.jit(device=True, inline="always")
-    def probabilities(s, dp, smemf, stage_word, lane_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
-        """Pᵀ = exp2(scale · Sᵀ − lse) replaces Sᵀ (0 where masked) and dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ. The
-        lane holds keys lane_key and lane_key + 8 (rows) and queries 8n + 2t (+1) of the tile (columns)."""
+    def probabilities(s, smemf, lse_word, lane_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
+        """Pᵀ = exp2(scale · Sᵀ − lse) replaces Sᵀ, 0 where masked (while dPᵀ is multiplied). The lane holds keys
+        lane_key and lane_key + 8 (rows) and queries 8n + 2t (+1) of the tile (columns)."""
         for n in range(S_TILES):
             for e in range(4):
                 col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)  # the query, in the tile
-                p = math.exp2(s[n, e] * scale_log2 - smemf[stage_word + LSE_IN // FOUR + col])
+                p = math.exp2(s[n, e] * scale_log2 - smemf[lse_word + col])
                 if masked and lane_key + uint64((e // 2) * 8) >= key_stop(q_start + col + ONE, n_q, n_k, causal):
                     p = float32(0.0)
                 s[n, e] = p
-                dp[n, e] = p * (dp[n, e] - smemf[stage_word + D_IN // FOUR + col])
+
+    @cuda.jit(device=True, inline="always")
+    def score_gradients(dp, s, smemf, d_word, t):
+        """Once dPᵀ's batch is done: dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ (D per query, per column)."""
+        wait_all()
+        fence_s(dp)
+        for n in range(S_TILES):
+            for e in range(4):
+                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)
+                dp[n, e] = s[n, e] * (dp[n, e] - smemf[d_word + col])
 
     @cuda.jit(device=True, inline="always")
     def pack_a(words, acc):
@@ -268,12 +279,14 @@ def make_kernel(cfg: BackwardHopperTiling, element: str):
                 load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(nxt), base_word + nxt // FOUR,
                                 kv_head * heads + (step + ONE) // tiles, (q_first // BR + (step + ONE) % tiles) * BR,
                                 n_q, tid)
-            transposed_scores(s, dp, k_rows, v_rows, stage)
+            transposed_scores(s, dp, k_rows, v_rows, stage)  # Sᵀ waited for, dPᵀ in flight
             # a mask where some (key, query) of the tile is not allowed: the ragged last tiles, the diagonal
             masked = (k_start + BC > n_k or q_start + BR > n_q
                       or k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal))
-            probabilities(s, dp, smemf, base_word + stage_off // FOUR, k_start + tile_key, q_start, t, n_q, n_k,
-                          causal, masked, scale_log2)
+            stage_word = base_word + stage_off // FOUR
+            probabilities(s, smemf, stage_word + LSE_IN // FOUR, k_start + tile_key, q_start, t, n_q, n_k, causal,
+                          masked, scale_log2)
+            score_gradients(dp, s, smemf, stage_word + D_IN // FOUR, t)
             pack_a(p, s)
             pack_a(ds, dp)
             store_ds(smem, ds, base_word + DS_OFF // FOUR, tile_key, t)
