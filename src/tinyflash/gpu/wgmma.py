@@ -44,7 +44,8 @@ How a descriptor reads such a tile (the canonical layouts of CUTLASS's ``make_gm
   (8 rows of 128 bytes); LBO is not used. The k-th 16 columns of a 64-column tile start 32k bytes on.
 * MN-major (B = V_j for O += P V with ``trans_b``: a row of the tile is one k, a key, along n): element
   (k, n) at ``start + (k // 8)·SBO + (k % 8)·128 + (n // 64)·LBO + 2(n % 64)``, then swizzled. SBO = 1024,
-  LBO = the distance between the tile's two 64-column halves (R · 128 bytes), used when N > 64.
+  LBO = the distance between the tile's two 64-column halves (R · 128 bytes), used when N > 64. A may be
+  MN-major too (``trans_a``; the backward's dS read from the stored dSᵀ), the same with m for n.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ What changed since v2 (FlashAttention-2's design on ``mma.sync``):
   16 × 8 × 16 piece:
 
       Sᵀ  = K_j Q_iᵀ     d / 16 wgmma m64n64k16, both operands from shared memory (K-major)
-      dPᵀ = V_j dO_iᵀ    the same, in the same batch
+      dPᵀ = V_j dO_iᵀ    the same, a second batch, multiplied while the warpgroup computes Pᵀ
       dV_j += Pᵀ dO_i    Br / 16 wgmma m64n{d}k16: Pᵀ packed from Sᵀ's accumulators (A from registers, as P·V in
                          the forward), dO_i read transposed (MN-major, ``trans_b``)
       dK_j += dSᵀ Q_i    the same with dSᵀ and Q_i, in the same batch
