@@ -41,8 +41,8 @@ def test_lengths(rng, n_q, n_k, causal):
 
 
 def test_grouped_heads_are_summed_without_repeating_k_and_v(rng):
-    """Two query heads on one K/V head, two query tiles each: dk and dv are the sums over the group."""
-    inputs, grads = gradients(rng, (2,), (1,), 67, 30, 64, True)
+    """Two query heads on one K/V head, walked by one block: dk and dv are the sums over the group."""
+    inputs, grads = gradients(rng, (2,), (1,), 40, 30, 64, True)
     check(inputs, grads, True, "v3 GQA 2/1")
 
 
@@ -84,3 +84,11 @@ def test_registry_and_tilings():
         BackwardHopperTiling(D=64, WARPGROUPS=3).validate()
     with pytest.raises(ValueError, match="D must be one of"):
         BackwardHopperTiling(D=96, WARPGROUPS=1).validate()
+
+
+def test_no_queries(rng):
+    """Nq = 0: no gradient reaches k or v (dk = dv = 0, every key row written)."""
+    q, k, v = make_qkv(rng, (), 0, 5, 64, dtype=np.float16)
+    o, lse = tf.naive_attention(q, k, v)
+    dq, dk, dv = tf.tensor_core_attention_backward(q, k, v, o, lse, o, kernel="v3")
+    assert dq.shape == (0, 64) and dk.shape == (5, 64) and not dk.any() and not dv.any()
