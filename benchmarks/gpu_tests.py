@@ -35,7 +35,8 @@ GROUPS = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py tests/test_nonfin
           "tests/test_decode_kernels.py", "tests/test_decode_tensor_cores.py tests/test_gpu_runtime.py "
           "tests/test_commands.py tests/test_driver_launch.py",
           "tests/test_backward_tensor_cores_gpu.py tests/test_backward_tensor_cores.py", "tests/test_torch_gpu.py tests/test_decode_torch_gpu.py tests/test_kernel_cache.py",
-          "tests/test_hopper_gpu.py tests/test_hopper.py tests/test_wgmma_ptx.py"]
+          "tests/test_hopper_gpu.py tests/test_hopper.py tests/test_wgmma_ptx.py",
+          "tests/test_backward_wgmma_gpu.py tests/test_backward_wgmma.py"]
 
 
 def outcome(case: ET.Element) -> str:

@@ -26,7 +26,8 @@ The kernels, each at the settings a GPU run uses by default:
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
 * the decode combine kernel, float16 and float32 output;
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
-* backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16.
+* backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16;
+* backward v3 (``v3_wgmma``) at its default tilings, d = 64 and 128, float16 and bfloat16, for ``sm_90a``.
 
 With ``--sweep``, also v6 at each candidate tiling of ``tinyflash.bench.suites.V6_TILINGS`` (the H200 sweeps'),
 float16, one head at a time: the registers and spills of every tiling a sweep times.
@@ -225,6 +226,20 @@ def backward_tensor_core_jobs() -> list[Job]:
     return found
 
 
+def backward_hopper_jobs() -> list[Job]:
+    """Backward v3 (wgmma) at its default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
+    from tinyflash.backward.kernels import hopper_tiling, v3_wgmma as v3
+
+    found = []
+    for element in ("float16", "bfloat16"):
+        for d in hopper_tiling.HEAD_DIMS:
+            cfg = hopper_tiling.default_tiling(d)
+            variant = f"d={d} {element} warpgroups={cfg.WARPGROUPS} keys={cfg.BC} BR={cfg.BR}"
+            found.append(Job("backward v3", variant, lambda cfg=cfg, element=element:
+                             (v3.make_kernel(cfg, element), v3.SIGNATURE), arch="sm_90a"))
+    return found
+
+
 def hopper_jobs() -> list[Job]:
     """The wgmma kernels (v7 on) at their default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
     from tinyflash.forward import kernels
@@ -246,7 +261,7 @@ def hopper_jobs() -> list[Job]:
 
 def jobs(sweep: bool = False) -> list[Job]:
     return (v5_jobs() + v6_jobs() + hopper_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
-            + (v6_sweep_jobs() if sweep else []))
+            + backward_hopper_jobs() + (v6_sweep_jobs() if sweep else []))
 
 
 # --- compiling and counting -------------------------------------------------------------------------------

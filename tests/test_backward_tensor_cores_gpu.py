@@ -30,9 +30,15 @@ def inputs(seed, heads, kv_heads, n, d, dtype):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
 def test_against_the_float64_reference(rng, n, d, causal, dtype):
+    check_against_the_float64_reference(rng, n, d, causal, dtype, "v2")
+
+
+def check_against_the_float64_reference(rng, n, d, causal, dtype, kernel):
+    """Backward kernel ``kernel`` on 2 heads of n queries and keys: every gradient shaped and typed like its input
+    and within the rule (n = 1: dq, dk within the rounding of dS = dP - D = 0)."""
     q, k, v, do = inputs(int(rng.integers(2**31)), 2, 2, n, d, dtype)
     o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
-    grads = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal)
+    grads = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, kernel=kernel)
     assert all(g.shape == x.shape and g.dtype == x.dtype for g, x in zip(grads, (q, k, v)))
     if n == 1:  # softmax over one key: P = 1, dS = dP - D = 0 but for the float32 rounding of two sums of d terms
         ds = 2 * d * 2.0**-24 * float((do.float() * v.float()).abs().sum(-1).max())
@@ -46,10 +52,14 @@ def test_against_the_float64_reference(rng, n, d, causal, dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_grouped_query_heads(rng, dtype):
+    check_grouped_query_heads(rng, dtype, "v2")
+
+
+def check_grouped_query_heads(rng, dtype, kernel):
     """8 query heads on 2 K/V heads: dk and dv are the sums over each group, K and V never repeated."""
     q, k, v, do = inputs(int(rng.integers(2**31)), 8, 2, 1000, 128, dtype)
     o, lse = tf.tensor_core_attention(q, k, v, causal=True)
-    dq, dk, dv = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True)
+    dq, dk, dv = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, kernel=kernel)
     kr, vr = (x.repeat_interleave(4, dim=1) for x in (k, v))
     for h in (0, 1):  # the K/V head, and its 4 query heads
         heads = slice(4 * h, 4 * h + 4)
@@ -67,10 +77,15 @@ def test_grouped_query_heads(rng, dtype):
 
 
 def test_dk_dv_bitwise_reproducible_dq_within_rounding(rng):
+    check_reproducible(rng, "v2")
+
+
+def check_reproducible(rng, kernel):
+    """Two runs of backward kernel ``kernel``: dk and dv the same bit for bit, dq within one rounding."""
     q, k, v, do = inputs(int(rng.integers(2**31)), 4, 4, 2000, 64, "float16")
     o, lse = tf.tensor_core_attention(q, k, v, causal=True)
-    first = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True)
-    second = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True)
+    first = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, kernel=kernel)
+    second = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, kernel=kernel)
     assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
     diff = (first[0].float() - second[0].float()).abs().max()
     assert float(diff) <= 2 * float(first[0].float().abs().max()) * 2.0**-10  # one float16 rounding either way

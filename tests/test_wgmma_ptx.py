@@ -189,6 +189,56 @@ def test_mma_async_rs_trans_b(rng, element, d):
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max(), np.abs(got - expected).max()
 
 
+def ss_transposed_kernel(element, d, keys, n, c0):
+    """dSᵀ (keys × 64) and K (keys × d) rows into swizzled shared memory; D = dS K[:, c0 : c0 + n] by keys / 16
+    wgmma's reading both MN-major (trans_a, trans_b), K from column c0 on (64 bytes into its rows at c0 = 32,
+    its second half at c0 = 64): the backward's dQ_i = dS K_j, a warpgroup's share of the columns."""
+    mma, wait_all = wgmma.mma_async_ss(element, n, trans_b=True, trans_a=True), wgmma.wait_group(0)
+    copy_ds, copy_k = cp_async_swizzled_rows(32, 128, keys), cp_async_swizzled_rows(d // 2, 128, keys)
+    bits = wgmma.descriptor_bits(keys * 128, 1024)  # LBO: from columns 0-63 to 64-127; SBO: 8 keys
+    K_OFF, HALF = keys * 128, n // 2
+    K_COLUMNS = K_OFF + (c0 // 64) * keys * 128 + (c0 % 64) * 2
+
+    @cuda.jit
+    def kernel(DS, K, D):
+        smem = cuda.shared.array(0, uint32)
+        tid = uint64(cuda.threadIdx.x)
+        raw = ptx.shared_address(smem, uint64(0))
+        base = (raw + uint32(ALIGN - 1)) & ~uint32(ALIGN - 1)
+        copy_ds(DS, uint64(0), uint64(0), uint64(keys), base, tid, keys * 64 // 8 // 128)
+        copy_k(K, uint64(0), uint64(0), uint64(keys), base + uint32(K_OFF), tid, keys * d // 8 // 128)
+        ptx.cp_async_commit()
+        ptx.cp_async_wait_all()
+        wgmma.fence_proxy_async()
+        cuda.syncthreads()  # both tiles have landed, visible to the tensor cores
+        acc = cuda.local.array(HALF, float32)
+        wgmma.fence()
+        for s in range(keys // 16):
+            mma(acc, wgmma.descriptor(base + uint32(s * 16 * 128), bits),
+                wgmma.descriptor(base + uint32(K_COLUMNS + s * 16 * 128), bits), uint32(s > 0))
+        wgmma.commit_group()
+        wait_all()
+        for i in range(HALF):
+            D[tid, i] = acc[i]
+
+    return kernel
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("element", ELEMENTS)
+@pytest.mark.parametrize("d, n, c0", [(64, 32, 32), (128, 64, 64), (128, 128, 0)])
+def test_mma_async_ss_trans_a(rng, element, d, n, c0):
+    needs_hopper()
+    keys = 32
+    ds_t, k = rng.standard_normal((keys, 64)), rng.standard_normal((keys, d))  # dSᵀ (keys, 64), K (keys, d)
+    out = np.zeros((128, n // 2), np.float32)
+    ss_transposed_kernel(element, d, keys, n, c0)[1, 128, 0, keys * (64 + d) * 2 + ALIGN](
+        words(ds_t, element), words(k, element), out)
+    expected = rounded(ds_t, element).T @ rounded(k, element)[:, c0:c0 + n]  # (64, n)
+    got = lanes_to_matrix(out, n)
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max(), np.abs(got - expected).max()
+
+
 def async_kernel(fenced):
     """One wgmma into accumulators set to 7: their values read before the wait, and after it."""
     mma, wait_all = wgmma.mma_async_ss("float16", 8), wgmma.wait_group(0)

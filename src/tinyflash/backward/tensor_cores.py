@@ -1,10 +1,11 @@
-"""The backward pass on the tensor cores — the host wrapper of backward kernel v2.
+"""The backward pass on the tensor cores — the host wrapper of backward kernels v2 and v3.
 
 :func:`tensor_core_attention_backward` does what :func:`tinyflash.cuda_attention_backward` does (check,
 allocate, launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with
 float32 accumulation, d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads
 of a group, K and V never repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator
-set to zero (``kernels/rows.py``), the main kernel (``kernels/v2_tensor_cores.py``), dQ scaled and
+set to zero (``kernels/rows.py``), the main kernel (:data:`VERSION`, or the one a call names: v2,
+``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma), dQ scaled and
 rounded. The 16-bit arrays travel as uint32 words of two values, whatever their format: only the tensor
 cores and the conversions know which.
 """
@@ -24,10 +25,13 @@ from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
 from ..warp_tile import MIN_COMPUTE_CAPABILITY, MMA_M
 from .kernels import get as kernel_version
+from .kernels import hopper_tiling
 from .kernels.rows import ROWS_PER_BLOCK, word_rows
 from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
 NAMES = ("q", "k", "v", "o", "lse", "do")
+TILINGS = {"v2": default_tiling, "v3": hopper_tiling.default_tiling}  # each main kernel's tiling on a GPU, d -> tiling
+VERSION = "v2"  # the main kernel a call runs unless it names one (any key of TILINGS); v3 needs compute capability 9.0
 
 
 def _flat(x):
@@ -43,17 +47,18 @@ class BackwardPlan:
 
     prob: AttentionProblem
     element: str  # 'float16' or 'bfloat16'
-    launches: object | None  # v2's DriverLaunches: launches(q, k, v, o, lse, do, dq, dk, dv, D, dQ_acc, turns, stream=)
+    launches: object | None  # DriverLaunches: launches(q, k, v, o, lse, do, dq, dk, dv, D, dQ_acc, turns, stream=)
     turns: int = 0  # deterministic mode on the driver's path: dQ's counters, one per query tile and query head
+    kernel: str = VERSION  # the main kernel, a key of TILINGS
 
 
 _PLANS: dict = {}  # backward_key(...) -> BackwardPlan, for calls that take the driver's path
 MAX_PLANS = 1024
 
 
-def backward_key(arrays, causal, scale, deterministic=False):
+def backward_key(arrays, causal, scale, deterministic=False, kernel=VERSION):
     """What a :class:`BackwardPlan` depends on, as a dict key (None: check at every call): the forward's key of
-    q, k, v, and the shapes and dtypes of o, lse and do, all of q's library and on the GPU."""
+    q, k, v, and the shapes and dtypes of o, lse and do, all of q's library and on the GPU; the main kernel."""
     q, k, v, o, lse, do = arrays
     key = call_key(q, k, v, causal, scale)
     if key is None or type(deterministic) is not bool:
@@ -62,10 +67,23 @@ def backward_key(arrays, causal, scale, deterministic=False):
     for x in (o, lse, do):
         if library(x) != lib or (lib == "torch" and not x.is_cuda):
             return None
-    return key + (o.shape, o.dtype, lse.shape, lse.dtype, do.shape, do.dtype, deterministic)
+    return key + (o.shape, o.dtype, lse.shape, lse.dtype, do.shape, do.dtype, deterministic, kernel)
 
 
-def plan_backward(arrays, causal, scale, deterministic=False) -> BackwardPlan:
+def check_kernel(kernel, deterministic) -> str:
+    """The main kernel's name, checked: a key of :data:`TILINGS`, and v3 not asked for deterministic mode (it has
+    none). None: :data:`VERSION`, or v2 where ``deterministic`` (v2 keeps the deterministic mode)."""
+    if kernel is None:
+        kernel = "v2" if deterministic is True else VERSION
+    if kernel not in TILINGS:
+        raise ValueError(f"kernel must be one of {', '.join(TILINGS)} (None: {VERSION}); got {kernel!r}")
+    if kernel == "v3" and deterministic is True:
+        raise ValueError("deterministic=True needs kernel v2: backward kernel v3 (wgmma) adds dq by atomics in any "
+                         "order and has no deterministic mode")
+    return kernel
+
+
+def plan_backward(arrays, causal, scale, deterministic=False, kernel=VERSION) -> BackwardPlan:
     """Check the inputs (every rule of :func:`check_attention_inputs` and :func:`check_backward_inputs`, and the
     tensor cores' own) and, for device arrays on a GPU, size the three launches."""
     on_device = is_device_array(arrays[0])
@@ -88,18 +106,20 @@ def plan_backward(arrays, causal, scale, deterministic=False) -> BackwardPlan:
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
     require_compute_capability(MIN_COMPUTE_CAPABILITY, "tensor_core_attention_backward")
+    if kernel == "v3":
+        hopper_tiling.require_hopper("tensor_core_attention_backward(kernel='v3')")
     heads = math.prod(prob.lead)
     if (on_device and not simulator_enabled() and library(q) in ("torch", "cupy") and 0 < heads <= MAX_GRID_Y
             and prob.n_q > 0 and prob.n_k > 0):
-        cfg = default_tiling(prob.d)
-        launches = kernel_version("v2").driver_launches(prob.n_q, prob.n_k, heads, prob.kv_group, float(prob.scale), prob.causal,
-                                   element, cfg, deterministic)
-        return BackwardPlan(prob, element, launches, heads * -(-prob.n_q // cfg.BR) if deterministic else 0)
-    return BackwardPlan(prob, element, None)
+        cfg = TILINGS[kernel](prob.d)
+        launches = kernel_version(kernel).driver_launches(prob.n_q, prob.n_k, heads, prob.kv_group, float(prob.scale),
+                                                          prob.causal, element, cfg, deterministic)
+        return BackwardPlan(prob, element, launches, heads * -(-prob.n_q // cfg.BR) if deterministic else 0, kernel)
+    return BackwardPlan(prob, element, None, kernel=kernel)
 
 
 def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
-                                   deterministic: bool = False):
+                                   deterministic: bool = False, kernel: str | None = None):
     """The backward pass on the tensor cores: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and ``do`` = ∂L/∂o.
 
     The contract of :func:`tinyflash.cuda_attention_backward`, for float16 or bfloat16 q, k, v, o, do (all one
@@ -110,16 +130,20 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     to rounding, unless ``deterministic``: then the key tiles add to each query tile in turn, in one order, and
     dq is bitwise reproducible too (at a cost in time: docs/results.md).
 
+    ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on) or 'v3' (Hopper's wgmma,
+    compute capability 9.0 only; no deterministic mode); None: :data:`VERSION` (v2 if ``deterministic``).
+
     For PyTorch and CuPy arrays on a GPU the checks and the sizing of the three launches are done once per
     combination of shapes, dtypes, ``causal``, ``scale`` and ``deterministic`` (as :func:`tinyflash.tensor_core_attention` does),
     and the kernels go to the library's current stream: a call can be captured in a CUDA graph.
     """
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     arrays = (q, k, v, o, lse, do)
-    key = backward_key(arrays, causal, scale, deterministic)
+    kernel = check_kernel(kernel, deterministic)
+    key = backward_key(arrays, causal, scale, deterministic, kernel)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:  # 1. check the inputs and size the launches
-        plan = plan_backward(arrays, causal, scale, deterministic)
+        plan = plan_backward(arrays, causal, scale, deterministic, kernel)
         if key is not None and plan.launches is not None:
             if len(_PLANS) >= MAX_PLANS:
                 _PLANS.clear()
@@ -155,7 +179,7 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
     D = empty(like, heads * n_q, FLOAT32)  # (BH·Nq,) rowsum(dO ∘ O)
     dq_acc = empty(like, heads * n_q * d, FLOAT32)  # (BH·Nq·d,) dQ before its scale, added by atomics
     tiles = -(-n_q // MMA_M)  # per query head: as many counters as the smallest tiling has query tiles, or more
-    turns = zeros(like, heads * tiles if deterministic else 1, np.int32)  # deterministic mode's counters
+    turns = zeros(like, heads * tiles if deterministic else 1, np.int32)  # deterministic mode's counters (v2)
 
     # 3. three launches: D and the zeroed accumulator, the main kernel, dQ's scale
     row_dot_words, finish_dq_words = word_rows(element)
@@ -175,7 +199,7 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
                           scalars={"n_q": n_q, "n_k": n_k, "scale": np.float32(prob.scale),
                                    "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal},
                           n_heads=heads, kv_group=g)
-        kernel_version("v2").launch(main, prob, element=element, deterministic=deterministic)
+        kernel_version(plan.kernel).launch(main, prob, element=element, deterministic=deterministic)
     if heads > 0 and n_q > 0:
         launch(finish_dq_words, -(-(n_q * d // 2) // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0,
                LaunchArgs(arrays={"dQ_acc": (dQa, n_q * d), "dQ": (flat["dQ"].view(np.uint32), n_q * d // 2)},

@@ -201,36 +201,40 @@ def backward_stage2(config=None, label: str | None = None) -> Peer:
     return Peer("tinyflash", label or LATEST, make, ("float16", "float32"))
 
 
-def backward_stage3(deterministic: bool = False) -> Peer:
-    """tinyflash.tensor_core_attention_backward (backward kernel v2), given the tensor-core forward's o and lse;
-    ``deterministic``: dQ added in key-tile order (variant 'v2 deterministic')."""
+def backward_stage3(deterministic: bool = False, kernel: str = "v2") -> Peer:
+    """tinyflash.tensor_core_attention_backward with main kernel ``kernel`` (v2: mma.sync; v3: Hopper's wgmma),
+    given the tensor-core forward's o and lse; ``deterministic``: dQ added in key-tile order (v2 only, variant
+    'v2 deterministic')."""
     def make(x):
         from ..backward.tensor_cores import tensor_core_attention_backward
         from ..forward.tensor_cores import tensor_core_attention
 
         q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]
         o, lse = tensor_core_attention(q, k, v, causal=causal)
-        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic)
+        return lambda: tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic,
+                                                      kernel=kernel)
 
-    return Peer("tinyflash", "v2 deterministic" if deterministic else "v2", make, ("float16", "bfloat16"))
+    return Peer("tinyflash", f"{kernel} deterministic" if deterministic else kernel, make, ("float16", "bfloat16"))
 
 
-def backward_stage3_tiling(cfg, pair_atomics: bool) -> Peer:
-    """Backward kernel v2 with the tiling ``cfg``, dQ added by paired or scalar atomics, through its driver launches
-    (as tensor_core_attention_backward's plan runs them, with this tiling): the sweep behind ``default_tiling``."""
-    label = f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES} pairs={pair_atomics}"
+def backward_stage3_tiling(cfg, pair_atomics: bool = True, kernel: str = "v2") -> Peer:
+    """Backward kernel ``kernel`` (v2, or v3: wgmma, paired atomics always) with the tiling ``cfg``, v2's dQ added by
+    paired or scalar atomics, through its driver launches (as tensor_core_attention_backward's plan runs them, with
+    this tiling): the sweep behind ``default_tiling``."""
+    label = (f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES} pairs={pair_atomics}"
+             if kernel == "v2" else f"v3 warpgroups={cfg.WARPGROUPS} BR={cfg.BR} BC={cfg.BC}")
 
     def make(x):
         import torch
 
-        from ..backward.kernels import v2_tensor_cores as v2
+        from ..backward.kernels import get
         from ..forward.tensor_cores import tensor_core_attention
 
         q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]  # (B, H, N, d) PyTorch tensors
         o, lse = tensor_core_attention(q, k, v, causal=causal)
         b, h, n_q, d = q.shape
-        launches = v2.driver_launches(n_q, k.shape[-2], b * h, h // k.shape[1], d ** -0.5, bool(causal),
-                                      checking.dtype_name(q), cfg, False, pair_atomics)
+        sized = (n_q, k.shape[-2], b * h, h // k.shape[1], d ** -0.5, bool(causal), checking.dtype_name(q), cfg, False)
+        launches = get(kernel).driver_launches(*sized, *((pair_atomics,) if kernel == "v2" else ()))
         D, dq_acc = (torch.empty(b * h * n_q * m, device=q.device, dtype=torch.float32) for m in (1, d))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         stream = torch.cuda.current_stream().cuda_stream

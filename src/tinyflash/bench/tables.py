@@ -201,15 +201,18 @@ def hopper_tiles_table(rows: list[dict]) -> str:
 def backward_tensor_core_table(rows: list[dict]) -> str:
     """The tensor-core backward against SDPA's flash backward (``backward-tensor-cores``), per configuration:
     its TFLOP/s and speed over flash's (queued; the middle half of the rounds' ratios; one call alone)."""
+    v3 = any(r["impl"] == "tinyflash" and r["variant"] == "v3" for r in rows)  # where v3 (wgmma) was timed too
     lines = ["| dtype | d | causal | B × N | v2 TFLOP/s | v2 / flash | its rounds' middle half | one call alone: "
-             "v2 / flash | SDPA flash |", "|---|---|---|---|---|---|---|---|---|"]
+             "v2 / flash |" + (" v3 TFLOP/s | v3 / flash |" if v3 else "") + " SDPA flash |",
+             "|---" * (10 if v3 else 9) + "|"]
     for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
         def get(impl, variant=""):
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
 
         v2 = get("tinyflash", "v2")
+        wgmma = f"{cell(get('tinyflash', 'v3'))} | {cell(get('tinyflash', 'v3'), 'vs_baseline', '{:.2f}×')} | " if v3 else ""
         lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v2)} | {against_baseline(v2)} | "
-                     f"{cell(get('torch_flash'))} |")
+                     f"{wgmma}{cell(get('torch_flash'))} |")
     return "\n".join(lines)
 
 

@@ -44,7 +44,8 @@ How a descriptor reads such a tile (the canonical layouts of CUTLASS's ``make_gm
   (8 rows of 128 bytes); LBO is not used. The k-th 16 columns of a 64-column tile start 32k bytes on.
 * MN-major (B = V_j for O += P V with ``trans_b``: a row of the tile is one k, a key, along n): element
   (k, n) at ``start + (k // 8)·SBO + (k % 8)·128 + (n // 64)·LBO + 2(n % 64)``, then swizzled. SBO = 1024,
-  LBO = the distance between the tile's two 64-column halves (R · 128 bytes), used when N > 64.
+  LBO = the distance between the tile's two 64-column halves (R · 128 bytes), used when N > 64. A may be
+  MN-major too (``trans_a``; the backward's dS read from the stored dSᵀ), the same with m for n.
 """
 
 from __future__ import annotations
@@ -120,14 +121,15 @@ def _intrinsics():
         for i, p in enumerate(pointers):
             builder.store(builder.extract_value(out, i), p)
 
-    def make_mma(element, n, from_registers, trans_b):
+    def make_mma(element, n, from_registers, trans_b, trans_a=False):
         e = PTX_TYPES[element]
         half = n // 2  # accumulators per lane
         if from_registers:  # operands after the tied accumulators: a0..a3, the B descriptor, scale-d
             a, b, scale = "{" + ",".join(f"${2 * half + i}" for i in range(4)) + "}", f"${2 * half + 4}", 2 * half + 5
             tail = f"p, 1, 1, {int(trans_b)}"
         else:
-            a, b, scale, tail = f"${2 * half}", f"${2 * half + 1}", 2 * half + 2, f"p, 1, 1, 0, {int(trans_b)}"
+            a, b, scale = f"${2 * half}", f"${2 * half + 1}", 2 * half + 2
+            tail = f"p, 1, 1, {int(trans_a)}, {int(trans_b)}"
         text = (f"{{ .reg .pred p; setp.ne.b32 p, ${scale}, 0; "
                 f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{e}.{e} {{D}}, {a}, {b}, {tail}; }}")
 
@@ -207,19 +209,21 @@ def _check(element: str, n: int):
         raise ValueError(f"N of wgmma m64nNk16 must be a multiple of 8 from 8 to 256; got {n}")
 
 
-def mma_async_ss(element: str, n: int, trans_b: bool = False):
+def mma_async_ss(element: str, n: int, trans_b: bool = False, trans_a: bool = False):
     """D (+)= A·B by one warpgroup, A (64 × 16) and B (16 × n) read from shared memory through descriptors.
     Returns the device function ``mma(acc, desc_a, desc_b, scale_d)``: ``acc`` a C-contiguous float32 local
     array whose first n / 2 elements are the lane's accumulators in register order (module docstring),
     updated in place once the batch is waited for; ``scale_d`` (uint32) 0: D = A·B, else D = A·B + D.
-    A is K-major; B K-major, or MN-major with ``trans_b``.
+    A is K-major, or MN-major with ``trans_a`` (a row of the tile is one k, along m: the backward's dS K_j
+    reads dS from the dSᵀ that its registers hold); B K-major, or MN-major with ``trans_b``. Both
+    transposes are allowed for 16-bit types only, which these are.
 
-    PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 d, a-desc, b-desc, p, 1, 1, 0, trans_b;``
+    PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 d, a-desc, b-desc, p, 1, 1, trans_a, trans_b;``
     (``.bf16.bf16`` for bfloat16), p = (scale_d != 0). Multiply-adds: 64 · n · 16 (n = 128: 131,072, 64
     mma.sync's worth).
     """
     _check(element, n)
-    return _impl.make_mma(element, n, False, trans_b)
+    return _impl.make_mma(element, n, False, trans_b, trans_a)
 
 
 def mma_async_rs(element: str, n: int, trans_b: bool = False):

@@ -119,8 +119,9 @@ def _issue(acc, product, scale_d, n):
     state["open"].append((flat, id(acc), value))
 
 
-def make_mma(element: str, n: int, from_registers: bool, trans_b: bool):
-    """Emulated ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.<element>.<element>`` (ss or rs form)."""
+def make_mma(element: str, n: int, from_registers: bool, trans_b: bool, trans_a: bool = False):
+    """Emulated ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.<element>.<element>`` (ss or rs form; A read
+    MN-major with ``trans_a``, B with ``trans_b``)."""
     b_major_k = not trans_b
     a_rows, a_cols = map(np.array, zip(*[(r, c) for lane in range(32) for r, c in a_fragment(lane)]))
 
@@ -140,7 +141,7 @@ def make_mma(element: str, n: int, from_registers: bool, trans_b: bool):
         return mma_async_rs
 
     def mma_async_ss(acc, desc_a, desc_b, scale_d):
-        _issue(acc, read_operand(desc_a, M, True, element) @ b_operand(desc_b), scale_d, n)
+        _issue(acc, read_operand(desc_a, M, not trans_a, element) @ b_operand(desc_b), scale_d, n)
 
     return mma_async_ss
 

@@ -4,8 +4,10 @@
     rows.py                the two O(N·d) kernels around the main one: D = rowsum(dO ∘ O) before, dQ's scale after
     v1_atomic_dq.py        the main kernel on the CUDA cores: one block per key tile, dK_j and dV_j in registers,
                            dQ by atomics
-    tensor_core_tiling.py  v2's tiling and launch (the grid over K/V heads)
+    tensor_core_tiling.py  v2's tiling and the tensor-core kernels' launch (the grid over K/V heads; v3's too)
     v2_tensor_cores.py     the same on the tensor cores (float16, bfloat16), grouped-query heads summed in the block
+    hopper_tiling.py       v3's tiling: warpgroups of 64 keys, query tiles of 64 rows, swizzled tiles
+    v3_wgmma.py            v2 on Hopper's warpgroup multiplies (wgmma), FlashAttention-3's backward
 
 :data:`VERSIONS` registers each main kernel once; ``cuda_attention_backward(kernel=...)``, the
 tests and the benchmark iterate over it.
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tensor_core_tiling, v1_atomic_dq, v2_tensor_cores
+from . import hopper_tiling, tensor_core_tiling, v1_atomic_dq, v2_tensor_cores, v3_wgmma
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,13 @@ VERSIONS = {v.name: v for v in (
                     v2_tensor_cores.launch, ("config", "element", "deterministic"), max_head_dim=128,
                     dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=tensor_core_tiling.HEAD_DIMS,
                     driver_launches=v2_tensor_cores.driver_launches),
+    BackwardVersion("v3", "v3_wgmma.py", "Hopper's warpgroup multiplies (wgmma, FlashAttention-3's backward): a "
+                    "warpgroup's 64 keys as the rows of every product but dQ_i; Sᵀ, dPᵀ from shared memory, Pᵀ and "
+                    "dSᵀ from registers for dV, dK; dQ_i = dS K_j from the stored dSᵀ read transposed (trans-a); "
+                    "swizzled tiles; no deterministic mode; compute capability 9.0",
+                    v3_wgmma.launch, ("config", "element", "deterministic"), deterministic=("dk", "dv"),
+                    max_head_dim=128, dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=hopper_tiling.HEAD_DIMS,
+                    driver_launches=v3_wgmma.driver_launches),
 )}
 LATEST = "v1"
 

@@ -31,26 +31,21 @@ from functools import lru_cache
 
 import numpy as np
 from numba import cuda, float32, uint32, uint64
-from numba.cuda import types
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu import ptx
-from ...gpu.driver_launch import GridLaunch, driver_kernel
+from ...gpu.driver_launch import driver_kernel
 from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import compute_capability, device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, MMA_N, WARP, warp_tile
-from .rows import FINISH_DQ_WORDS_SIGNATURE, FLOATS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK, WORDS, word_rows
-from .tensor_core_tiling import BackwardTensorCoreTiling, launch_backward_tensor_cores
+from .tensor_core_tiling import (SIGNATURE, BackwardTensorCoreTiling, DriverLaunches, launch_backward_tensor_cores,
+                                 sized_driver_launches)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
-# flash_bwd_tc's argument types: Q, K, V, dO as 16-bit pairs; LSE, Dvec, dQ_acc; dK, dV as pairs; dQ_turn (int32);
-# n_q, n_k, scale, scale·log2(e), causal, kv_group
-SIGNATURE = ((WORDS,) * 4 + (FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.int32, 1, "C"),)
-             + (types.int64, types.int64, types.float32, types.float32, types.boolean, types.int64))
 
 
 @lru_cache(maxsize=None)
@@ -293,24 +288,6 @@ def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, elemen
                                  element)
 
 
-@dataclass(frozen=True)
-class DriverLaunches:
-    """The backward's three kernels sized for one problem, launched through the driver (``gpu/driver_launch.py``):
-    D = rowsum(dO ∘ O) with dQ's accumulator zeroed, the main kernel, dQ scaled and rounded. A call passes
-    C-contiguous device arrays of any library (16-bit ones as they are: the kernels read them as words)."""
-
-    row_dot: GridLaunch
-    main: GridLaunch
-    finish_dq: GridLaunch
-
-    def __call__(self, q, k, v, o, lse, do, dq, dk, dv, D, dq_acc, dq_turn, *, stream: int = 0) -> None:
-        """``dq_turn``: deterministic mode's counters, int32, one per query tile and query head, zero (else
-        any device array: the kernel does not read it)."""
-        self.row_dot(do, o, D, dq_acc, stream=stream)
-        self.main(q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream=stream)
-        self.finish_dq(dq_acc, dq, stream=stream)
-
-
 @lru_cache(maxsize=256)
 def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
                     cfg: BackwardTensorCoreTiling, deterministic: bool = False,
@@ -318,15 +295,6 @@ def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: floa
     """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use
     and kept: the grids of ``launch_backward_tensor_cores`` and of the two row kernels, in one launch each;
     ``pair_atomics`` None: where :func:`pair_atomics_available`."""
-    row_dot, finish_dq = word_rows(element)
     pairs = pair_atomics_available() if pair_atomics is None else pair_atomics
-    words = n_q * cfg.D // 2  # words of one head's dQ
-    return DriverLaunches(
-        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROWS_PER_BLOCK), n_heads),
-                         ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
-        GridLaunch.sized(driver_kernel(make_kernel(cfg, element, deterministic, pairs), SIGNATURE, cfg.smem_bytes),
-                         (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
-                         scale=np.float32(scale), scale_log2=np.float32(scale * LOG2E), causal=bool(causal),
-                         kv_group=kv_group),
-        GridLaunch.sized(driver_kernel(finish_dq, FINISH_DQ_WORDS_SIGNATURE), (-(-words // ROWS_PER_BLOCK), n_heads),
-                         ROWS_PER_BLOCK, 0, n=words, scale=np.float32(scale)))
+    return sized_driver_launches(driver_kernel(make_kernel(cfg, element, deterministic, pairs), SIGNATURE,
+                                               cfg.smem_bytes), cfg, n_q, n_k, n_heads, kv_group, scale, causal, element)
