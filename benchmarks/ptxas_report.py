@@ -12,8 +12,8 @@ compiles a kernel's Python function for a signature and a compute capability, an
 The kernels, each at the settings a GPU run uses by default:
 
 * forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
-* forward v7 on (``v7_wgmma``, ``v8_tma``, ``v9_warp_specialized``, ...) at their default tilings
-  (``hopper_tiling.default_tiling``, ``tma_tiling.default_tiling``, ``tma_tiling.default_specialised_tiling``),
+* forward v7 on (``v7_wgmma``, ``v8_tma``, ``v9_warp_specialized``, ``v10_ping_pong``, ...) at their default
+  tilings (``hopper_tiling.default_tiling``, ``tma_tiling.default_tiling``, ``tma_tiling.default_specialised_tiling``),
   d = 64 and 128, float16 and bfloat16, for ``sm_90a`` (wgmma and setmaxnreg exist only there); ptxas's warnings
   and wgmma notes (C7508 setmaxnreg ignored, C7510, C7515, C7519, C7520) are printed under the kernel's line;
 * forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in
