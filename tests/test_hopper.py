@@ -105,7 +105,7 @@ def test_eager_rescaling_equals_lazy(rng):
     assert_close(o_lazy.astype(np.float64), o.astype(np.float64), 2e-3, "lazy against eager rescaling")
 
 
-@pytest.mark.parametrize("version", HOPPER)
+@pytest.mark.parametrize("version", [v for v in HOPPER if v != "v10"])  # v10: in its test against v9, below
 def test_grouped_query_heads(rng, version):
     """4 query heads on 2 K/V heads (and a batch of 2): the same numbers as with K, V repeated to 4 heads (the
     TMA kernels' K and V maps have 4 heads, Q's 8)."""
@@ -128,14 +128,16 @@ def test_three_stages_many_tiles(rng, version):
 
 def test_ping_pong_is_warp_specialisation_bit_for_bit(rng):
     """v10 overlaps the softmax with the products and takes turns, but computes every value as v9 does, in the same
-    order: the same bits, ragged and causal over 4 key tiles, scores large enough to rescale often. (On the
-    simulator a product reaches its registers at the wait that retires it: S_ij or acc read too early differ.)"""
-    q, k, v = make_qkv(rng, (1,), 50, 61, d=64, dtype=np.float16)
-    q *= 3  # scores that grow from tile to tile: lazy rescaling rescales at some tiles, not at others
+    order: the same bits, ragged and causal over 4 key tiles, scores large enough to rescale often, two query heads
+    on one K/V head (v10's grouped-query test). On the simulator a product reaches its registers at the wait that
+    retires it: S_ij or acc read too early would differ."""
+    q = 3 * rng.standard_normal((1, 2, 50, 64)).astype(np.float16)  # (B, H, Nq, d); 3: scores that grow from tile
+    # to tile, so that lazy rescaling rescales at some tiles and not at others
+    _, k, v = make_qkv(rng, (1, 1), 1, 61, d=64, dtype=np.float16)  # (B, H_kv, Nk, d)
     o9, lse9 = tf.cuda_attention(q, k, v, causal=True, kernel="v9")
     o10, lse10 = tf.cuda_attention(q, k, v, causal=True, kernel="v10")
     assert np.array_equal(o10, o9) and np.array_equal(lse10, lse9)
-    check(o10, lse10, q, k, v, True, "v10 50x61 causal")
+    check(o10, lse10, q, k, v, True, "v10 GQA 50x61 causal")
 
 
 def test_ping_pong_three_consumers(rng):
