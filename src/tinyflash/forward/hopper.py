@@ -17,7 +17,7 @@ from .tensor_cores import Entry, attention_call
 
 # each wgmma kernel's tiling on a GPU, (d, causal, n_q) -> tiling
 TILINGS = {"v7": hopper_tiling.default_tiling, "v8": tma_tiling.default_tiling,
-           "v9": tma_tiling.default_specialised_tiling, "v10": tma_tiling.default_specialised_tiling}
+           "v9": tma_tiling.default_specialised_tiling, "v10": tma_tiling.ping_pong_tiling}
 VERSION = "v9"  # the kernel hopper_attention runs (any key of TILINGS): the fastest in the hopper benchmark
 HOPPER = Entry("hopper_attention", VERSION, require_hopper, TILINGS[VERSION], HEAD_DIMS)
 

@@ -20,9 +20,10 @@ What changed since v9 (a producer warpgroup; consumers that wait for each produc
   on). With one consumer warpgroup there are no turns.
 
 The arithmetic is v9's, in the same order for every value (acc · alpha, then + P_ij V_j), so v10's outputs
-are v9's, bit for bit. Unchanged from v9: the producer, the copies and the stages' "full" and "empty"
-barriers, the mask, the epilogue, setmaxnreg. Limits: d = dv ∈ {64, 128}; compute capability 9.0 exactly
-(``sm_90a``).
+are v9's, bit for bit. A stage is held half a step longer (until its V_j's product is waited for): on a GPU
+the ring has three stages (``tma_tiling.ping_pong_tiling``). Unchanged from v9: the producer, the copies and
+the stages' "full" and "empty" barriers, the mask, the epilogue, setmaxnreg. Limits: d = dv ∈ {64, 128};
+compute capability 9.0 exactly (``sm_90a``).
 
 On numba's simulator every instruction here is emulated, ``wait_group 1`` and the named barriers included,
 and a product reaches its registers only when a wait retires its group: a kernel that read S_ij or acc
@@ -45,7 +46,7 @@ from ...gpu.smem import shared_words
 from ...gpu.tensor_map import BOX_COLUMNS
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
 from ...warpgroup_tile import ROW_BYTES, warpgroup_tile
-from .tma_tiling import (K_MAP, Q_MAP, V_MAP, TmaTiling, default_specialised_tiling, launch_tma,
+from .tma_tiling import (K_MAP, Q_MAP, V_MAP, TmaTiling, launch_tma, ping_pong_tiling,
                          simulator_specialised_tiling, sized_tma_launch)
 
 ZERO, ONE, TWO = u(0), u(1), u(2)
@@ -184,7 +185,8 @@ def make_kernel(cfg: TmaTiling, element: str):
             for e in range(4):
                 acc[0, n, e] = float32(0.0)
         if PING_PONG and warpgroup == ZERO:
-            turn_pass(uint32(TURN0))  # warpgroup 0 goes first: half of its own barrier's count, now
+            turn_pass(uint32(TURN0))  # warpgroup 0 goes first: half of its own barrier's count, now (the last
+            # warpgroup's last pass is left unmatched: the block ends with it, as FlashAttention-3's do)
 
         tma.wait(base + uint32(Q_FULL), uint32(0))  # Q_i has landed (its barrier's one phase)
         if n_tiles > ZERO:  # tile 0: S_i0 waited for, as in v9 (no product of this warpgroup runs yet)
@@ -202,7 +204,7 @@ def make_kernel(cfg: TmaTiling, element: str):
             tma.wait(full, uint32((j // STAGES) % TWO))  # K_j, V_j have landed
             q_desc, k_desc, v_desc = descriptors(base + uint32(Q_OFF), warpgroup, tile, previous + uint32(V_IN_STAGE))
             pack_p(s, p)  # P_i,j-1 into the A words: s is free for S_ij
-            my_turn(warpgroup)
+            my_turn(warpgroup)  # an order for speed, not a race: no warpgroup reads another's registers or rows
             issue_scores(s, q_desc, k_desc)  # S_ij = Q_i K_jᵀ
             issue_p_times_v(acc, p, v_desc)  # acc += P_i,j-1 V_j-1, after it
             next_turn(warpgroup)
@@ -211,7 +213,7 @@ def make_kernel(cfg: TmaTiling, element: str):
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
             rescaled = softmax_step_deferred(s, m_i, l_i, alpha, m_tile, scale_log2)  # P_ij replaces S_ij
             products_ready(acc)  # wait_group 0: acc holds P_i,j-1 V_j-1
-            tma.arrive(previous_empty)  # this thread is done with tile j - 1's stage
+            tma.arrive(previous_empty)  # V_j-1 is read (the wait above): the producer may refill its stage
             if rescaled:
                 rescale_acc(acc, alpha)  # to the rows' new references, before P_ij V_j is added
         if n_tiles > ZERO:  # the last tile's product: nothing left to overlap it with
@@ -257,7 +259,7 @@ def launch(args, prob, *, config: TmaTiling | None = None, element: str | None =
     """Launch v10 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse; n_q, n_k,
     scale·log2(e), causal, kv_group by name); the tensor maps are made from q, k, v. ``element`` 'bfloat16' for
     bfloat16 inputs; ``config`` overrides the tiling."""
-    launch_tma(kernel_for, driver_launch, args, prob, config, element, tilings=(default_specialised_tiling,
+    launch_tma(kernel_for, driver_launch, args, prob, config, element, tilings=(ping_pong_tiling,
                simulator_specialised_tiling), who="kernel v10 (ping-pong)")
 
 
