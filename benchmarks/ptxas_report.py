@@ -12,8 +12,8 @@ compiles a kernel's Python function for a signature and a compute capability, an
 The kernels, each at the settings a GPU run uses by default:
 
 * forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
-* forward v7 on (``v7_wgmma``, ``v8_tma``, ``v9_warp_specialized``, ...) at their default tilings
-  (``hopper_tiling.default_tiling``, ``tma_tiling.default_tiling``, ``tma_tiling.default_specialised_tiling``),
+* forward v7 on (``v7_wgmma``, ``v8_tma``, ``v9_warp_specialized``, ``v10_ping_pong``, ...) at their tilings on
+  a GPU (``forward/hopper.py``'s ``TILINGS``),
   d = 64 and 128, float16 and bfloat16, for ``sm_90a`` (wgmma and setmaxnreg exist only there); ptxas's warnings
   and wgmma notes (C7508 setmaxnreg ignored, C7510, C7515, C7519, C7520) are printed under the kernel's line;
 * forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in
@@ -243,15 +243,14 @@ def backward_hopper_jobs() -> list[Job]:
 def hopper_jobs() -> list[Job]:
     """The wgmma kernels (v7 on) at their default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
     from tinyflash.forward import kernels
-    from tinyflash.forward.kernels import hopper_tiling, tma_tiling
+    from tinyflash.forward.hopper import TILINGS
 
-    defaults = {"v7": hopper_tiling.default_tiling, "v8": tma_tiling.default_tiling}  # the others: warp-specialised
     found = []
     for name in [n for n in kernels.VERSIONS if int(n[1:]) >= 7]:
         module = getattr(kernels, kernels.VERSIONS[name].module.removesuffix(".py"))
         for element in ("float16", "bfloat16"):
             for d in (64, 128):
-                cfg = defaults.get(name, tma_tiling.default_specialised_tiling)(d)
+                cfg = TILINGS[name](d)  # the tiling hopper_attention and the hopper benchmark run it at
                 variant = (f"d={d} {element} warpgroups={cfg.WARPGROUPS} BC={cfg.BC} lazy={cfg.LAZY_RESCALE}"
                            + (f" stages={cfg.STAGES} producer={cfg.PRODUCER}" if name != "v7" else ""))
                 found.append(Job(f"forward {name}", variant, lambda module=module, cfg=cfg, element=element:

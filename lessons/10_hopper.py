@@ -10,16 +10,18 @@ What you will learn
     * warp specialisation: a producer warpgroup that only issues copies, with few registers
       (``setmaxnreg.dec``), and consumer warpgroups that only compute, with many (``setmaxnreg.inc``),
       handing the stages of a ring back and forth through a "full" and an "empty" barrier each;
+    * ping-pong (kernel v10): the softmax of one tile taken while the tensor cores multiply, inside a
+      warpgroup (``wgmma.wait_group 1``) and between two warpgroups that take turns (named barriers);
     * what each of these bought on an H200, kernel by kernel — v6 → v7 (wgmma) → v8 (TMA) → v9 (warp
-      specialisation) — read from the committed benchmark, and what FlashAttention-3 does that these
-      kernels do not yet.
+      specialisation) → v10 (ping-pong) — read from the committed benchmark, and what FlashAttention-3
+      does besides.
 
 What changed since lesson 07 (stage 3, kernel v6): the loop, the names, the mask, the online softmax
 and the epilogue are the same device functions (``tinyflash/warp_tile.py``). What changes is who
 multiplies (a warpgroup, not a warp), where the operands come from (shared memory, not registers
 filled by ldmatrix), and who copies the tiles (the copy engine, not every thread). The entry point is
 ``tinyflash.hopper_attention`` (src/tinyflash/forward/hopper.py); the kernels are
-src/tinyflash/forward/kernels/v7_wgmma.py, v8_tma.py and v9_warp_specialized.py.
+src/tinyflash/forward/kernels/v7_wgmma.py, v8_tma.py, v9_warp_specialized.py and v10_ping_pong.py.
 
 Run from the repository root:  python lessons/10_hopper.py
 Without a GPU the kernels run on numba's CUDA simulator, where a warpgroup is 128 Python threads and
@@ -38,7 +40,7 @@ import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
 from tinyflash.forward import hopper  # noqa: E402
 from tinyflash.forward.kernels import tma_tiling  # noqa: E402
-from tinyflash.forward.kernels import v9_warp_specialized  # noqa: E402, I001
+from tinyflash.forward.kernels import v9_warp_specialized, v10_ping_pong  # noqa: E402, I001
 from tinyflash.gpu import wgmma  # noqa: E402
 from tinyflash.gpu.runtime import compute_capability  # noqa: E402
 from tinyflash.warpgroup_tile import k_step_offset, warpgroup_tile  # noqa: E402
@@ -226,11 +228,66 @@ print(f"v9 over the whole record ({len(points)} points: dtype {sorted({c[0] for 
       f"{min(over_cudnn):.2f}x to {max(over_cudnn):.2f}x cuDNN")
 assert min(over_flash) > 1 and max(over_cudnn) < 1  # past FlashAttention-2 everywhere, short of cuDNN everywhere
 
-# %% [10] What FlashAttention-3 does that these kernels do not (yet)
-# * Ping-pong between the two consumer warpgroups: named barriers (tinyflash.gpu.tma.named_barrier)
-#   make one warpgroup's softmax run while the other's multiplies occupy the tensor cores.
-# * Softmax overlapped with the next product inside a warpgroup: issue S_i,j+1 = Q_i K_j+1ᵀ, then take
-#   the softmax of tile j while it runs, waiting with wgmma.wait_group 1 instead of 0.
-# Those are FlashAttention-3's next step, and why cuDNN is still ahead in the table above; the gap is
-# widest at N = 4,096 and at d = 64, where the softmax is the larger share of each tile's work.
-assert all(TFLOPS["torch_cudnn", "", *c] > TFLOPS["tinyflash", "v9", *c] for c in CONFIGS)
+# %% [10] Step 4 (kernel v10): the softmax under the products, and two warpgroups that take turns
+# v9's consumers wait for each product before doing anything else, so the tensor cores idle while a
+# warpgroup takes its softmax. FlashAttention-3 hides the softmax twice over:
+#
+#   consumer warpgroup w (of 2), after tile 0 as in v9:
+#       for each j >= 1:  wait "full"[j % S]
+#                         bar.sync    turn[w]                 (the other warpgroup has issued its products)
+#                         issue  S_ij = Q_i K_jᵀ              <- wgmma group, not waited for
+#                         issue  acc += P_i,j-1 V_j-1         <- wgmma group, not waited for
+#                         bar.arrive  turn[other]              (its turn: its products run while we ...)
+#                         wgmma.wait_group 1                   (... S_ij is done; P·V may still run)
+#                         mask, softmax of S_ij: m_i, l_i, P_ij; the rows' factors alpha kept aside
+#                         wgmma.wait_group 0                   (P·V done: V_j-1 read, acc written)
+#                         arrive "empty"[(j - 1) % S];  acc *= alpha
+#       acc += P_i,last V_last;  O_i = acc / l_i, lse_i = m_i + log(l_i)
+#
+# Inside a warpgroup, the softmax of tile j runs while its own P_i,j-1 V_j-1 is multiplied; between
+# the warpgroups, the turns (named barriers 1 and 2 of 256 threads, tinyflash.gpu.tma.named_barrier_by_id)
+# put one warpgroup's softmax under the other's products. Warpgroup 0 lets itself go first.
+show("kernels/v10_ping_pong.py: a consumer's step", excerpt(v10_ping_pong.make_kernel, "for j in range(ONE, n_tiles):",
+                                                             "rescale_acc(acc, alpha)"))
+# The products are warpgroup_tile's issue and wait halves (issue_scores, issue_p_times_v, scores_ready,
+# products_ready); the softmax is warp_tile's, split so that acc is rescaled only after P·V's wait
+# (softmax_step_deferred, rescale_acc). Every value is computed as in v9, in the same order:
+if ON_HOPPER:
+    o9, lse9 = tf.cuda_attention(q, k, v, causal=True, kernel="v9")
+    o10, lse10 = tf.cuda_attention(q, k, v, causal=True, kernel="v10")
+    assert np.array_equal(o10, o9) and np.array_equal(lse10, lse9)
+    rule = assert_fa_rule(o10, tf.naive_attention(q, k, v, causal=True)[0],
+                          tf.reference_attention(q, k, v, causal=True)[0], np.float16, what="v10 o")
+    print(f"\nv10 q {q.shape} k {k.shape} float16, causal=True: the same bits as v9; {rule}")
+# On the simulator a product reaches its registers only at the wait that retires it, so reading S_ij
+# or acc too early would show here; that the softmax really runs under the products, only a GPU shows:
+POINT = ("dtype", "n_q", "d", "causal")
+timed = {tuple(r[c] for c in POINT): r for r in RECORD if r["impl"] == "tinyflash" and r["variant"] == "v10"
+         and r["status"] == "ok"}
+if not timed:
+    print("v10 has not been timed on the H200 yet (no rows in figures/data/hopper_h200.csv): "
+          "python -m tinyflash.bench hopper measures it")
+else:
+    def speed(impl, variant, point):  # TFLOP/s at one point of the record
+        return float(next(r["tflops"] for r in RECORD if (r["impl"], r["variant"]) == (impl, variant)
+                          and tuple(r[c] for c in POINT) == point and r["status"] == "ok"))
+
+    print("\nv10 on the H200 (figures/data/hopper_h200.csv), TFLOP/s of calls queued back to back:")
+    print(f"  {'dtype':9} {'N':>6} {'d':>4} {'causal':6} {'v10':>6} {'v10/v9':>7} {'v10/flash':>9} {'v10/cuDNN':>9}")
+    ratios = {"v9": [], "flash": [], "cudnn": []}
+    for point in sorted(timed, key=lambda c: (c[0], int(c[1]), int(c[2]), c[3])):
+        t10 = float(timed[point]["tflops"])
+        for name, impl, variant in (("v9", "tinyflash", "v9"), ("flash", "torch_flash", ""),
+                                    ("cudnn", "torch_cudnn", "")):
+            ratios[name].append(t10 / speed(impl, variant, point))
+        print(f"  {point[0]:9} {int(point[1]):>6} {point[2]:>4} {point[3]:6} {t10:6.0f} {ratios['v9'][-1]:7.2f} "
+              f"{ratios['flash'][-1]:9.2f} {ratios['cudnn'][-1]:9.2f}")
+    for name, r in ratios.items():
+        print(f"  v10 / {name}: {min(r):.2f}x to {max(r):.2f}x over {len(r)} points")
+
+# %% [11] What FlashAttention-3 does besides
+# * At d = 64 it takes 192 query rows a block (three consumer warpgroups, 160 registers each; v10's turns
+#   go round three warpgroups too) and up to 192 keys a tile; at d = 128, 176 keys without a mask.
+# * A persistent kernel: one block per multiprocessor walks many tiles, so one tile's epilogue overlaps
+#   the next tile's loads; causal tiles are handed out longest first.
+# * FP8 inputs, and P_ij through shared memory where the registers run out (large head dims).

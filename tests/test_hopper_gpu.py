@@ -1,6 +1,6 @@
-"""Stage 4 (kernels v7 wgmma, v8 TMA, v9 warp specialisation) on a Hopper GPU at real sizes: hopper_attention's
-call path on PyTorch tensors with each version (``HOPPER``, from the registry), float16 and bfloat16, d = 64 and
-128, causal or not, grouped-query heads, ragged lengths.
+"""Stage 4 (kernels v7 wgmma, v8 TMA, v9 warp specialisation, v10 ping-pong) on a Hopper GPU at real sizes:
+hopper_attention's call path on PyTorch tensors with each version (``HOPPER``, from the registry), float16 and
+bfloat16, d = 64 and 128, causal or not, grouped-query heads, ragged lengths; v10 against v9, bit for bit.
 
 Each result is checked on sampled query rows of the first and last head against the float64 reference, by
 FlashAttention's rule against naive attention computed in the same precision by PyTorch
@@ -111,6 +111,37 @@ def test_tilings(rng, hopper):
             o, lse = tf.cuda_attention(q, k, v, causal=True, kernel="v7", config=cfg)
             verdict = check_output(o, q, k, v, causal=True, rng=rng, lse=lse)
             assert verdict.ok, (cfg, verdict)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n_q, n_k", [(1000, 777), (4097, 4097)])
+def test_ping_pong_is_warp_specialisation_bit_for_bit(rng, hopper, n_q, n_k, d, dtype):
+    """v10 computes every value as v9 does, in the same order, with its softmax under the tensor cores' products and
+    its warpgroups taking turns: the same bits, causal or not. A race (a register or a stage read before its wait)
+    would show as a difference."""
+    torch = pytest.importorskip("torch")
+    for causal in (False, True):
+        q, k, v = random_qkv(torch, n_q, n_k, d, getattr(torch, dtype), heads=4, seed=int(rng.integers(2**31)))
+        o9, lse9 = attention("v9", q, k, v, causal)
+        o10, lse10 = attention("v10", q, k, v, causal)
+        assert torch.equal(o10, o9) and torch.equal(lse10, lse9), (causal, (o10 - o9).abs().max())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_ping_pong_three_consumers(rng, hopper, dtype):
+    """d = 64 with three consumer warpgroups (Br = 192, FlashAttention-3's block at d = 64) at 160 registers each,
+    taking turns in a ring: right by the rule, ragged and causal or not."""
+    torch = pytest.importorskip("torch")
+    from tinyflash.bench.checking import check_output
+    from tinyflash.forward.kernels.tma_tiling import TmaTiling
+
+    cfg = TmaTiling(D=64, WARPGROUPS=3, BC=128, PRODUCER=True, CONSUMER_REGISTERS=160).validate()
+    for causal in (False, True):
+        q, k, v = random_qkv(torch, 3001, 2500, 64, getattr(torch, dtype), seed=int(rng.integers(2**31)))
+        o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel="v10", config=cfg)
+        verdict = check_output(o, q, k, v, causal=causal, rng=rng, lse=lse)
+        assert verdict.ok, (causal, verdict)
 
 
 @pytest.mark.parametrize("version", HOPPER)

@@ -99,6 +99,43 @@ def test_tensor_maps_are_checked():
         TensorMap(64, 10, 1, 320)
 
 
+def turns_kernel(warpgroups: int, rounds: int):
+    """``warpgroups`` warpgroups take ``rounds`` turns each through named barriers whose ids are given at run time,
+    as kernel v10's consumers do: warpgroup w waits on barrier 1 + w (256 threads: its own and the previous
+    warpgroup's arrivals) and then lets the next one go; warpgroup 0 lets itself go first. In its turn, each
+    warpgroup's first thread writes the warpgroup's number at the next place of ``order``."""
+    wait = tma.named_barrier_by_id(256)
+    let_go = tma.named_barrier_by_id(256, arrive_only=True)
+
+    @cuda.jit
+    def turns(order):
+        count = cuda.shared.array(1, uint32)
+        tid = cuda.threadIdx.x
+        w = uint32(tid // 128)
+        if tid == 0:
+            count[0] = uint32(0)
+        cuda.syncthreads()  # the count is zero before any turn
+        if w == 0:
+            let_go(uint32(1))
+        for _ in range(rounds):
+            wait(uint32(1) + w)
+            if tid % 128 == 0:
+                order[count[0]] = w
+                count[0] += uint32(1)
+            let_go(uint32(1) + (w + uint32(1)) % uint32(warpgroups))
+
+    return turns
+
+
+@pytest.mark.parametrize("warpgroups", [2, 3])
+def test_named_barriers_take_turns(hopper_or_simulator, warpgroups):
+    """The warpgroups' turns come in order, round after round: 0, 1, (2,) 0, 1, ..."""
+    rounds = 3
+    order = np.full(warpgroups * rounds, 99, np.uint32)
+    turns_kernel(warpgroups, rounds)[1, 128 * warpgroups](order)
+    assert order.tolist() == list(range(warpgroups)) * rounds
+
+
 # --- the emulation's own rules ----------------------------------------------------------------------------------
 
 simulator_only = pytest.mark.skipif(not simulator_enabled(), reason="checks the simulator's emulation")

@@ -281,3 +281,52 @@ def test_emulation_wants_a_fence():
     before, after = np.zeros(128, np.float32), np.zeros(128, np.float32)
     with pytest.raises(RuntimeError, match="wgmma.fence"):
         async_kernel(False)[1, 128, 0, 9216](before, after)
+
+
+def two_groups_kernel(peek):
+    """Two wgmma groups into two accumulator arrays set to 7, then ``wait_group 1`` and ``wait_group 0``: the first
+    array read after the first wait, the second after the second (and, with ``peek``, before it: the emulation's
+    rule; on a GPU that read is undefined)."""
+    mma, wait_one, wait_all = wgmma.mma_async_ss("float16", 8), wgmma.wait_group(1), wgmma.wait_group(0)
+    fence_acc = wgmma.fence_operands(4)
+    bits = wgmma.descriptor_bits(16, 1024)
+
+    @cuda.jit
+    def kernel(first, second, second_early):
+        smem = cuda.shared.array(0, uint32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, 2304, 128):  # A: 64 rows of 128 bytes, B: 8 rows
+            smem[i] = uint32(0x3C003C00)  # float16 ones
+        base = ptx.shared_address(smem, uint64(0))
+        wgmma.fence_proxy_async()
+        cuda.syncthreads()  # the ones are written before the multiplies read them
+        acc1, acc2 = cuda.local.array(4, float32), cuda.local.array(4, float32)
+        for i in range(4):
+            acc1[i], acc2[i] = float32(7.0), float32(7.0)
+        a, b = wgmma.descriptor(base, bits), wgmma.descriptor(base + uint32(8192), bits)
+        for acc in (acc1, acc2):  # one group each
+            fence_acc(acc)
+            wgmma.fence()
+            mma(acc, a, b, uint32(1))
+            wgmma.commit_group()
+        wait_one()  # the older group (acc1's) is done; acc2's may still run
+        fence_acc(acc1)
+        first[tid] = acc1[0]
+        if peek:
+            second_early[tid] = acc2[0]
+        wait_all()
+        fence_acc(acc2)
+        second[tid] = acc2[0]
+
+    return kernel
+
+
+def test_wait_group_1_retires_all_but_the_newest():
+    """wait_group 1 after two groups: the first group's accumulators are written; wait_group 0: the second's. On
+    the simulator, the second's are still the old values between the two waits."""
+    needs_hopper()
+    first, second, early = (np.zeros(128, np.float32) for _ in range(3))
+    two_groups_kernel(simulator_enabled())[1, 128, 0, 9216](first, second, early)
+    assert np.all(first == 7 + 16) and np.all(second == 7 + 16)  # 16 products of ones each
+    if simulator_enabled():
+        assert np.all(early == 7)

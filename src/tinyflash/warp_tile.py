@@ -16,6 +16,8 @@ fragments, in the order a kernel calls them:
     load_q / scores      S_ij = Q_i K_jᵀ (Q's A operands in registers, or read from shared memory)
     mask_row             S_ij = -inf for one row's keys at or past its stop
     softmax_step         the online softmax: row max, rescale (lazily or at every tile), P_ij = exp2(...)
+                         (softmax_step_deferred and rescale_acc: the same, acc rescaled later, when a product
+                         into acc runs meanwhile)
     p_times_v            acc += P_ij V_j, P_ij packed from S_ij's accumulators (never through shared memory)
     epilogue             O_i = acc / l_i, lse_i = m_i + log l_i, written to HBM
 
@@ -232,14 +234,20 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
         return out
 
     @cuda.jit(device=True, inline="always")
-    def rescale(m_i, l_i, acc, r, half, m_tile):
-        """m_new = max(m_i, m_tile); alpha = exp(m_i - m_new) rescales l_i and acc (row g + 8·half of row
-        tile r; base 2; l_i is the lane's share of the row sum)."""
+    def new_reference(m_i, l_i, r, half, m_tile):
+        """m_new = max(m_i, m_tile) becomes m_i; alpha = exp(m_i - m_new) rescales l_i and is returned for acc
+        (row g + 8·half of row tile r; base 2; l_i is the lane's share of the row sum)."""
         m_new = max(m_i[r, half], m_tile)
         m_safe = m_new if m_new != NEG_INF else float32(0.0)  # no allowed key yet: avoid -inf - -inf
         alpha = math.exp2(m_i[r, half] - m_safe)
         m_i[r, half] = m_new
         l_i[r, half] *= alpha
+        return alpha
+
+    @cuda.jit(device=True, inline="always")
+    def rescale(m_i, l_i, acc, r, half, m_tile):
+        """The row's new reference (:func:`new_reference`); its alpha rescales acc too."""
+        alpha = new_reference(m_i, l_i, r, half, m_tile)
         for n in range(O_TILES):
             acc[r, n, 2 * half] *= alpha
             acc[r, n, 2 * half + 1] *= alpha
@@ -270,6 +278,34 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
         for r in range(ROW_TILES):
             for half in range(2):
                 exponentiate(s, m_i, l_i, r, half, scale_log2)
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_step_deferred(s, m_i, l_i, alpha, m_tile, scale_log2):
+        """softmax_step with acc left alone, for a kernel whose product into acc is still running: the same
+        row maxima, references, l_i and P_ij; each row's factor goes to alpha[r, half]. Returns whether the
+        rows were rescaled: then :func:`rescale_acc` applies alpha once the product is waited for (the same
+        arithmetic as softmax_step's, in another order: acc · alpha, then + P_ij V_j)."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                m_tile[r, half] = row_max(s, r, half, scale_log2)
+        rescaled = not LAZY_RESCALE or grows(m_i, m_tile)
+        if rescaled:
+            for r in range(ROW_TILES):
+                for half in range(2):
+                    alpha[r, half] = new_reference(m_i, l_i, r, half, m_tile[r, half])
+        for r in range(ROW_TILES):
+            for half in range(2):
+                exponentiate(s, m_i, l_i, r, half, scale_log2)
+        return rescaled
+
+    @cuda.jit(device=True, inline="always")
+    def rescale_acc(acc, alpha):
+        """acc *= alpha, row by row: the rescaling that softmax_step_deferred left to do."""
+        for r in range(ROW_TILES):
+            for half in range(2):
+                for n in range(O_TILES):
+                    acc[r, n, 2 * half] *= alpha[r, half]
+                    acc[r, n, 2 * half + 1] *= alpha[r, half]
 
     @cuda.jit(device=True, inline="always")
     def p_times_v(acc, s, v_lane_addr):
@@ -315,4 +351,5 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
                         LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
     return SimpleNamespace(lane_rows=lane_rows, load_q=load_q, scores=scores, mask_row=mask_row,
-                           softmax_step=softmax_step, p_times_v=p_times_v, epilogue=epilogue)
+                           softmax_step=softmax_step, softmax_step_deferred=softmax_step_deferred,
+                           rescale_acc=rescale_acc, p_times_v=p_times_v, epilogue=epilogue)

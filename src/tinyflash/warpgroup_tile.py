@@ -15,7 +15,14 @@ is how S_ij and P_ij V_j are computed:
 Each is one batch: fence, the multiplies, commit, wait. The tensor cores run a batch on their own, and
 a warpgroup issues a whole tile's product with d / 16 (or Bc / 16) instructions where a warp's tile
 needed a ldmatrix and an mma.sync per 16 × 8 × 16 piece. Waiting at once (``wait_group 0``) keeps the
-order of stage 1; overlapping the softmax with the next product is a later step.
+order of stage 1 (v7 to v9). Each product also comes in halves, for a kernel that overlaps the softmax
+with the products (v10):
+
+    issue_scores      S_ij's batch, committed and not waited for
+    pack_p            P_ij from S_ij's accumulators into the A words
+    issue_p_times_v   acc += P_ij V_j's batch, committed and not waited for
+    scores_ready      wait_group 1: the older batch (S_ij's) is done, the newest (P·V's) may still run
+    products_ready    wait_group 0: every batch is done
 
 Shared memory: a tile of R rows × d columns is 128-byte swizzled (``wgmma.swizzled_chunk``): columns
 0-63 of every row, then 64-127, R · 128 bytes each; Q_i's warpgroup rows start 64 · 128 bytes apart.
@@ -88,7 +95,7 @@ def warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
     K_STEPS, P_STEPS, S_TILES, HALF_D = spec.K_STEPS, spec.P_STEPS, spec.S_TILES, spec.D // 2
     mma_s = wgmma.mma_async_ss(spec.element, spec.BC)  # S_ij: Q_i, K_j from shared memory
     mma_o = wgmma.mma_async_rs(spec.element, spec.D, trans_b=True)  # O_i: P_ij from registers, V_j transposed
-    pack, wait_all = ptx.pack(spec.element), wgmma.wait_group(0)
+    pack, wait_all, wait_one = ptx.pack(spec.element), wgmma.wait_group(0), wgmma.wait_group(1)
     fence_s, fence_o, fence_p = (wgmma.fence_operands(spec.BC // 2), wgmma.fence_operands(HALF_D),
                                  wgmma.fence_operands(4 * P_STEPS))
     bits = spec.descriptor_bits()
@@ -106,33 +113,67 @@ def warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
                 wgmma.descriptor(k_tile, K_BITS), wgmma.descriptor(v_tile, V_BITS))
 
     @cuda.jit(device=True, inline="always")
-    def scores(s, q_desc, k_desc):
-        """S_ij = Q_i K_jᵀ for the warpgroup's 64 rows: s[0, n, e] the lane's part of keys 8n .. 8n + 7 (not yet
-        scaled). The first step overwrites s (scale_d = 0), the others add to it."""
+    def issue_scores(s, q_desc, k_desc):
+        """S_ij = Q_i K_jᵀ issued as one wgmma group and not waited for: fence, d / 16 multiplies, commit. The
+        first step overwrites s (scale_d = 0), the others add to it; s is neither read nor written until a wait
+        retires the group."""
         wgmma.fence()
         for kk in range(K_STEPS):
             half, step = uint64(kk) // HALF, uint64(kk) % HALF  # k_step_offset(kk, rows)
             mma_s(s, q_desc + half * Q_HALF + step * STEP, k_desc + half * K_HALF + step * STEP, uint32(kk != 0))
         wgmma.commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def scores(s, q_desc, k_desc):
+        """S_ij = Q_i K_jᵀ for the warpgroup's 64 rows, waited for: s[0, n, e] the lane's part of keys 8n .. 8n + 7
+        (not yet scaled)."""
+        issue_scores(s, q_desc, k_desc)
         wait_all()
         fence_s(s)  # the softmax reads s after the wait, not before
 
     @cuda.jit(device=True, inline="always")
-    def p_times_v(acc, s, p, v_desc):
-        """acc += P_ij V_j: P_ij (in s) packed into p, the A words of each 16-key step (the accumulator layout
-        of keys 16kk .. 16kk + 15, two 8-key blocks, is the A layout), all before the batch's fence, so that no
-        register the tensor cores read is written between the fence and the multiplies."""
+    def pack_p(s, p):
+        """P_ij (in s) packed into p, the A words of each 16-key step: the accumulator layout of keys
+        16kk .. 16kk + 15, two 8-key blocks, is the A layout."""
         for kk in range(P_STEPS):
             for h in range(2):  # keys 16kk + 8h ..: rows g (e = 0, 1) and g + 8 (e = 2, 3)
                 p[kk, 2 * h] = pack(s[0, 2 * kk + h, 0], s[0, 2 * kk + h, 1])
                 p[kk, 2 * h + 1] = pack(s[0, 2 * kk + h, 2], s[0, 2 * kk + h, 3])
+
+    @cuda.jit(device=True, inline="always")
+    def issue_p_times_v(acc, p, v_desc):
+        """acc += P_ij V_j issued as one wgmma group and not waited for: p and acc are written (packed,
+        rescaled) before the batch's fence, so that no register the tensor cores read is written between the
+        fence and the multiplies; neither is touched again until a wait retires the group."""
         fence_p(p)
         fence_o(acc)  # the rescaling of acc is done before the fence
         wgmma.fence()
         for kk in range(P_STEPS):
             mma_o(acc, p[kk, 0], p[kk, 1], p[kk, 2], p[kk, 3], v_desc + uint64(kk) * V_STEP, uint32(1))
         wgmma.commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def p_times_v(acc, s, p, v_desc):
+        """acc += P_ij V_j, waited for: P_ij (in s) packed into p, then one wgmma group."""
+        pack_p(s, p)
+        issue_p_times_v(acc, p, v_desc)
         wait_all()  # V_j's stage may be refilled, and acc read, only after this
         fence_o(acc)
 
-    return SimpleNamespace(descriptors=descriptors, scores=scores, p_times_v=p_times_v, S_TILES=S_TILES)
+    @cuda.jit(device=True, inline="always")
+    def scores_ready(s):
+        """Wait until at most one wgmma group is in flight (``wait_group 1``): with S_ij's group issued before
+        a P·V group, S_ij is written to s (and K_j read) while P·V may still run."""
+        wait_one()
+        fence_s(s)  # the softmax reads s after the wait, not before
+
+    @cuda.jit(device=True, inline="always")
+    def products_ready(acc):
+        """Wait until no wgmma group is in flight (``wait_group 0``): acc holds every product issued, and the
+        stages they read may be refilled."""
+        wait_all()
+        fence_o(acc)  # acc is rescaled and read after the wait, not before
+
+    return SimpleNamespace(descriptors=descriptors, scores=scores, p_times_v=p_times_v, issue_scores=issue_scores,
+                           pack_p=pack_p, issue_p_times_v=issue_p_times_v, scores_ready=scores_ready,
+                           products_ready=products_ready, S_TILES=S_TILES)

@@ -98,8 +98,8 @@ def tensor_core_tiling_peers(point) -> list:
 
 
 def hopper_peers(point) -> list:
-    """Stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation, ...) beside stage 3 (v6) and SDPA's flash (the
-    baseline) and cuDNN backends."""
+    """Stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation, v10 ping-pong, ...) beside stage 3 (v6) and SDPA's
+    flash (the baseline) and cuDNN backends."""
     from ..forward.hopper import TILINGS
 
     return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(),
@@ -245,8 +245,8 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("tensor-core-tiles", "v6's tilings and head groups, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (128, 64), "causal": (False, True), "n": (4096, 16384)},
               tensor_core_tiling_peers, library="torch", rounds=5),
-    Benchmark("hopper", "stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation) beside v6 and SDPA's flash and "
-              "cuDNN backends", "forward",
+    Benchmark("hopper", "stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation, v10 ping-pong) beside v6 and "
+              "SDPA's flash and cuDNN backends", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               hopper_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
     Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",

@@ -59,7 +59,8 @@ def _intrinsics():
         return builder.ptrtoint(builder.gep(data, [word]), i64)
 
     def statement(text, two_operands):
-        """An instruction on an mbarrier's address (uint32) and, with ``two_operands``, a uint32; no result."""
+        """An instruction on a uint32 (an mbarrier's address, a named barrier's id) and, with ``two_operands``, a
+        uint32; no result."""
         def codegen(context, builder, sig, args):
             asm(builder, text, ",".join(["r"] * len(args) + ["~{memory}"]), ir.VoidType(), list(args))
             return context.get_dummy_value()
@@ -131,7 +132,9 @@ def _intrinsics():
         prefetch_map=map_instruction("prefetch.tensormap [$0];"),
         make_setmaxnreg=lambda grow, n: make_void(f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {n};"),
         make_named_barrier=lambda arrive_only, ident, n: make_void(
-            f"bar.{'arrive' if arrive_only else 'sync'} {ident}, {n};"))
+            f"bar.{'arrive' if arrive_only else 'sync'} {ident}, {n};"),
+        make_named_barrier_by_id=lambda arrive_only, n: statement(
+            f"bar.{'arrive' if arrive_only else 'sync'} $0, {n};", False))
 
 
 def _implementation():
@@ -214,5 +217,14 @@ def named_barrier(ident: int, threads: int, arrive_only: bool = False):
     return _impl.make_named_barrier(arrive_only, ident, threads)
 
 
+def named_barrier_by_id(threads: int, arrive_only: bool = False):
+    """As :func:`named_barrier`, the id given at run time: a device function ``barrier(ident)``, ``ident`` a uint32
+    from 1 to 15, the same for every lane of a warp (each warpgroup of a kernel its own barrier, say).
+    PTX: ``bar.sync ident, threads;`` / ``bar.arrive ident, threads;`` with ``ident`` in a register."""
+    if threads % 32 or threads <= 0:
+        raise ValueError(f"a named barrier has a multiple of 32 threads; got {threads}")
+    return _impl.make_named_barrier_by_id(arrive_only, threads)
+
+
 __all__ = ["BARRIER_BYTES", "MAP_WORDS", "acquire_map", "arrive", "arrive_expect_tx", "mbarrier_init",
-           "named_barrier", "prefetch_map", "setmaxnreg", "tma_load_3d", "try_wait", "wait"]
+           "named_barrier", "named_barrier_by_id", "prefetch_map", "setmaxnreg", "tma_load_3d", "try_wait", "wait"]

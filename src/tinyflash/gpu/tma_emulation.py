@@ -163,26 +163,44 @@ def make_setmaxnreg(grow: bool, count: int):
     return setmaxnreg
 
 
+def _named_barrier(arrive_only: bool, ident: int, threads: int) -> None:
+    """Emulated ``bar.sync`` / ``bar.arrive`` of ``threads`` threads on barrier ``ident``."""
+    if not 1 <= ident <= 15:
+        raise ValueError(f"a named barrier's id is 1 .. 15 (0 is __syncthreads's); got {ident}")
+    block = _block()
+    with block.changed:
+        state = block.named.setdefault(ident, [0, 0])
+        state[0] += 1
+        generation = state[1]
+        if state[0] == threads:
+            state[0], state[1] = 0, state[1] + 1
+            block.changed.notify_all()
+            return
+        if arrive_only:
+            return
+        start = time.monotonic()
+        while state[1] == generation:
+            block.changed.wait(0.05)
+            if getattr(threading.current_thread(), "abort", False):
+                raise RuntimeError("another thread of the block failed")
+            if time.monotonic() - start > DEADLOCK_SECONDS:
+                raise RuntimeError(f"named barrier {ident} of {threads} threads: waited {DEADLOCK_SECONDS:.0f} s "
+                                   f"with {state[0]} arrived")
+
+
 def make_named_barrier(arrive_only: bool, ident: int, threads: int):
     """Emulated ``bar.sync`` / ``bar.arrive`` of ``threads`` threads on barrier ``ident``."""
 
     def barrier():
-        block = _block()
-        with block.changed:
-            state = block.named.setdefault(ident, [0, 0])
-            state[0] += 1
-            generation = state[1]
-            if state[0] == threads:
-                state[0], state[1] = 0, state[1] + 1
-                block.changed.notify_all()
-                return
-            if arrive_only:
-                return
-            start = time.monotonic()
-            while state[1] == generation:
-                block.changed.wait(0.05)
-                if time.monotonic() - start > DEADLOCK_SECONDS:
-                    raise RuntimeError(f"named barrier {ident} of {threads} threads: waited {DEADLOCK_SECONDS:.0f} s "
-                                       f"with {state[0]} arrived")
+        _named_barrier(arrive_only, ident, threads)
+
+    return barrier
+
+
+def make_named_barrier_by_id(arrive_only: bool, threads: int):
+    """Emulated ``bar.sync`` / ``bar.arrive`` of ``threads`` threads, on the barrier whose id it is given."""
+
+    def barrier(ident):
+        _named_barrier(arrive_only, int(ident), threads)
 
     return barrier

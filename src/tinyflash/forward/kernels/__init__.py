@@ -26,7 +26,7 @@ import numpy as np
 from ...warpgroup_tile import HEAD_DIMS as WARPGROUP_HEAD_DIMS
 from . import (tensor_core_tiling, v1_row_per_thread, v2_register_tiling, v3_unrolled_loads, v4_double_buffered,
                v5_branch_free, v6_tensor_cores, v7_wgmma, v8_tma,
-               v9_warp_specialized)
+               v9_warp_specialized, v10_ping_pong)
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,10 @@ VERSIONS = {v.name: v for v in (
              "consumer warpgroups multiply; full and empty mbarriers per stage; registers moved to the consumers "
              "(setmaxnreg)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
              head_dims=WARPGROUP_HEAD_DIMS),
+    _version("v10", v10_ping_pong, "the softmax of tile j taken while the tensor cores multiply (S_ij and "
+             "P_i,j-1 V_j-1 issued together, wait_group 1); the two consumer warpgroups take turns issuing their "
+             "products (ping-pong, named barriers)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"),
+             max_head_dim=128, head_dims=WARPGROUP_HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 

@@ -98,9 +98,18 @@ def default_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
 
 @lru_cache(maxsize=None)
 def default_specialised_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
-    """v9's and v10's on a GPU: two consumer warpgroups and a producer (FlashAttention-3's 3 warpgroups), 128-key
-    tiles, two stages."""
+    """v9's on a GPU: two consumer warpgroups and a producer (FlashAttention-3's 3 warpgroups), 128-key tiles, two
+    stages."""
     return TmaTiling(D=d, WARPGROUPS=2, BC=128, PRODUCER=True).validate()
+
+
+@lru_cache(maxsize=None)
+def ping_pong_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
+    """v10's on a GPU: v9's with three stages. v10 releases tile j's stage when the P·V that reads its V_j is
+    waited for, in the middle of tile j + 1's step (v9: at the end of tile j's), so with two stages the copy of
+    tile j + 2 would start about half a step before it is needed; with three, a step and a half. Three stages
+    fit in shared memory at d = 128 (225 KiB)."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=128, PRODUCER=True, STAGES=3).validate()
 
 
 def simulator_tiling(d: int) -> TmaTiling:

@@ -1,0 +1,270 @@
+"""Kernel v10: the softmax overlapped with the products, and two consumer warpgroups that take turns at the
+tensor cores (ping-pong). float16 and bfloat16 in, float32 accumulation; the fourth step of stage 4
+(``tinyflash.hopper_attention``).
+
+What changed since v9 (a producer warpgroup; consumers that wait for each product before anything else):
+
+* **The softmax of one tile runs while the tensor cores multiply** (FlashAttention-3's intra-warpgroup
+  overlap). At key tile j a consumer issues S_ij = Q_i K_jᵀ and then acc += P_i,j-1 V_j-1, the previous
+  tile's product: two wgmma groups, in that order, neither waited for (``warpgroup_tile``'s issue halves).
+  ``wait_group 1`` then retires S_ij's group while P·V may still run; the warpgroup takes the softmax of S_ij
+  without touching acc (``softmax_step_deferred``: m_i, l_i, P_ij, and each row's factor alpha), and only then
+  waits for P·V (``wait_group 0``), releases tile j − 1's stage, rescales acc by alpha and packs P_ij into the
+  A words for the next step. So S_ij (in s) and P_i,j-1 (in p) are live together. The first tile's S_i0 is
+  waited for at once, and the last tile's P·V after the loop: nothing is left to overlap them with.
+* **Ping-pong.** A step's two issues are the warpgroup's *turn* at the tensor cores. Consumer warpgroup w waits
+  on its own named barrier (``bar.sync``, 256 threads: its own 128 and the arrivals of the warpgroup before
+  it) and, its products issued, lets the next one go (``bar.arrive`` on that one's barrier); warpgroup 0
+  lets itself go first. So while one warpgroup's products occupy the tensor cores, the other takes its
+  softmax (FlashAttention-3's ``warp_scheduler_barrier_sync`` / ``_arrive``, barriers ``WarpSchedulerWG1``
+  on). With one consumer warpgroup there are no turns.
+
+The arithmetic is v9's, in the same order for every value (acc · alpha, then + P_ij V_j), so v10's outputs
+are v9's, bit for bit. A stage is held half a step longer (until its V_j's product is waited for): on a GPU
+the ring has three stages (``tma_tiling.ping_pong_tiling``). Unchanged from v9: the producer, the copies and
+the stages' "full" and "empty" barriers, the mask, the epilogue, setmaxnreg. Limits: d = dv ∈ {64, 128};
+compute capability 9.0 exactly (``sm_90a``).
+
+On numba's simulator every instruction here is emulated, ``wait_group 1`` and the named barriers included,
+and a product reaches its registers only when a wait retires its group: a kernel that read S_ij or acc
+before its wait would compute wrong numbers there. Time is not emulated: the products are computed when
+issued and the threads take turns as Python schedules them, so whether the softmax actually runs under the
+products is seen only on a GPU (tests/test_hopper_gpu.py, ``python -m tinyflash.bench hopper``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint32, uint64
+from numba.cuda import types
+
+from ...core.masks import key_stop
+from ...gpu import ptx, tma, wgmma
+from ...gpu.runtime import device_function, simulator_enabled, u
+from ...gpu.smem import shared_words
+from ...gpu.tensor_map import BOX_COLUMNS
+from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
+from ...warpgroup_tile import ROW_BYTES, warpgroup_tile
+from .tma_tiling import (K_MAP, Q_MAP, V_MAP, TmaTiling, launch_tma, ping_pong_tiling,
+                         simulator_specialised_tiling, sized_tma_launch)
+
+ZERO, ONE, TWO = u(0), u(1), u(2)
+ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
+key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+WORDS, FLOATS, MAPS = (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C"),
+                       types.Array(types.uint64, 1, "C"))
+# flash_fwd's argument types: O as 16-bit pairs, LSE, the tensor maps of Q, K, V; then n_q, n_k, scale·log2(e),
+# causal, kv_group, head_group (1 here)
+SIGNATURE = (WORDS, FLOATS, MAPS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: TmaTiling, element: str):
+    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16)."""
+    cfg.validate()
+    if not cfg.PRODUCER:
+        raise ValueError(f"kernel v10 needs a producer warpgroup (PRODUCER=True); got {cfg}")
+    tile, group = warp_tile(cfg.warp_tile(element)), warpgroup_tile(cfg.warpgroup_tile(element))
+    mask_row, epilogue = tile.mask_row, tile.epilogue
+    softmax_step, softmax_step_deferred, rescale_acc = tile.softmax_step, tile.softmax_step_deferred, tile.rescale_acc
+    descriptors, scores, p_times_v = group.descriptors, group.scores, group.p_times_v
+    issue_scores, pack_p, issue_p_times_v = group.issue_scores, group.pack_p, group.issue_p_times_v
+    scores_ready, products_ready = group.scores_ready, group.products_ready
+    BR, BC, STAGES, N_STAGES = u(cfg.BR), u(cfg.BC), u(cfg.STAGES), cfg.STAGES
+    DW = u(cfg.D // 2)  # words per row of O in HBM
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
+    Q_OFF, STAGE0, V_IN_STAGE, Q_FULL, FULL0, EMPTY0 = (layout[n] for n in ("Q_i", "stage 0", "V_j in a stage",
+                                                                              "Q_i full", "full 0", "empty 0"))
+    CONSUMERS = u(cfg.NT - wgmma.WARPGROUP)  # threads of the consumer warpgroups: each arrives on "empty"
+    WG = u(wgmma.WARPGROUP)
+    producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
+    consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
+    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
+    # the turns: consumer warpgroup w waits on barrier TURN0 + w, of its 128 threads and the 128 of the one
+    # before it (FlashAttention-3's WarpSchedulerWG1 ..: 1 .. 3 after CUTLASS's reserved ids; 0 is syncthreads's)
+    PING_PONG, WARPGROUPS, TURN0 = cfg.WARPGROUPS > 1, u(cfg.WARPGROUPS), u(1)
+    turn_wait = tma.named_barrier_by_id(2 * wgmma.WARPGROUP)
+    turn_pass = tma.named_barrier_by_id(2 * wgmma.WARPGROUP, arrive_only=True)
+    STAGE, BAR = layout["stage 1"] - layout["stage 0"], u(tma.BARRIER_BYTES)
+    S_TILES, O_TILES, P_STEPS, HALVES = cfg.BC // 8, cfg.D // 8, cfg.BC // 16, cfg.D // BOX_COLUMNS
+    Q_HALF, KV_HALF = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's columns 0-63 to 64-127
+    Q_BYTES, KV_BYTES = u(cfg.BR * cfg.D * 2), u(2 * cfg.BC * cfg.D * 2)  # what Q_i's, a stage's copies complete
+
+    @cuda.jit(device=True, inline="always")
+    def load_q(maps, base, q_start, head):
+        """Q_i by TMA, completing on its barrier: one box of Br rows per 64 columns."""
+        bar = base + uint32(Q_FULL)
+        tma.arrive_expect_tx(bar, uint32(Q_BYTES))
+        for h in range(HALVES):
+            tma.tma_load_3d(base + uint32(Q_OFF + uint64(h) * Q_HALF), maps, uint64(Q_MAP), int32(h * BOX_COLUMNS),
+                            int32(q_start), int32(head), bar)
+
+    @cuda.jit(device=True, inline="always")
+    def load_kv(maps, base, j, kv_head):
+        """K_j and V_j by TMA into stage j % STAGES, completing on its "full" barrier."""
+        stage = j % STAGES
+        bar, tile = base + uint32(FULL0 + stage * BAR), base + uint32(STAGE0 + stage * STAGE)
+        tma.arrive_expect_tx(bar, uint32(KV_BYTES))
+        for h in range(HALVES):
+            col, half = int32(h * BOX_COLUMNS), uint32(uint64(h) * KV_HALF)
+            tma.tma_load_3d(tile + half, maps, uint64(K_MAP), col, int32(j * BC), int32(kv_head), bar)
+            tma.tma_load_3d(tile + uint32(V_IN_STAGE) + half, maps, uint64(V_MAP), col, int32(j * BC), int32(kv_head),
+                            bar)
+
+    @cuda.jit(device=True, inline="always")
+    def init_barriers(base):
+        """One thread: Q_i's and each stage's "full" barrier expect one arrival (the producer's, with the bytes),
+        each "empty" barrier the consumers' threads; made visible to the copy engine."""
+        tma.mbarrier_init(base + uint32(Q_FULL), uint32(1))
+        for s in range(N_STAGES):
+            tma.mbarrier_init(base + uint32(FULL0 + uint64(s) * BAR), uint32(1))
+            tma.mbarrier_init(base + uint32(EMPTY0 + uint64(s) * BAR), uint32(CONSUMERS))
+        wgmma.fence_proxy_async()  # the barriers' initialisation, before the copy engine completes them
+
+    @cuda.jit(device=True, inline="always")
+    def produce(maps, base, q_start, head, kv_head, n_tiles):
+        """The producer's one thread: Q_i, then each K_j, V_j as soon as the consumers have left its stage."""
+        for m in range(3):
+            tma.prefetch_map(maps, uint64(m))
+            tma.acquire_map(maps, uint64(m))
+        load_q(maps, base, q_start, head)
+        for j in range(n_tiles):
+            stage = j % STAGES
+            # the phase in which the consumers released tile j - STAGES (before the first round: completed)
+            tma.wait(base + uint32(EMPTY0 + stage * BAR), uint32((j // STAGES + ONE) % TWO))
+            load_kv(maps, base, j, kv_head)
+
+    @cuda.jit(device=True, inline="always")
+    def mask(s, row, k_start, t, n_q, n_k, causal):
+        """S_ij = -inf for keys at or past Nk and, if causal, after the diagonal (v7's)."""
+        for half in range(2):
+            stop = key_stop(row + uint64(half * 8) + ONE, n_q, n_k, causal)  # keys < stop allowed
+            mask_row(s, 0, half, stop, k_start, t)
+
+    @cuda.jit(device=True, inline="always")
+    def stage_of(base, j):
+        """Tile j's stage: the address of its K_j (V_j is V_IN_STAGE on), its "full" and its "empty" barrier."""
+        stage = j % STAGES
+        return (base + uint32(STAGE0 + stage * STAGE), base + uint32(FULL0 + stage * BAR),
+                base + uint32(EMPTY0 + stage * BAR))
+
+    @cuda.jit(device=True, inline="always")
+    def my_turn(warpgroup):
+        """Wait until the warpgroup before this one has issued its products (warpgroup 0's first turn: until it
+        has let itself go)."""
+        if PING_PONG:
+            turn_wait(uint32(TURN0 + warpgroup))
+
+    @cuda.jit(device=True, inline="always")
+    def next_turn(warpgroup):
+        """This warpgroup's products are issued: the next warpgroup may issue its own."""
+        if PING_PONG:
+            turn_pass(uint32(TURN0 + (warpgroup + ONE) % WARPGROUPS))
+
+    @cuda.jit(device=True, inline="always")
+    def consume(O, LSE, base, tid, q_start, head, n_q, n_k, scale_log2, causal, n_tiles):
+        """A consumer thread (``tid`` counted from the first consumer): its warp's 16 rows of O_i. Tile 0's S_i0
+        waited for; then at each tile j, S_ij and P_i,j-1 V_j-1 issued in the warpgroup's turn, the softmax of
+        S_ij while P·V runs; the last tile's P·V at the end. A stage is released once the wait that retires
+        its P·V (the last product reading it) is over."""
+        warpgroup, warp, lane = tid // WG, tid // uint64(WARP), tid % uint64(WARP)
+        g, t = lane // uint64(4), lane % uint64(4)  # the lane's group (its rows g, g + 8) and place in it
+        warp_row = q_start + warp * uint64(MMA_M)  # the warp's first query row: consumer w's rows are 64w ..
+        warp_stop = key_stop(warp_row + ONE, n_q, n_k, causal)  # keys that the warp's first row may see (fewest)
+        s = cuda.local.array((1, S_TILES, 4), float32)  # the lane's part of S_ij, then of P_ij
+        p = cuda.local.array((P_STEPS, 4), uint32)  # P_i,j-1 packed: the A words of the P·V in flight
+        acc = cuda.local.array((1, O_TILES, 4), float32)  # its part of the unnormalised O_i
+        m_i = cuda.local.array((1, 2), float32)  # running max (base 2) of rows g, g + 8
+        l_i = cuda.local.array((1, 2), float32)  # the lane's share of their running denominators
+        m_tile = cuda.local.array((1, 2), float32)  # the rows' maxima over one key tile (base 2)
+        alpha = cuda.local.array((1, 2), float32)  # the rows' rescaling factors, applied to acc after P·V's wait
+        for half in range(2):
+            m_i[0, half], l_i[0, half] = NEG_INF, float32(0.0)
+        for n in range(O_TILES):
+            for e in range(4):
+                acc[0, n, e] = float32(0.0)
+        if PING_PONG and warpgroup == ZERO:
+            turn_pass(uint32(TURN0))  # warpgroup 0 goes first: half of its own barrier's count, now (the last
+            # warpgroup's last pass is left unmatched: the block ends with it, as FlashAttention-3's do)
+
+        tma.wait(base + uint32(Q_FULL), uint32(0))  # Q_i has landed (its barrier's one phase)
+        if n_tiles > ZERO:  # tile 0: S_i0 waited for, as in v9 (no product of this warpgroup runs yet)
+            tile, full, _ = stage_of(base, ZERO)
+            tma.wait(full, uint32(0))  # K_0, V_0 have landed
+            q_desc, k_desc, _ = descriptors(base + uint32(Q_OFF), warpgroup, tile, tile + uint32(V_IN_STAGE))
+            scores(s, q_desc, k_desc)  # S_i0 = Q_i K_0ᵀ
+            if BC > warp_stop:
+                mask(s, warp_row + g, ZERO, t, n_q, n_k, causal)
+            softmax_step(s, m_i, l_i, acc, m_tile, scale_log2)  # P_i0 replaces S_i0
+        for j in range(ONE, n_tiles):
+            k_start = j * BC
+            tile, full, _ = stage_of(base, j)
+            previous, _, previous_empty = stage_of(base, j - ONE)
+            tma.wait(full, uint32((j // STAGES) % TWO))  # K_j, V_j have landed
+            q_desc, k_desc, v_desc = descriptors(base + uint32(Q_OFF), warpgroup, tile, previous + uint32(V_IN_STAGE))
+            pack_p(s, p)  # P_i,j-1 into the A words: s is free for S_ij
+            my_turn(warpgroup)  # an order for speed, not a race: no warpgroup reads another's registers or rows
+            issue_scores(s, q_desc, k_desc)  # S_ij = Q_i K_jᵀ
+            issue_p_times_v(acc, p, v_desc)  # acc += P_i,j-1 V_j-1, after it
+            next_turn(warpgroup)
+            scores_ready(s)  # wait_group 1: S_ij is done, P·V may still run
+            if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
+                mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
+            rescaled = softmax_step_deferred(s, m_i, l_i, alpha, m_tile, scale_log2)  # P_ij replaces S_ij
+            products_ready(acc)  # wait_group 0: acc holds P_i,j-1 V_j-1
+            tma.arrive(previous_empty)  # V_j-1 is read (the wait above): the producer may refill its stage
+            if rescaled:
+                rescale_acc(acc, alpha)  # to the rows' new references, before P_ij V_j is added
+        if n_tiles > ZERO:  # the last tile's product: nothing left to overlap it with
+            tile, _, empty = stage_of(base, n_tiles - ONE)
+            _, _, v_desc = descriptors(base + uint32(Q_OFF), warpgroup, tile, tile + uint32(V_IN_STAGE))
+            p_times_v(acc, s, p, v_desc)  # acc += P_ij V_j, waited for
+            tma.arrive(empty)
+
+        epilogue(acc, m_i, l_i, O, LSE, head * n_q * DW, head * n_q, warp_row + g, t, n_q)
+
+    @cuda.jit(fastmath=FAST_MATH, **options)
+    def flash_fwd(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, head_group):
+        smem = shared_words()  # cfg.smem_layout() from a 1024-byte-aligned base: Q_i, the stages, the barriers
+        tid = uint64(cuda.threadIdx.x)
+        head, q_start = uint64(cuda.blockIdx.y), (uint64(cuda.gridDim.x) - ONE - uint64(cuda.blockIdx.x)) * BR
+        kv_head = head // uint64(kv_group)  # the K, V head it reads (grouped-query attention)
+        n_q, n_k = uint64(n_q), uint64(n_k)
+        raw = ptx.shared_address(smem, ZERO)
+        base = (raw + uint32(ALIGN - ONE)) & ~uint32(ALIGN - ONE)  # the swizzle is of absolute address bits
+        k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
+        n_tiles = (k_stop + BC - ONE) // BC
+
+        if tid == ZERO:
+            init_barriers(base)
+        cuda.syncthreads()  # the barriers are initialised before any thread waits on them; the last block barrier
+        if tid < WG:  # the producer warpgroup: few registers, one thread issues every copy
+            producer_registers()
+            if tid == ZERO:
+                produce(TMAPS, base, q_start, head, kv_head, n_tiles)
+        else:  # the consumers: the registers the producer gave up
+            consumer_registers()
+            consume(O, LSE, base, tid - WG, q_start, head, n_q, n_k, scale_log2, causal, n_tiles)
+
+    return flash_fwd
+
+
+def kernel_for(cfg: TmaTiling, element: str, head_group: int):
+    """The kernel for ``cfg`` and ``element``; head_group is 1 (one head at a time, HopperTiling's rule)."""
+    return make_kernel(cfg, element)
+
+
+def launch(args, prob, *, config: TmaTiling | None = None, element: str | None = None) -> None:
+    """Launch v10 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse; n_q, n_k,
+    scale·log2(e), causal, kv_group by name); the tensor maps are made from q, k, v. ``element`` 'bfloat16' for
+    bfloat16 inputs; ``config`` overrides the tiling."""
+    launch_tma(kernel_for, driver_launch, args, prob, config, element, tilings=(ping_pong_tiling,
+               simulator_specialised_tiling), who="kernel v10 (ping-pong)")
+
+
+@lru_cache(maxsize=256)  # by value: as v7's to v9's
+def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int, element: str,
+                  cfg: TmaTiling):
+    """v10 sized for one problem, launched through the driver, its tensor maps kept by the arrays' addresses."""
+    return sized_tma_launch(kernel_for, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)
