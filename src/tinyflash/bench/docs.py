@@ -394,7 +394,7 @@ BLOCKS = {
     "backward-longest": backward_longest,
     "backward-tensor-cores": table("backward_tensor_cores_h200"), "backward-tensor-cores-sentence": backward_tensor_cores_sentence,
     "backward-tensor-core-tiles": table("backward_tensor_core_tiles_h200"),
-    "hopper": table("hopper_h200"), "head-dims": table("head_dims_h200"), "decode": table("decode_h200"), "decode-bar": decode_bar, "ptxas": ptxas_block,
+    "hopper": table("hopper_h200"), "hopper-ping-pong": table("hopper_ping_pong_h200"), "head-dims": table("head_dims_h200"), "decode": table("decode_h200"), "decode-bar": decode_bar, "ptxas": ptxas_block,
     "deterministic": deterministic_sentence, "training-step": table("training_step_h200"),
     "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": table("decode_whole_call_h200"),
     "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,

@@ -109,6 +109,13 @@ def hopper_peers(point) -> list:
 V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (2, 192), (3, 96)], 128: [(1, 128), (2, 64), (2, 128), (3, 96)]}  # (WG, BC)
 
 
+def ping_pong_peers(point) -> list:
+    """Step 4 (v10, ping-pong) beside step 3 (v9) and SDPA's flash (the baseline) and cuDNN backends: the two
+    kernels in one run with their peers, without the earlier steps."""
+    return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage4("v9"),
+            p.stage4("v10")]
+
+
 def hopper_tiling_peers(point) -> list:
     """SDPA flash, and v7 with each tiling of V7_TILINGS: the kernel alone."""
     from ..forward.kernels.hopper_tiling import HopperTiling
@@ -249,6 +256,9 @@ BENCHMARKS = {b.name: b for b in (
               "SDPA's flash and cuDNN backends", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               hopper_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
+    Benchmark("hopper-ping-pong", "step 4 (v10, ping-pong) beside v9 and SDPA's flash and cuDNN backends", "forward",
+              {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
+              ping_pong_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
     Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
               hopper_tiling_peers, library="torch", rounds=5),

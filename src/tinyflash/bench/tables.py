@@ -446,7 +446,7 @@ def decode_bar_sentence(rows: list[dict]) -> str:
 TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
           "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table,
-          "training-step": training_step_table, "decode-whole-call": decode_call_table, "hopper": hopper_table,
+          "training-step": training_step_table, "decode-whole-call": decode_call_table, "hopper": hopper_table, "hopper-ping-pong": hopper_table,
           "hopper-tiles": hopper_tiles_table, "head-dims": head_dim_table,
           "backward-tensor-core-tiles": backward_tile_table}
 
