@@ -181,9 +181,9 @@ if not ON_HOPPER:
 for causal in ([False, True] if ON_HOPPER else []):
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
     naive_o = tf.naive_attention(q, k, v, causal=causal)[0]  # the same float16 inputs, float16 arithmetic
-    for version in ("v7", "v8", hopper.VERSION):
+    for version in ("v7", "v8", "v9", "v10"):
         if version == hopper.VERSION:
-            o, lse = tf.hopper_attention(q, k, v, causal=causal)  # the entry point runs v9
+            o, lse = tf.hopper_attention(q, k, v, causal=causal)  # the entry point runs hopper.VERSION
         else:
             o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=version)
         rule = assert_fa_rule(o, naive_o, ref_o, np.float16, what=f"{version} o")
@@ -262,17 +262,18 @@ if ON_HOPPER:
 # On the simulator a product reaches its registers only at the wait that retires it, so reading S_ij
 # or acc too early would show here; that the softmax really runs under the products, only a GPU shows:
 POINT = ("dtype", "n_q", "d", "causal")
-timed = {tuple(r[c] for c in POINT): r for r in RECORD if r["impl"] == "tinyflash" and r["variant"] == "v10"
+PING_PONG = record("hopper_ping_pong_h200")  # python -m tinyflash.bench hopper-ping-pong: v10, v9 and SDPA, one run
+timed = {tuple(r[c] for c in POINT): r for r in PING_PONG if r["impl"] == "tinyflash" and r["variant"] == "v10"
          and r["status"] == "ok"}
 if not timed:
-    print("v10 has not been timed on the H200 yet (no rows in figures/data/hopper_h200.csv): "
-          "python -m tinyflash.bench hopper measures it")
+    print("v10 has not been timed on the H200 yet (no rows in figures/data/hopper_ping_pong_h200.csv): "
+          "python -m tinyflash.bench hopper-ping-pong measures it")
 else:
     def speed(impl, variant, point):  # TFLOP/s at one point of the record
-        return float(next(r["tflops"] for r in RECORD if (r["impl"], r["variant"]) == (impl, variant)
+        return float(next(r["tflops"] for r in PING_PONG if (r["impl"], r["variant"]) == (impl, variant)
                           and tuple(r[c] for c in POINT) == point and r["status"] == "ok"))
 
-    print("\nv10 on the H200 (figures/data/hopper_h200.csv), TFLOP/s of calls queued back to back:")
+    print("\nv10 on the H200 (figures/data/hopper_ping_pong_h200.csv), TFLOP/s of calls queued back to back:")
     print(f"  {'dtype':9} {'N':>6} {'d':>4} {'causal':6} {'v10':>6} {'v10/v9':>7} {'v10/flash':>9} {'v10/cuDNN':>9}")
     ratios = {"v9": [], "flash": [], "cudnn": []}
     for point in sorted(timed, key=lambda c: (c[0], int(c[1]), int(c[2]), c[3])):
@@ -284,6 +285,12 @@ else:
               f"{ratios['flash'][-1]:9.2f} {ratios['cudnn'][-1]:9.2f}")
     for name, r in ratios.items():
         print(f"  v10 / {name}: {min(r):.2f}x to {max(r):.2f}x over {len(r)} points")
+    by_d = {dd: [r for p, r in zip(sorted(timed, key=lambda c: (c[0], int(c[1]), int(c[2]), c[3])), ratios["v9"])
+                 if p[2] == dd] for dd in ("64", "128")}
+    # What the record says: hiding the softmax pays at every point, and more at d = 128, where the products
+    # are long enough to cover a whole softmax; at d = 64 the softmax is the larger share and half of it
+    # stays in view. This is the step that takes stage 4 to cuDNN's speed at d = 128.
+    assert min(ratios["v9"]) > 1 and min(by_d["128"]) > max(by_d["64"])
 
 # %% [11] What FlashAttention-3 does besides
 # * At d = 64 it takes 192 query rows a block (three consumer warpgroups, 160 registers each; v10's turns

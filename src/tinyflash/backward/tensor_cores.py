@@ -4,7 +4,7 @@
 allocate, launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with
 float32 accumulation, d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads
 of a group, K and V never repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator
-set to zero (``kernels/rows.py``), the main kernel (:data:`VERSION`, or the one a call names: v2,
+set to zero (``kernels/rows.py``), the main kernel (v3 on Hopper, v2 elsewhere, or the one a call names: v2,
 ``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma), dQ scaled and
 rounded. The 16-bit arrays travel as uint32 words of two values, whatever their format: only the tensor
 cores and the conversions know which.
@@ -22,7 +22,7 @@ from ..core.online_softmax import LOG2E
 from ..forward.tensor_cores import FLOAT16, FLOAT32, call_key, flat16, shape_only, sixteen_bit
 from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result, zeros
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
-from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
+from ..gpu.runtime import compute_capability, require_compute_capability, require_gpu, simulator_enabled
 from ..warp_tile import MIN_COMPUTE_CAPABILITY, MMA_M
 from .kernels import get as kernel_version
 from .kernels import hopper_tiling
@@ -31,7 +31,8 @@ from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
 NAMES = ("q", "k", "v", "o", "lse", "do")
 TILINGS = {"v2": default_tiling, "v3": hopper_tiling.default_tiling}  # each main kernel's tiling on a GPU, d -> tiling
-VERSION = "v2"  # the main kernel a call runs unless it names one (any key of TILINGS); v3 needs compute capability 9.0
+VERSION = "v2"  # the main kernel a call runs unless it names one (any key of TILINGS), off Hopper
+HOPPER_VERSION = "v3"  # on a Hopper GPU: faster than v2 at every point of backward-tensor-cores
 
 
 def _flat(x):
@@ -72,9 +73,15 @@ def backward_key(arrays, causal, scale, deterministic=False, kernel=VERSION):
 
 def check_kernel(kernel, deterministic) -> str:
     """The main kernel's name, checked: a key of :data:`TILINGS`, and v3 not asked for deterministic mode (it has
-    none). None: :data:`VERSION`, or v2 where ``deterministic`` (v2 keeps the deterministic mode)."""
+    none). None: :data:`HOPPER_VERSION` on a GPU of compute capability 9.0, else :data:`VERSION`; v2 where
+    ``deterministic`` (v2 keeps the deterministic mode)."""
     if kernel is None:
-        kernel = "v2" if deterministic is True else VERSION
+        if deterministic is True:
+            kernel = "v2"
+        elif not simulator_enabled() and compute_capability() == hopper_tiling.COMPUTE_CAPABILITY:
+            kernel = HOPPER_VERSION
+        else:
+            kernel = VERSION
     if kernel not in TILINGS:
         raise ValueError(f"kernel must be one of {', '.join(TILINGS)} (None: {VERSION}); got {kernel!r}")
     if kernel == "v3" and deterministic is True:
@@ -131,7 +138,8 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     dq is bitwise reproducible too (at a cost in time: docs/results.md).
 
     ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on) or 'v3' (Hopper's wgmma,
-    compute capability 9.0 only; no deterministic mode); None: :data:`VERSION` (v2 if ``deterministic``).
+    compute capability 9.0 only; no deterministic mode); None: v3 on a Hopper GPU (:data:`HOPPER_VERSION`), else
+    :data:`VERSION` (v2), and v2 if ``deterministic``.
 
     For PyTorch and CuPy arrays on a GPU the checks and the sizing of the three launches are done once per
     combination of shapes, dtypes, ``causal``, ``scale`` and ``deterministic`` (as :func:`tinyflash.tensor_core_attention` does),

@@ -145,19 +145,20 @@ def tensor_core_table(rows: list[dict]) -> str:
 
 def hopper_table(rows: list[dict]) -> str:
     """Stage 4's steps against their peers (``hopper``): each kernel's speed over SDPA flash (queued), v6 to the last
-    wgmma version; for the one ``hopper_attention`` runs (``forward.hopper.VERSION``), its TFLOP/s, one call alone
-    over flash's, and its speed over SDPA cuDNN by time; the peers' TFLOP/s."""
+    wgmma version; for the one ``hopper_attention`` runs (``forward.hopper.VERSION``, else the record's last step),
+    its TFLOP/s, one call alone over flash's, and its speed over SDPA cuDNN by time; the peers' TFLOP/s."""
     from ..forward.hopper import VERSION
 
     steps = sorted({r["variant"] for r in rows if r["impl"] == "tinyflash"}, key=lambda v: int(v[1:]))
-    lines = ["| dtype | d | causal | B × N | " + " | ".join(f"{v} / flash" for v in steps) + f" | {VERSION} TFLOP/s | "
-             f"one call alone: {VERSION} / flash | {VERSION} / cuDNN | SDPA flash | SDPA cuDNN |",
+    shown = VERSION if VERSION in steps else steps[-1]  # a record older than VERSION: its last step
+    lines = ["| dtype | d | causal | B × N | " + " | ".join(f"{v} / flash" for v in steps) + f" | {shown} TFLOP/s | "
+             f"one call alone: {shown} / flash | {shown} / cuDNN | SDPA flash | SDPA cuDNN |",
              "|---" * (len(steps) + 9) + "|"]
     for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
         def get(impl, variant=""):
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
 
-        runs, cudnn = get("tinyflash", VERSION), get("torch_cudnn")
+        runs, cudnn = get("tinyflash", shown), get("torch_cudnn")
         ladder = " | ".join(cell(get("tinyflash", v), "vs_baseline", "{:.2f}×") for v in steps)
         lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {ladder} | {cell(runs)} | "
                      f"{cell(runs, 'latency_vs_baseline', '{:.2f}×')} | {speed(runs, cudnn)} | {cell(get('torch_flash'))} | "

@@ -2,8 +2,8 @@
 
 :func:`hopper_attention` has the contract of :func:`tinyflash.tensor_core_attention` and its steps
 (check the inputs, allocate the outputs, size the grid and launch; the checks and sizing kept per shape for
-PyTorch and CuPy inputs), with :data:`VERSION` (kernel v9, warp specialisation, ``tinyflash/forward/kernels/v9_warp_specialized.py``;
-v7, wgmma alone, v8, TMA, and v10, ping-pong, beside it) instead of v6. Its
+PyTorch and CuPy inputs), with :data:`VERSION` (kernel v10, warp specialisation with ping-pong, ``tinyflash/forward/kernels/v10_ping_pong.py``;
+v7, wgmma alone, v8, TMA, and v9, warp specialisation, beside it) instead of v6. Its
 instructions (``tinyflash/gpu/wgmma.py``) exist on compute capability 9.0 only: elsewhere a call raises
 ``UnsupportedGPUError`` before anything is compiled. On numba's simulator they are emulated.
 """
@@ -18,7 +18,7 @@ from .tensor_cores import Entry, attention_call
 # each wgmma kernel's tiling on a GPU, (d, causal, n_q) -> tiling
 TILINGS = {"v7": hopper_tiling.default_tiling, "v8": tma_tiling.default_tiling,
            "v9": tma_tiling.default_specialised_tiling, "v10": tma_tiling.ping_pong_tiling}
-VERSION = "v9"  # the kernel hopper_attention runs (any key of TILINGS): the fastest in the hopper benchmark
+VERSION = "v10"  # the kernel hopper_attention runs (any key of TILINGS): the fastest in the hopper benchmark
 HOPPER = Entry("hopper_attention", VERSION, require_hopper, TILINGS[VERSION], HEAD_DIMS)
 
 
