@@ -240,6 +240,17 @@ print(f"  the tensor-core backward runs at {min(ratios):.2f}–{max(ratios):.2f}
       f"{min(speedups):.1f}–{max(speedups):.1f}× the CUDA-core kernel's speed (N = 16,384): well short "
       "of the tensor-core forward, which matches FlashAttention-2 (lesson 07)")
 assert 0 < min(ratios) <= max(ratios) < 1.0  # what the record says: faster work is left to do
+# On Hopper, backward kernel v3 (backward/kernels/v3_wgmma.py) runs the same loop on the warpgroup multiplies of
+# stage 4 (lesson 10): a warpgroup's 64 keys are the rows of one wgmma, Pᵀ and dSᵀ stay in registers as its A
+# operand for dV and dK, and dQ = dS K_j reads the stored dSᵀ transposed. It is what the call runs there:
+wgmma_rows = {tuple(r[c] for c in ("dtype", "d", "causal", "batch", "n_q")): r for r in rows
+              if r["impl"] == "tinyflash" and r["variant"] == "v3"}
+gains = [float(wgmma_rows[key]["tflops"]) / float(r["tflops"]) for r in atomic
+         if (key := tuple(r[c] for c in ("dtype", "d", "causal", "batch", "n_q"))) in wgmma_rows]
+over_flash = [float(r["vs_baseline"]) for r in wgmma_rows.values()]
+print(f"  backward v3 (wgmma): {min(over_flash):.2f}–{max(over_flash):.2f}× FlashAttention-2's backward, "
+      f"{min(gains):.2f}–{max(gains):.2f}× v2's speed ({len(gains)} configurations of the same run)")
+assert min(gains) > 1  # the warpgroup multiplies pay at every point measured
 # What the tiling and the atomics are worth (figures/data/backward_tensor_core_tiles_h200.csv, float16, one run).
 # The hardware counters of the first version showed L2 busy 80 % of the time and the tensor cores 22 %: its dQ
 # atomics filled half of each 32-byte sector (a lane adds columns 2t and 2t + 1: two requests, each half-used),
