@@ -46,11 +46,9 @@ def _intrinsics():
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    i32, i64 = ir.IntType(32), ir.IntType(64)
+    from .inline_asm import asm, void_instruction
 
-    def asm(builder, text, constraints, result, operands):
-        fnty = ir.FunctionType(result, [op.type for op in operands])
-        return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), operands)
+    i32, i64 = ir.IntType(32), ir.IntType(64)
 
     def map_address(context, builder, aryty, array, index):
         """The generic address of tensor map ``index`` in the maps' array (16 words each)."""
@@ -112,17 +110,6 @@ def _intrinsics():
 
         return instruction
 
-    def make_void(text):
-        @intrinsic
-        def instruction(typingctx):
-            def codegen(context, builder, sig, args):
-                asm(builder, text, "~{memory}", ir.VoidType(), [])
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        return instruction
-
     return SimpleNamespace(
         mbarrier_init=statement("mbarrier.init.shared::cta.b64 [$0], $1;", True),
         arrive=statement("mbarrier.arrive.shared::cta.b64 _, [$0];", False),
@@ -130,8 +117,9 @@ def _intrinsics():
         try_wait=try_wait, tma_load_3d=tma_load_3d,
         acquire_map=map_instruction("fence.proxy.tensormap::generic.acquire.gpu [$0], 128;"),
         prefetch_map=map_instruction("prefetch.tensormap [$0];"),
-        make_setmaxnreg=lambda grow, n: make_void(f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {n};"),
-        make_named_barrier=lambda arrive_only, ident, n: make_void(
+        make_setmaxnreg=lambda grow, n: void_instruction(
+            f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {n};"),
+        make_named_barrier=lambda arrive_only, ident, n: void_instruction(
             f"bar.{'arrive' if arrive_only else 'sync'} {ident}, {n};"),
         make_named_barrier_by_id=lambda arrive_only, n: statement(
             f"bar.{'arrive' if arrive_only else 'sync'} $0, {n};", False))

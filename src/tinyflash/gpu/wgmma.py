@@ -98,11 +98,9 @@ def _intrinsics():
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    f32, i64 = ir.FloatType(), ir.IntType(64)
+    from .inline_asm import asm, void_instruction
 
-    def asm(builder, text, constraints, result, operands):
-        fnty = ir.FunctionType(result, [op.type for op in operands])
-        return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), operands)
+    f32, i64 = ir.FloatType(), ir.IntType(64)
 
     def elements(context, builder, aryty, value, n):
         """Pointers to the first n elements of a C-contiguous array (a local array: registers after inlining)."""
@@ -173,22 +171,11 @@ def _intrinsics():
 
         return fence_operands
 
-    def make_void(text):
-        @intrinsic
-        def instruction(typingctx):
-            def codegen(context, builder, sig, args):
-                asm(builder, text, "~{memory}", ir.VoidType(), [])
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        return instruction
-
     return SimpleNamespace(make_mma=make_mma, make_fence_operands=make_fence_operands,
-                           fence=make_void("wgmma.fence.sync.aligned;"),
-                           commit_group=make_void("wgmma.commit_group.sync.aligned;"),
-                           make_wait_group=lambda n: make_void(f"wgmma.wait_group.sync.aligned {int(n)};"),
-                           fence_proxy_async=make_void("fence.proxy.async.shared::cta;"))
+                           fence=void_instruction("wgmma.fence.sync.aligned;"),
+                           commit_group=void_instruction("wgmma.commit_group.sync.aligned;"),
+                           make_wait_group=lambda n: void_instruction(f"wgmma.wait_group.sync.aligned {int(n)};"),
+                           fence_proxy_async=void_instruction("fence.proxy.async.shared::cta;"))
 
 
 def _implementation():
