@@ -205,7 +205,7 @@ def backward_tensor_core_table(rows: list[dict]) -> str:
     v3 = any(r["impl"] == "tinyflash" and r["variant"] == "v3" for r in rows)  # where v3 (wgmma) was timed too
     lines = ["| dtype | d | causal | B × N | v2 TFLOP/s | v2 / flash | its rounds' middle half | one call alone: "
              "v2 / flash |" + (" v3 TFLOP/s | v3 / flash |" if v3 else "") + " SDPA flash |",
-             "|---" * (10 if v3 else 9) + "|"]
+             "|---" * (11 if v3 else 9) + "|"]
     for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
         def get(impl, variant=""):
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
