@@ -61,9 +61,9 @@ def headlines() -> str:
     # the newest run that timed the kernel hopper_attention runs: step 4's, else the ladder's
     hopper = next(rows for rows in map(record, ("hopper_ping_pong_h200", "hopper_h200"))
                   if ok(rows, impl="tinyflash", variant=HOPPER_VERSION))
-    v9 = ok(hopper, impl="tinyflash", variant=HOPPER_VERSION)
+    runs = ok(hopper, impl="tinyflash", variant=HOPPER_VERSION)
     cudnn = [float(tables.find(hopper, impl="torch_cudnn", **{k: r[k] for k in ("dtype", "d", "causal", "n_q")})
-                   ["time_ms"]) / float(r["time_ms"]) for r in v9]
+                   ["time_ms"]) / float(r["time_ms"]) for r in runs]
     tc_bw, wg_bw = ([float(r["vs_baseline"]) for r in ok(record("backward_tensor_cores_h200"), impl="tinyflash",
                                                          variant=kernel)] for kernel in ("v2", "v3"))
     decode = record("decode_h200")
@@ -77,10 +77,10 @@ def headlines() -> str:
         f"backend) in all {len(tc)} configurations measured, calls queued back to back; one call alone, "
         f"{span(alone)}.",
         f"* **Stage 4** (Hopper's wgmma, TMA, warp specialisation and ping-pong, {HOPPER_VERSION}): "
-        f"{span([float(r['vs_baseline']) for r in v9])} the speed of FlashAttention-2 and {span(cudnn)} that of "
-        f"SDPA's cuDNN backend, {' and '.join(sorted({r['dtype'] for r in v9}))} at N = "
-        f"{' and '.join(f'{n:,}' for n in sorted({int(r['n_q']) for r in v9}))} ({len(v9)} configurations, calls "
-        f"queued; one call alone, {span([float(r['latency_vs_baseline']) for r in v9])} FlashAttention-2's speed).",
+        f"{span([float(r['vs_baseline']) for r in runs])} the speed of FlashAttention-2 and {span(cudnn)} that of "
+        f"SDPA's cuDNN backend, {' and '.join(sorted({r['dtype'] for r in runs}))} at N = "
+        f"{' and '.join(f'{n:,}' for n in sorted({int(r['n_q']) for r in runs}))} ({len(runs)} configurations, calls "
+        f"queued; one call alone, {span([float(r['latency_vs_baseline']) for r in runs])} FlashAttention-2's speed).",
         f"* **Training** (the backward pass): on Hopper's wgmma (backward v3) {span(wg_bw)} the speed of "
         f"FlashAttention-2's backward (SDPA flash), on mma.sync (v2) {span(tc_bw)}, float16 and bfloat16, calls "
         f"queued; a whole training step through `tinyflash.torch` (stage 4's forward, backward v2) {span(step)}; "
