@@ -193,6 +193,35 @@ def test_the_process_keeps_working_after_a_refused_cache(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.parametrize("n_splits", [1, 11, 2 * 128 + 9])
+def test_combine_kernel_merges_any_number_of_splits(rng, n_splits):
+    """float32 out: the combine kernel against a float64 softmax over the splits, for one split, a count that
+    is not a multiple of its UNROLL, and more splits than its THREADS (three chunks of weights); a row whose
+    splits are all empty gets O = 0 and lse = -inf, and a row with some empty splits ignores them."""
+    from tinyflash.decode.kernels import combine as combine_kernel
+
+    rows, d, heads = 3, 12, 2
+    o_part = rng.standard_normal((heads, n_splits, rows, d)).astype(np.float32)
+    lse_part = (3 * rng.standard_normal((heads, n_splits, rows))).astype(np.float32)
+    lse_part[1, :, 0] = -np.inf  # every split of one row empty
+    lse_part[0, ::2, 2] = -np.inf if n_splits > 1 else lse_part[0, ::2, 2]  # some splits of another
+    O, LSE = np.full(heads * rows * d, np.nan, np.float32), np.full(heads * rows, np.nan, np.float32)
+    kernel = combine_kernel.make_combine_kernel("float32")
+    kernel[combine_kernel.grid(rows, d, heads), combine_kernel.THREADS](
+        o_part.reshape(-1), lse_part.reshape(-1), O, LSE, n_splits, rows, d)
+    lse64 = lse_part.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        lse = np.logaddexp.reduce(lse64, axis=1)  # (heads, rows)
+        w = np.nan_to_num(np.exp(lse64 - lse[:, None]))  # 0 where the whole row is empty
+    expected = (w[..., None] * o_part).sum(1)  # (heads, rows, d)
+    got = O.reshape(heads, rows, d)
+    assert np.all(got[1, 0] == 0) and LSE.reshape(heads, rows)[1, 0] == -np.inf
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
+    live = np.isfinite(lse)
+    np.testing.assert_allclose(LSE.reshape(heads, rows)[live], lse[live], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.simulator
 def test_combine_kernel_writes_bfloat16_bits(rng):
     """The combine kernel for bfloat16 outputs: O as uint16 bit patterns, each the float32 merge rounded to
     nearest even (what to_bits does to the same float32 values), lse as float32."""
@@ -205,7 +234,7 @@ def test_combine_kernel_writes_bfloat16_bits(rng):
     lse_part[1, 2] = -np.inf  # an empty split for one row
     O, LSE = np.zeros(rows * d, np.uint16), np.zeros(rows, np.float32)
     kernel = combine_kernel.make_combine_kernel("bfloat16")
-    kernel[(-(-rows * d // combine_kernel.THREADS), 1), combine_kernel.THREADS](
+    kernel[combine_kernel.grid(rows, d, 1), combine_kernel.THREADS](
         o_part.reshape(-1), lse_part.reshape(-1), O, LSE, n_splits, rows, d)
     w = np.exp(lse_part.astype(np.float64) - np.logaddexp.reduce(lse_part.astype(np.float64), axis=0))
     expected = (w[:, :, None] * o_part).sum(0)

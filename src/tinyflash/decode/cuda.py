@@ -86,8 +86,8 @@ def _combine_scalars(p: dict, d: int) -> dict:
 
 
 def _combine_grid(p: dict, d: int, batch: int, h_kv: int) -> tuple:
-    """One thread of the combine kernel per (packed row, column), a row of blocks per (sequence, K/V head)."""
-    return -(-p["rows"] * d // combine_kernel.THREADS), batch * h_kv
+    """A block of the combine kernel per (packed row, sequence and K/V head, THREADS columns)."""
+    return combine_kernel.grid(p["rows"], d, batch * h_kv)
 
 
 def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_size, num_splits, on_device,

@@ -1,8 +1,21 @@
 """The combine kernel: O and lse from the splits' partials (O_s, lse_s), exactly.
 
-A finished partial is the online-softmax state (lse_s, 1, O_s), so merging the splits is the online
-softmax's rescaling once per split (:func:`tinyflash.core.online_softmax.merge_weights`, compiled here):
-lse = log Σ_s exp(lse_s), O = Σ_s exp(lse_s − lse) · O_s. One thread per (packed row, column).
+A finished partial is the online-softmax state (lse_s, 1, O_s), so the merge is a softmax over the
+splits: lse = log Σ_s exp(lse_s), O = Σ_s exp(lse_s − lse) · O_s. All lse_s are known when the kernel
+starts, so it takes the two passes of a plain softmax rather than the online merge of
+:func:`tinyflash.decode.split_kv.combine`:
+
+    m   = max_s lse_s                       <- a block-wide reduction over the splits
+    l   = Σ_s exp(lse_s − m)                <- another
+    w_s = exp(lse_s − m)                    <- THREADS splits at a time, in shared memory
+    O   = Σ_s w_s · O_s / l,   lse = m + log l
+
+Why: in the online merge each split's step waits for the previous one's rescaling, so a thread adds
+one O_s per memory latency (about 0.4 µs a split on an H200). With the weights known first, the terms
+of Σ_s w_s · O_s are independent and each thread keeps UNROLL loads in flight.
+
+One block per (packed row, sequence and K/V head, THREADS columns); one thread per column. Base 2
+inside, as in every kernel (exp2, log2).
 """
 
 from __future__ import annotations
@@ -13,44 +26,115 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, types, uint64
 
-from ...core.online_softmax import LN2, LOG2E, merge_weights
+from ...core.online_softmax import LN2, LOG2E
 from ...gpu import elements
 from ...gpu.driver_launch import flat_type
-from ...gpu.runtime import device_function, u
+from ...gpu.runtime import u
 
 NEG_INF = float32(-np.inf)
 ZERO = u(0)
-THREADS = 128  # threads per block
-merge_weights = device_function(merge_weights)  # the online softmax's merge, from tinyflash.core
+THREADS = 128  # threads per block: a power of two (the tree reductions halve it)
+UNROLL = 8  # terms of Σ_s w_s · O_s whose loads a thread issues before it adds them
+
+
+def grid(rows: int, d: int, sequences_times_kv_heads: int) -> tuple:
+    """The combine kernel's grid: (packed rows, B · H_kv, column blocks of THREADS)."""
+    return rows, sequences_times_kv_heads, -(-d // THREADS)
+
+
+@cuda.jit(device=True, inline="always")
+def block_max(red, t, x):
+    """The largest ``x`` of the block's threads, to every thread (a tree in shared memory ``red``)."""
+    red[t] = x
+    cuda.syncthreads()  # every thread's x is in red
+    step = THREADS // 2
+    while step > 0:
+        if t < step:
+            red[t] = max(red[t], red[t + step])
+        cuda.syncthreads()  # this level of the tree is complete before the next reads it
+        step //= 2
+    out = red[0]
+    cuda.syncthreads()  # every thread has read red[0] before red is written again
+    return out
+
+
+@cuda.jit(device=True, inline="always")
+def block_sum(red, t, x):
+    """The sum of the block's threads' ``x``, to every thread (a tree in shared memory ``red``)."""
+    red[t] = x
+    cuda.syncthreads()  # every thread's x is in red
+    step = THREADS // 2
+    while step > 0:
+        if t < step:
+            red[t] = float32(red[t] + red[t + step])
+        cuda.syncthreads()  # this level of the tree is complete before the next reads it
+        step //= 2
+    out = red[0]
+    cuda.syncthreads()  # every thread has read red[0] before red is written again
+    return out
 
 
 @lru_cache(maxsize=None)
 def make_combine_kernel(element: str = ""):
-    """The combine kernel: O and lse from the splits' partials, one thread per (packed row, column). O is written
-    in its array's type (float16, float32); for ``element`` 'bfloat16' O is a uint16 array of bfloat16 bits, each
-    rounded to nearest even (``gpu.elements.narrow``)."""
+    """The combine kernel: O and lse from the splits' partials (module docstring). O is written in its array's
+    type (float16, float32); for ``element`` 'bfloat16' O is a uint16 array of bfloat16 bits, each rounded to
+    nearest even (``gpu.elements.narrow``). Launched on :func:`grid` with THREADS threads a block."""
     narrow = elements.narrow(element or None)
 
     @cuda.jit(device=True, inline="always")
     def store(O, at, value):
         O[at] = narrow(value)
 
-    @cuda.jit
+    @cuda.jit(fastmath=False)
     def combine_splits(O_PART, LSE_PART, O, LSE, n_splits, rows, d):
-        bkv = uint64(cuda.blockIdx.y)  # which (sequence, K/V head)
+        red = cuda.shared.array(THREADS, float32)  # the reductions, then one chunk's weights w_s
+        part = cuda.local.array(UNROLL, float32)  # UNROLL running sums of w_s · O_s
+        r, bkv, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
         n_splits, rows, d = uint64(n_splits), uint64(rows), uint64(d)
-        idx = uint64(cuda.blockIdx.x) * uint64(cuda.blockDim.x) + uint64(cuda.threadIdx.x)
-        if idx < rows * d:
-            r, c = idx // d, idx % d
-            m, l_sum, o = NEG_INF, float32(0.0), float32(0.0)
-            for sp in range(n_splits):  # the online softmax over the splits, each one state (lse_s, 1, O_s)
-                part = (bkv * n_splits + sp) * rows + r
-                m, w_run, w_split = merge_weights(m, LSE_PART[part] * float32(LOG2E))  # lse_s in base 2
-                l_sum = float32(l_sum * w_run + w_split)
-                o = float32(o * w_run + O_PART[part * d + c] * w_split)
+        c = uint64(cuda.blockIdx.z) * uint64(THREADS) + t  # this thread's column
+        first = bkv * n_splits * rows + r  # split s of row r is LSE_PART[first + s · rows]: layout (B·H_kv, S, rows)
+        m = NEG_INF  # m = max_s lse_s (base 2); -inf when every split is empty
+        for s in range(t, n_splits, uint64(THREADS)):
+            m = max(m, LSE_PART[first + s * rows] * float32(LOG2E))
+        m = block_max(red, t, m)
+        l_sum = float32(0.0)  # l = Σ_s exp2(lse_s − m)
+        if m != NEG_INF:
+            for s in range(t, n_splits, uint64(THREADS)):
+                l_sum += math.exp2(LSE_PART[first + s * rows] * float32(LOG2E) - m)
+        l_sum = block_sum(red, t, l_sum)
+
+        for k in range(UNROLL):
+            part[k] = float32(0.0)
+        stride = rows * d  # from split s to split s + 1 in O_PART: layout (B·H_kv, S, rows, d)
+        for chunk in range(ZERO, n_splits, uint64(THREADS)):
+            s = chunk + t
+            w = float32(0.0)
+            if s < n_splits and m != NEG_INF:
+                w = math.exp2(LSE_PART[first + s * rows] * float32(LOG2E) - m)
+            red[t] = w
+            cuda.syncthreads()  # the chunk's weights are in red
+            if c < d:
+                count = min(uint64(THREADS), n_splits - chunk)
+                at = (first + chunk * rows) * d + c  # O_s[c] of the chunk's first split
+                i = ZERO
+                while i + uint64(UNROLL) <= count:  # UNROLL independent terms: their loads overlap
+                    for k in range(UNROLL):
+                        part[k] += red[i + uint64(k)] * O_PART[at + uint64(k) * stride]
+                    i += uint64(UNROLL)
+                    at += uint64(UNROLL) * stride
+                while i < count:
+                    part[0] += red[i] * O_PART[at]
+                    i += uint64(1)
+                    at += stride
+            cuda.syncthreads()  # every thread has read the chunk's weights before the next chunk writes red
+
+        if c < d:
+            o = float32(0.0)
+            for k in range(UNROLL):
+                o += part[k]
             store(O, (bkv * rows + r) * d + c, o / l_sum if l_sum != 0 else float32(0.0))
-            if c == ZERO:
-                LSE[bkv * rows + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
+        if c == ZERO:
+            LSE[bkv * rows + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
 
     return combine_splits
 
