@@ -80,14 +80,15 @@ def test_unequal_lengths(rng, hopper, version, n_q, n_k):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (8, 1)])
 @pytest.mark.parametrize("version", HOPPER)
-def test_grouped_query_heads(rng, hopper, version, heads, kv_heads, dtype):
+def test_grouped_query_heads(rng, hopper, version, heads, kv_heads, d, dtype):
     """GQA and MQA: the same numbers as with K and V repeated to every query head, and right by the rule."""
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
-    q, k, v = random_qkv(torch, 1000, 1500, 128, getattr(torch, dtype), heads, kv_heads, int(rng.integers(2**31)))
+    q, k, v = random_qkv(torch, 1000, 1500, d, getattr(torch, dtype), heads, kv_heads, int(rng.integers(2**31)))
     o, lse = attention(version, q, k, v, True)
     group = heads // kv_heads
     o_rep, lse_rep = attention(version, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
