@@ -14,7 +14,7 @@ The kernels, each at the settings a GPU run uses by default:
 * forward v5 (``v5_branch_free``) at its default tilings, d = 64 and 128, float16 and float32;
 * forward v7 on (``v7_wgmma``, ``v8_tma``, ``v9_warp_specialized``, ``v10_ping_pong``, ...) at their tilings on
   a GPU (``forward/hopper.py``'s ``TILINGS``),
-  d = 64 and 128, float16 and bfloat16, for ``sm_90a`` (wgmma and setmaxnreg exist only there); ptxas's warnings
+  d = 64, 128 and 256 (``warpgroup_tile.HEAD_DIMS``), float16 and bfloat16, for ``sm_90a`` (wgmma and setmaxnreg exist only there); ptxas's warnings
   and wgmma notes (C7508 setmaxnreg ignored, C7510, C7515, C7519, C7520) are printed under the kernel's line;
 * forward v6 (``v6_tensor_cores``) at ``tensor_core_tiling.default_tiling(d, causal, n)`` for d in
   TENSOR_CORE_DIMS (32, 64, 96, 128, 256, and 40 and 200: padded to 64 and 224), causal or not, n in (4096,
@@ -241,7 +241,7 @@ def backward_hopper_jobs() -> list[Job]:
 
 
 def hopper_jobs() -> list[Job]:
-    """The wgmma kernels (v7 on) at their default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
+    """The wgmma kernels (v7 on) at their default tilings, each d they take, float16 and bfloat16, for sm_90a."""
     from tinyflash.forward import kernels
     from tinyflash.forward.hopper import TILINGS
 
@@ -249,7 +249,7 @@ def hopper_jobs() -> list[Job]:
     for name in [n for n in kernels.VERSIONS if int(n[1:]) >= 7]:
         module = getattr(kernels, kernels.VERSIONS[name].module.removesuffix(".py"))
         for element in ("float16", "bfloat16"):
-            for d in (64, 128):
+            for d in kernels.VERSIONS[name].head_dims:
                 cfg = TILINGS[name](d)  # the tiling hopper_attention and the hopper benchmark run it at
                 variant = (f"d={d} {element} warpgroups={cfg.WARPGROUPS} BC={cfg.BC} lazy={cfg.LAZY_RESCALE}"
                            + (f" stages={cfg.STAGES} producer={cfg.PRODUCER}" if name != "v7" else ""))

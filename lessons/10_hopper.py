@@ -123,7 +123,7 @@ for c in range(8):
 print("every chunk column read by the tensor cores hits 8 different bank groups: no conflicts")
 # The hardware applies the XOR to bits 4-6 of the shared address, taken from bits 7-9: a tile must
 # start at a multiple of 1024 bytes (8 rows of 128). A tile with d = 128 is two such tiles side by
-# side: columns 0-63 of every row, then 64-127.
+# side: columns 0-63 of every row, then 64-127; with d = 256, four.
 
 # %% [5] Code: a descriptor, the 64 bits that name an operand in shared memory
 cfg = tma_tiling.default_specialised_tiling(128)  # v9's tiling on a GPU, d = 128

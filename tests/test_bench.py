@@ -403,3 +403,23 @@ def test_hopper_tables():
     table = tables.summary(tiles).splitlines()
     assert table[0] == "| N | d | causal | warpgroups=1 BC=128 lazy=True | warpgroups=2 BC=128 lazy=True | SDPA flash |"
     assert table[2] == "| 16,384 | 128 | False | 100.0 (0.50×) | 200.0 (1.00×) | 150.0 |"
+
+
+def test_head_dim_table_with_and_without_stage_4():
+    """The head-dims table: v6, its fastest tiling, SDPA flash; hopper_attention's kernel in two more columns where
+    the record has its rows (on Hopper, at d = 256), '–' at a d it did not run."""
+    from tinyflash.forward.hopper import VERSION
+
+    times = {("tinyflash", "v6"): 12.0, ("tinyflash", "v6 warps=8 BC=64 group=1"): 11.0, ("torch_flash", ""): 10.0,
+             ("tinyflash", VERSION): 8.0}
+    rows = [row("head-dims", impl, variant, d=d, n_q=16384, time_ms=ms, tflops=round(440 / ms, 1),
+                vs_baseline=10.0 / ms, latency_vs_baseline=1.1) for d in (96, 256) for (impl, variant), ms in times.items()
+            if d == 256 or variant != VERSION]
+    table = tables.summary(rows).splitlines()
+    assert table[0].endswith(f"| its speed / flash | {VERSION} TFLOP/s | {VERSION} / flash | SDPA flash |")
+    assert table[1] == "|---" * 12 + "|"
+    assert table[2] == "| float16 | 96 | False | 1 × 16,384 | 36.7 | 0.83× | 1.10× | warps=8 BC=64 | 0.91× | – | – | 44.0 |"
+    assert table[3] == ("| float16 | 256 | False | 1 × 16,384 | 36.7 | 0.83× | 1.10× | warps=8 BC=64 | 0.91× | 55.0 | 1.25× "
+                        "| 44.0 |")
+    without = tables.head_dim_table([r for r in rows if r["variant"] != VERSION]).splitlines()
+    assert without[0].endswith("| its speed / flash | SDPA flash |") and without[3].endswith("| 0.91× | 44.0 |")

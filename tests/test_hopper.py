@@ -85,6 +85,28 @@ def test_head_dim_128_many_tiles(rng, causal, version):
 
 
 @pytest.mark.parametrize("version", HOPPER)
+@pytest.mark.parametrize("causal, n_q, n_k", [(False, 20, 37), (True, 45, 29)])
+def test_head_dim_256(rng, causal, n_q, n_k, version):
+    """d = 256 (FlashAttention-3's largest): Q_i, K_j, V_j in four 64-column pieces, four TMA boxes each; S_ij's
+    16 k-steps cross three pieces, P·V's wgmma is m64n256 (V_j's descriptor across four). Ragged on both sides;
+    causal with Nq > Nk, rows that see no key."""
+    q, k, v = make_qkv(rng, (1,), n_q, n_k, d=256, dtype=np.float16)
+    o, lse = attention(version, q, k, v, causal=causal)
+    assert o.shape == (1, n_q, 256) and lse.shape == (1, n_q)
+    check(o, lse, q, k, v, causal, f"{version} d=256 {n_q}x{n_k} causal={causal}")
+    if causal:
+        assert np.all(o[0, :n_q - n_k] == 0) and np.all(np.isneginf(lse[0, :n_q - n_k]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256_bfloat16(rng, causal):
+    """d = 256 in bfloat16 through the kernel hopper_attention runs, ragged, causal and not."""
+    q, k, v = bf16_inputs(rng, 19, 35, 256)  # exact in bfloat16
+    o, lse = bf16_attention(q, k, v, causal, version=ENTRY)
+    check_bf16(o, lse, q, k, v, causal)
+
+
+@pytest.mark.parametrize("version", HOPPER)
 def test_two_warpgroups(rng, version):
     """Two (consumer) warpgroups (Br = 128), 32-key tiles, causal with Nq > 64: the second warpgroup's rows of
     Q_i, its first warp's causal skip, and 36 rows past Nq (the TMA box of Q_i reads them as zeros)."""
@@ -168,7 +190,7 @@ def test_bad_inputs_name_the_argument(rng):
     with pytest.raises(TypeError, match="hopper_attention takes float16 or bfloat16; got q of dtype float32"):
         tf.hopper_attention(q, k, v)
     q, k, v = make_qkv(rng, (1,), 8, 8, d=96, dtype=np.float16)
-    with pytest.raises(ValueError, match=r"hopper_attention supports d = dv one of \(64, 128\); got q"):
+    with pytest.raises(ValueError, match=r"hopper_attention supports d = dv one of \(64, 128, 256\); got q"):
         tf.hopper_attention(q, k, v)
 
 
@@ -176,7 +198,9 @@ def test_bad_inputs_name_the_argument(rng):
 def test_registered_with_its_limits(version):
     entry = VERSIONS[version]
     assert entry.accepts("bfloat16", 128, 128) and entry.accepts(np.float16, 64, 64)
+    assert entry.accepts("bfloat16", 256, 256) and entry.accepts(np.float16, 256, 256)
     assert not entry.accepts(np.float32, 64, 64) and not entry.accepts(np.float16, 96, 96)
+    assert not entry.accepts(np.float16, 256, 128)  # d = dv only
 
 
 def test_tma_tilings_checked():
@@ -187,10 +211,23 @@ def test_tma_tilings_checked():
         TmaTiling(D=64, WARPGROUPS=2, BC=64, PRODUCER=True, PRODUCER_REGISTERS=40).validate()
     with pytest.raises(ValueError, match="shared memory"):
         TmaTiling(D=128, WARPGROUPS=2, BC=128, STAGES=4).validate()
+    with pytest.raises(ValueError, match="shared memory"):  # d = 256: 80 keys a tile is the most two stages hold
+        TmaTiling(D=256, WARPGROUPS=2, BC=96, PRODUCER=True).validate()
     with pytest.raises(ValueError, match="WARPGROUPS"):
         HopperTiling(D=64, WARPGROUPS=4, BC=64).validate()
     with pytest.raises(ValueError, match="BC must be a multiple of 16"):
         HopperTiling(D=64, WARPGROUPS=1, BC=24).validate()
+
+
+@pytest.mark.parametrize("version", HOPPER)
+def test_the_gpu_tilings_fit_every_head_dim(version):
+    """Each kernel's tiling on a GPU at each d it takes passes its checks and fits the 227 KiB a block may have
+    on an H200; at d = 256, FlashAttention-3's 128 × 80 in two stages (three of 80 keys would not fit)."""
+    for d in VERSIONS[version].head_dims:
+        cfg = hopper.TILINGS[version](d)  # validated
+        assert cfg.D == d and cfg.smem_bytes <= 227 * 1024, cfg
+    big = hopper.TILINGS[version](256)
+    assert (big.BR, big.BC, getattr(big, "STAGES", 2)) == (128, 80, 2)
 
 
 def test_the_tilings_the_benchmark_times_are_valid():

@@ -1,6 +1,6 @@
 """Stage 4 (kernels v7 wgmma, v8 TMA, v9 warp specialisation, v10 ping-pong) on a Hopper GPU at real sizes:
 hopper_attention's call path on PyTorch tensors with each version (``HOPPER``, from the registry), float16 and
-bfloat16, d = 64 and 128, causal or not, grouped-query heads, ragged lengths; v10 against v9, bit for bit.
+bfloat16, d = 64, 128 and 256, causal or not, grouped-query heads, ragged lengths; v10 against v9, bit for bit.
 
 Each result is checked on sampled query rows of the first and last head against the float64 reference, by
 FlashAttention's rule against naive attention computed in the same precision by PyTorch
@@ -49,7 +49,7 @@ def random_qkv(torch, n_q, n_k, d, dtype, heads=2, kv_heads=None, seed=0):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", NS)
 @pytest.mark.parametrize("version", HOPPER)
@@ -70,7 +70,7 @@ def test_unequal_lengths(rng, hopper, version, n_q, n_k):
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for causal in (False, True):
             for dtype in (torch.float16, torch.bfloat16):
                 q, k, v = random_qkv(torch, n_q, n_k, d, dtype, seed=int(rng.integers(2**31)))
@@ -80,14 +80,15 @@ def test_unequal_lengths(rng, hopper, version, n_q, n_k):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (8, 1)])
 @pytest.mark.parametrize("version", HOPPER)
-def test_grouped_query_heads(rng, hopper, version, heads, kv_heads, dtype):
+def test_grouped_query_heads(rng, hopper, version, heads, kv_heads, d, dtype):
     """GQA and MQA: the same numbers as with K and V repeated to every query head, and right by the rule."""
     torch = pytest.importorskip("torch")
     from tinyflash.bench.checking import check_output
 
-    q, k, v = random_qkv(torch, 1000, 1500, 128, getattr(torch, dtype), heads, kv_heads, int(rng.integers(2**31)))
+    q, k, v = random_qkv(torch, 1000, 1500, d, getattr(torch, dtype), heads, kv_heads, int(rng.integers(2**31)))
     o, lse = attention(version, q, k, v, True)
     group = heads // kv_heads
     o_rep, lse_rep = attention(version, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
@@ -114,7 +115,7 @@ def test_tilings(rng, hopper):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("n_q, n_k", [(1000, 777), (4097, 4097)])
 def test_ping_pong_is_warp_specialisation_bit_for_bit(rng, hopper, n_q, n_k, d, dtype):
     """v10 computes every value as v9 does, in the same order, with its softmax under the tensor cores' products and

@@ -185,14 +185,14 @@ def test_a_head_dim_the_backward_does_not_take(rng):
 
 
 def test_the_forward_is_stage_4_on_hopper(rng):
-    """The forward that autograd runs is the fastest that takes the inputs: on a Hopper GPU at d = 64 and 128,
+    """The forward that autograd runs is the fastest that takes the inputs: on a Hopper GPU at d = 64, 128 and 256,
     hopper_attention's o and lse bit for bit (grouped K/V heads, causal), elsewhere tensor_core_attention's."""
     import tinyflash as tf
     import tinyflash.torch as tft
     from tinyflash.gpu.runtime import compute_capability
 
     fastest = tf.hopper_attention if compute_capability() == (9, 0) else tf.tensor_core_attention
-    for d, dtype in ((64, torch.bfloat16), (128, torch.float16)):
+    for d, dtype in ((64, torch.bfloat16), (128, torch.float16), (256, torch.bfloat16)):
         q, k, v, _ = leaves(int(rng.integers(2**31)), heads=4, kv_heads=2, n=1000, d=d, dtype=dtype)
         o, lse = tft.attention_forward(q, k, v, True, None, False)
         o_ref, lse_ref = fastest(q, k, v, causal=True)

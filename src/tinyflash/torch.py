@@ -14,7 +14,7 @@ kernels go to PyTorch's current stream, the outputs come from its allocator.
 The forward saves (q, k, v, o, lse) — O(N) beyond the inputs, not the N × N matrix P — and the backward
 recomputes P from them. float16 and bfloat16 with d = dv go to the tensor cores
 (:func:`tinyflash.tensor_core_attention`, d a multiple of 8 up to 256 — on a Hopper GPU, compute
-capability 9.0, :func:`tinyflash.hopper_attention` at d = 64 and 128, the faster forward — and
+capability 9.0, :func:`tinyflash.hopper_attention` at d = 64, 128 and 256, the faster forward — and
 :func:`tinyflash.tensor_core_attention_backward`, d = 64 or 128), and may have fewer K/V heads than query
 heads (grouped-query attention: k.grad and v.grad sum over each group); float16 and bfloat16 at other head
 dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and

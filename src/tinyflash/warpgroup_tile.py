@@ -24,8 +24,9 @@ with the products (v10):
     scores_ready      wait_group 1: the older batch (S_ij's) is done, the newest (P·V's) may still run
     products_ready    wait_group 0: every batch is done
 
-Shared memory: a tile of R rows × d columns is 128-byte swizzled (``wgmma.swizzled_chunk``): columns
-0-63 of every row, then 64-127, R · 128 bytes each; Q_i's warpgroup rows start 64 · 128 bytes apart.
+Shared memory: a tile of R rows × d columns is 128-byte swizzled (``wgmma.swizzled_chunk``) in d / 64 pieces
+of 64 columns (128 bytes a row, the most the swizzle takes): columns 0-63 of every row, then 64-127, and at
+d = 256 128-191 and 192-255, R · 128 bytes each; Q_i's warpgroup rows start 64 · 128 bytes apart.
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ from .gpu.runtime import u
 from .warp_tile import MMA_K, MMA_N
 
 WGMMA_M = wgmma.WGMMA_M  # query rows of a warpgroup
-ROW_BYTES = wgmma.SWIZZLE_ROW_BYTES  # a row of one 64-column half of a swizzled tile
-HALF_STEPS = ROW_BYTES // (2 * MMA_K)  # k-steps of 16 columns in one 64-column half: 4
-HEAD_DIMS = (64, 128)  # d = dv that a warpgroup's tile takes (whole 64-column halves of a swizzled tile)
+ROW_BYTES = wgmma.SWIZZLE_ROW_BYTES  # a row of one 64-column piece of a swizzled tile
+PIECE_STEPS = ROW_BYTES // (2 * MMA_K)  # k-steps of 16 columns in one 64-column piece: 4
+HALF_STEPS = PIECE_STEPS  # the backward's name for it (at its d <= 128 a tile's pieces are its halves)
+# d = dv that a warpgroup's tile takes: whole 64-column pieces of a swizzled tile, 1, 2 or 4 of them (256: wgmma's
+# largest N, for P_ij V_j's m64n{d}k16)
+HEAD_DIMS = (64, 128, 256)
+BACKWARD_HEAD_DIMS = (64, 128)  # the backward's kernel v3 (its tilings are sized for these)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class WarpgroupTile:
 
     def descriptor_bits(self) -> dict:
         """The fixed bits of the three descriptors: Q_i and K_j K-major (SBO: 8 rows of 128 bytes; LBO unused),
-        V_j MN-major (SBO: 8 keys; LBO: from its columns 0-63 to 64-127, BC rows on)."""
+        V_j MN-major (SBO: 8 keys; LBO: from one 64-column piece to the next, BC rows on)."""
         return {"Q": wgmma.descriptor_bits(16, 8 * ROW_BYTES), "K": wgmma.descriptor_bits(16, 8 * ROW_BYTES),
                 "V": wgmma.descriptor_bits(self.BC * ROW_BYTES, 8 * ROW_BYTES)}
 
@@ -84,9 +89,9 @@ def tile_problems(D: int, BC: int) -> list[str]:
 
 
 def k_step_offset(kk: int, rows: int) -> int:
-    """Bytes from a swizzled tile of ``rows`` rows to the start of columns 16kk .. 16kk + 15: its 64-column half,
-    then 32 bytes per step inside the half (the hardware swizzles the address it computes from there)."""
-    return (kk // HALF_STEPS) * rows * ROW_BYTES + (kk % HALF_STEPS) * 2 * MMA_K
+    """Bytes from a swizzled tile of ``rows`` rows to the start of columns 16kk .. 16kk + 15: its 64-column piece,
+    then 32 bytes per step inside the piece (the hardware swizzles the address it computes from there)."""
+    return (kk // PIECE_STEPS) * rows * ROW_BYTES + (kk % PIECE_STEPS) * 2 * MMA_K
 
 
 @lru_cache(maxsize=None)
@@ -101,8 +106,8 @@ def warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
     bits = spec.descriptor_bits()
     Q_BITS, K_BITS, V_BITS = u(bits["Q"]), u(bits["K"]), u(bits["V"])
     # descriptor steps (the start field counts 16 bytes): per k-step in Q_i and K_j, per 16 keys in V_j
-    # (k_step_offset in 16-byte units: a 64-column half of R rows is 8R, a step inside it 2)
-    Q_HALF, K_HALF, STEP, HALF = u(spec.BR * ROW_BYTES >> 4), u(spec.BC * ROW_BYTES >> 4), u(2), u(HALF_STEPS)
+    # (k_step_offset in 16-byte units: a 64-column piece of R rows is 8R, a step inside it 2)
+    Q_PIECE, K_PIECE, STEP, PIECE = u(spec.BR * ROW_BYTES >> 4), u(spec.BC * ROW_BYTES >> 4), u(2), u(PIECE_STEPS)
     V_STEP = u(MMA_K * ROW_BYTES >> 4)
     WG_Q_BYTES = u(WGMMA_M * ROW_BYTES)  # from one warpgroup's rows of Q_i to the next's
 
@@ -119,8 +124,8 @@ def warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
         retires the group."""
         wgmma.fence()
         for kk in range(K_STEPS):
-            half, step = uint64(kk) // HALF, uint64(kk) % HALF  # k_step_offset(kk, rows)
-            mma_s(s, q_desc + half * Q_HALF + step * STEP, k_desc + half * K_HALF + step * STEP, uint32(kk != 0))
+            piece, step = uint64(kk) // PIECE, uint64(kk) % PIECE  # k_step_offset(kk, rows)
+            mma_s(s, q_desc + piece * Q_PIECE + step * STEP, k_desc + piece * K_PIECE + step * STEP, uint32(kk != 0))
         wgmma.commit_group()
 
     @cuda.jit(device=True, inline="always")

@@ -125,12 +125,18 @@ def hopper_tiling_peers(point) -> list:
 
 
 def head_dim_peers(point) -> list:
-    """SDPA flash (the baseline), stage 3 as a user calls it (its default tiling), and in float16 v6 with each
-    tiling of V6_TILINGS[d], the kernel alone, its heads ordered by the rule (``tensor_core_tiling.head_group``)."""
+    """SDPA flash (the baseline), stage 3 as a user calls it (its default tiling), on a Hopper GPU stage 4 where it
+    takes d (``hopper_attention``: d = 256 of these), and in float16 v6 with each tiling of V6_TILINGS[d], the
+    kernel alone, its heads ordered by the rule (``tensor_core_tiling.head_group``)."""
+    from ..forward.hopper import HOPPER
+    from ..forward.kernels.hopper_tiling import COMPUTE_CAPABILITY
     from ..forward.kernels.tensor_core_tiling import TensorCoreTiling, head_group
+    from ..gpu.runtime import compute_capability
 
     d, causal = point["d"], point["causal"]
     found = [p.sdpa("flash", ("float16", "bfloat16")), p.stage3()]
+    if d in HOPPER.head_dims and compute_capability() == COMPUTE_CAPABILITY:
+        found.append(p.stage4())
     if point["dtype"] == "float16":  # the tilings once: the element type changes no register or byte
         for w, bc, rt, q, lazy in V6_TILINGS[d]:
             cfg = TensorCoreTiling(D=d, WARPS=w, BC=bc, ROW_TILES=rt, Q_IN_SMEM=q, LAZY_RESCALE=lazy)
@@ -263,7 +269,7 @@ BENCHMARKS = {b.name: b for b in (
               {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
               hopper_tiling_peers, library="torch", rounds=5),
     Benchmark("head-dims", "stage 3 (v6) at head dims beside 64 and 128 against SDPA flash, and v6's candidate "
-              "tilings there", "forward",
+              "tilings there; on Hopper, stage 4 at d = 256", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (96, 256), "causal": (False, True), "n": (16384,)},
               head_dim_peers, library="torch", rounds=5),
     Benchmark("example-32k", "the 32k-token example: B = 1, H = 32, N = 32,768, d = 128, causal", "forward",

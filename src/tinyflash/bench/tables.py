@@ -168,9 +168,13 @@ def hopper_table(rows: list[dict]) -> str:
 
 def head_dim_table(rows: list[dict]) -> str:
     """Stage 3 at head dims beside 64 and 128 (``head-dims``): v6 as a user calls it, its TFLOP/s and speed over SDPA
-    flash (queued; one call alone), and the fastest of its candidate tilings there."""
+    flash (queued; one call alone), its fastest candidate tiling there, and stage 4 where the record times it."""
+    from ..forward.hopper import VERSION
+
+    s4 = [VERSION] * any(r["variant"] == VERSION for r in rows)  # hopper_attention's kernel: timed on Hopper only
     lines = ["| dtype | d | causal | B × N | v6 TFLOP/s | v6 / flash | one call alone: v6 / flash | fastest tiling tried "
-             "| its speed / flash | SDPA flash |", "|---" * 10 + "|"]
+             "| its speed / flash |" + "".join(f" {v} TFLOP/s | {v} / flash |" for v in s4) + " SDPA flash |",
+             "|---" * (10 + 2 * len(s4)) + "|"]
     for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
         def get(impl, variant=""):
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
@@ -180,9 +184,10 @@ def head_dim_table(rows: list[dict]) -> str:
                  and (r["dtype"], r["d"], r["causal"], r["batch"], r["n_q"]) == (dtype, d, causal, b, n)]
         best = max(tried, key=lambda r: float(r["vs_baseline"]), default=None)
         name = best["variant"].removeprefix("v6 ").split(" group=")[0] if best else DASH
+        hopper = "".join(f"{cell(get('tinyflash', v))} | {cell(get('tinyflash', v), 'vs_baseline', '{:.2f}×')} | " for v in s4)
         lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v6)} | {cell(v6, 'vs_baseline', '{:.2f}×')} | "
                      f"{cell(v6, 'latency_vs_baseline', '{:.2f}×')} | {name} | {cell(best, 'vs_baseline', '{:.2f}×')} | "
-                     f"{cell(get('torch_flash'))} |")
+                     f"{hopper}{cell(get('torch_flash'))} |")
     return "\n".join(lines)
 
 
@@ -341,13 +346,8 @@ def tiles_table(rows: list[dict]) -> str:
                       for w, _, q, _, lazy in columns)
     out = [f"| N | d | causal | {head} |", "|---|---|---|" + "---|" * len(columns)]
     for (n, d, causal), tilings in sorted(points.items(), key=lambda kv: (kv[0][0], -kv[0][1], kv[0][2])):
-        cells = []
-        for c in columns:
-            if c not in tilings:
-                cells.append(DASH)
-                continue
-            group, (tf, x) = max(tilings[c].items(), key=lambda kv: kv[1][0])
-            cells.append(f"{tf:.1f} ({x:.2f}×, {group})")
+        best = {c: max(tilings[c].items(), key=lambda kv: kv[1][0]) for c in columns if c in tilings}  # fastest group
+        cells = [f"{best[c][1][0]:.1f} ({best[c][1][1]:.2f}×, {best[c][0]})" if c in best else DASH for c in columns]
         out.append(f"| {n:,} | {d} | {causal} | {' | '.join(cells)} |")
     return "\n".join(out)
 

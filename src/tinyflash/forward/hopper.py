@@ -26,7 +26,7 @@ def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = Non
     """Stage 4: FlashAttention's forward pass with Hopper's warpgroup multiplies. Returns ``(o, lse)``.
 
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), k and v with
-    fewer heads than q for grouped-query attention, d = 64 or 128, any Nq, Nk >= 1; o (..., Nq, d) in the
+    fewer heads than q for grouped-query attention, d = 64, 128 or 256, any Nq, Nk >= 1; o (..., Nq, d) in the
     input dtype, lse (..., Nq) in float32. Products accumulate in float32; P_ij is rounded to the input type
     before P·V. ``causal`` masks bottom-right (``tinyflash.core.masks``). NumPy float16 inputs are copied to
     the GPU and back; device arrays (CuPy, numba, PyTorch CUDA tensors) stay there. Needs a Hopper GPU

@@ -207,7 +207,7 @@ def cp_async_rows(row_words: int, words: int, threads: int, tile_words: int | No
 
 def cp_async_swizzled_rows(words: int, threads: int, tile_rows: int):
     """For the wgmma kernels: as :func:`cp_async_rows`, into a 128-byte-swizzled tile of ``tile_rows`` rows
-    (``wgmma.swizzled_chunk``: 64-column halves one after the other, each row's 16-byte chunks permuted by the
+    (``wgmma.swizzled_chunk``: 64-column pieces one after the other, each row's 16-byte chunks permuted by the
     row's place among 8) instead of padded rows. ``copy_rows(src, src_off, first, n_rows, tile_addr, tid,
     CHUNKS_PER_THREAD)``; ``tile_addr`` 1024-byte aligned. Rows at or past n_rows become zeros."""
     CHUNKS, DW = u(words // 4), u(words)  # 16-byte chunks per row; words per row in HBM

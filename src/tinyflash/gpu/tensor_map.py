@@ -8,7 +8,8 @@ words each (``tma.MAP_WORDS``), which the copying thread makes visible to the co
 The maps here are 3-D, over a (heads, rows, columns) array of 16-bit elements (Q, K or V, flat, as the host
 wrappers pass them): columns innermost, rows of ``columns · 2`` bytes, heads of ``rows`` rows. A box is 64
 columns (128 bytes: the most the 128-byte swizzle takes) × ``box_rows`` rows × one head; a head of d = 128 is
-two boxes side by side, which is the layout of ``tinyflash.warpgroup_tile``'s tiles (two 64-column halves).
+two boxes side by side (d = 256: four), which is the layout of ``tinyflash.warpgroup_tile``'s tiles (d / 64
+pieces of 64 columns, one after the other).
 Rows past the end of a head are read as zeros: a ragged last tile needs no code.
 
 **Maps hold addresses.** A map is for one array at one address, and a call's arrays are new ones (or the same

@@ -34,8 +34,9 @@ stride-dimension byte offset (SBO) >> 4; 49-51 a base offset (0 here: every tile
 swizzle**: a tile of R rows × 64 16-bit values (128 bytes a row) is stored row after row, and the 16-byte
 chunk c of row r sits at chunk position c XOR (r mod 8) of its row (:func:`swizzled_chunk`), so that the 8
 rows of a core matrix fall in 8 different bank groups. A tile with d = 128 columns is two such tiles side
-by side in memory: columns 0-63, then columns 64-127, each R × 128 bytes. The hardware applies the XOR to
-bits 4-6 of the absolute shared address, from bits 7-9: a tile must start 1024-byte aligned.
+by side in memory: columns 0-63, then columns 64-127, each R × 128 bytes (d = 256: four, one after the
+other). The hardware applies the XOR to bits 4-6 of the absolute shared address, from bits 7-9: a tile
+must start 1024-byte aligned.
 
 How a descriptor reads such a tile (the canonical layouts of CUTLASS's ``make_gmma_desc``):
 
@@ -44,8 +45,9 @@ How a descriptor reads such a tile (the canonical layouts of CUTLASS's ``make_gm
   (8 rows of 128 bytes); LBO is not used. The k-th 16 columns of a 64-column tile start 32k bytes on.
 * MN-major (B = V_j for O += P V with ``trans_b``: a row of the tile is one k, a key, along n): element
   (k, n) at ``start + (k // 8)·SBO + (k % 8)·128 + (n // 64)·LBO + 2(n % 64)``, then swizzled. SBO = 1024,
-  LBO = the distance between the tile's two 64-column halves (R · 128 bytes), used when N > 64. A may be
-  MN-major too (``trans_a``; the backward's dS read from the stored dSᵀ), the same with m for n.
+  LBO = the distance from one of the tile's 64-column pieces to the next (R · 128 bytes), used when N > 64
+  (N = 256: four pieces, each LBO after the one before). A may be MN-major too (``trans_a``; the
+  backward's dS read from the stored dSᵀ), the same with m for n.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def descriptor(address, bits):
 @cuda.jit(device=True, inline="always")
 def swizzled_chunk(row, chunk, rows):
     """Byte offset in a 128-byte-swizzled tile of ``rows`` rows of the 16-byte chunk ``chunk`` (8 values:
-    columns 8·chunk ..) of row ``row``: its 64-column half, its row, its chunk XOR the row's place among 8."""
+    columns 8·chunk ..) of row ``row``: its 64-column piece, its row, its chunk XOR the row's place among 8."""
     return (uint32(chunk) // uint32(8) * uint32(rows) + uint32(row)) * uint32(SWIZZLE_ROW_BYTES) + (
         (uint32(chunk) % uint32(8)) ^ (uint32(row) % uint32(8))) * uint32(16)
 

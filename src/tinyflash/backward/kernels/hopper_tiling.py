@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ...gpu.launch import Tiling
 from ...gpu.runtime import require_exact_compute_capability
 from ...gpu.wgmma import SWIZZLE_ATOM_BYTES, WARPGROUP
-from ...warpgroup_tile import HEAD_DIMS, WGMMA_M
+from ...warpgroup_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, WGMMA_M
 
 COMPUTE_CAPABILITY = (9, 0)  # wgmma, sm_90a: Hopper only
 BR = WGMMA_M  # query rows per tile: dQ_i = dS K_j has them as its M

@@ -73,19 +73,19 @@ VERSIONS = {v.name: v for v in (
     _version("v7", v7_wgmma, "Hopper's wgmma (stage 4): a warpgroup of 4 warps multiplies 64 query rows at once, "
              "asynchronously; Q_i, K_j, V_j read by the tensor cores from 128-byte-swizzled shared memory through "
              "descriptors, P_ij from registers; compute capability 9.0 only", ("config",),
-             dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128, head_dims=WARPGROUP_HEAD_DIMS),
+             dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=256, head_dims=WARPGROUP_HEAD_DIMS),
     _version("v8", v8_tma, "TMA: one thread asks the copy engine for each tile of Q_i, K_j, V_j, which lands "
              "swizzled in shared memory and completes on an mbarrier; a ring of stages (tensor maps from the host)",
-             ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
+             ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=256,
              head_dims=WARPGROUP_HEAD_DIMS),
     _version("v9", v9_warp_specialized, "warp specialisation: a producer warpgroup issues every TMA copy, two "
              "consumer warpgroups multiply; full and empty mbarriers per stage; registers moved to the consumers "
-             "(setmaxnreg)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=128,
+             "(setmaxnreg)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"), max_head_dim=256,
              head_dims=WARPGROUP_HEAD_DIMS),
     _version("v10", v10_ping_pong, "the softmax of tile j taken while the tensor cores multiply (S_ij and "
              "P_i,j-1 V_j-1 issued together, wait_group 1); the two consumer warpgroups take turns issuing their "
              "products (ping-pong, named barriers)", ("config",), dtypes=(np.dtype(np.float16), "bfloat16"),
-             max_head_dim=128, head_dims=WARPGROUP_HEAD_DIMS),
+             max_head_dim=256, head_dims=WARPGROUP_HEAD_DIMS),
 )}
 LATEST = "v5"  # what cuda_attention runs unless told otherwise
 

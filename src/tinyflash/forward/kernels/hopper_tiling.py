@@ -19,6 +19,9 @@ from ...warp_tile import WarpTile
 from ...warpgroup_tile import WGMMA_M, WarpgroupTile, tile_problems
 
 COMPUTE_CAPABILITY = (9, 0)  # wgmma, sm_90a: Hopper only (its 'a' features do not carry to later GPUs)
+# Bc on a GPU by head dim: 128 keys at d = 64 and 128; at d = 256, 80 (FlashAttention-3's 128 × 80 there), the
+# most that fits: Q_i (64 KiB) and two stages of K_j, V_j (40 KiB each) are 224 of the 227 KiB a block may have
+GPU_BC = {64: 128, 128: 128, 256: 80}
 
 
 def require_hopper(who: str) -> None:
@@ -81,9 +84,10 @@ class HopperTiling(Tiling):
 
 @lru_cache(maxsize=None)
 def default_tiling(d: int, causal: bool = False, n_q: int = 0) -> HopperTiling:
-    """The tiling used on a GPU: two warpgroups (Br = 128) and 128-key tiles, as FlashAttention-3 has at d = 128
-    causal; rescaled lazily. (causal and n_q are taken for the same call as v6's default_tiling.)"""
-    return HopperTiling(D=d, WARPGROUPS=2, BC=128).validate()
+    """The tiling used on a GPU: two warpgroups (Br = 128) and GPU_BC[d] keys a tile (128 as FlashAttention-3 has
+    at d = 128 causal; 80 at d = 256); rescaled lazily. (causal and n_q are taken for the same call as v6's
+    default_tiling.)"""
+    return HopperTiling(D=d, WARPGROUPS=2, BC=GPU_BC.get(d, 128)).validate()
 
 
 def simulator_tiling(d: int) -> HopperTiling:

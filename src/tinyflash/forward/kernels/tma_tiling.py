@@ -27,7 +27,7 @@ from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
 from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
 from ...warpgroup_tile import HEAD_DIMS, tile_problems
-from .hopper_tiling import HopperTiling, require_hopper
+from .hopper_tiling import GPU_BC, HopperTiling, require_hopper
 from .tensor_core_tiling import launch_tensor_cores
 
 Q_MAP, K_MAP, V_MAP = 0, 1, 2  # the maps' order in the kernels' TMAPS array
@@ -92,15 +92,15 @@ class TmaTiling(HopperTiling):
 
 @lru_cache(maxsize=None)
 def default_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
-    """v8's tiling on a GPU: v7's (two warpgroups, 128-key tiles), two stages."""
-    return TmaTiling(D=d, WARPGROUPS=2, BC=128).validate()
+    """v8's tiling on a GPU: v7's (two warpgroups, GPU_BC[d] keys a tile), two stages."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=GPU_BC.get(d, 128)).validate()
 
 
 @lru_cache(maxsize=None)
 def default_specialised_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
-    """v9's on a GPU: two consumer warpgroups and a producer (FlashAttention-3's 3 warpgroups), 128-key tiles, two
-    stages."""
-    return TmaTiling(D=d, WARPGROUPS=2, BC=128, PRODUCER=True).validate()
+    """v9's on a GPU: two consumer warpgroups and a producer (FlashAttention-3's 3 warpgroups), GPU_BC[d] keys a
+    tile, two stages."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=GPU_BC.get(d, 128), PRODUCER=True).validate()
 
 
 @lru_cache(maxsize=None)
@@ -108,8 +108,10 @@ def ping_pong_tiling(d: int, causal: bool = False, n_q: int = 0) -> TmaTiling:
     """v10's on a GPU: v9's with three stages. v10 releases tile j's stage when the P·V that reads its V_j is
     waited for, in the middle of tile j + 1's step (v9: at the end of tile j's), so with two stages the copy of
     tile j + 2 would start about half a step before it is needed; with three, a step and a half. Three stages
-    fit in shared memory at d = 128 (225 KiB)."""
-    return TmaTiling(D=d, WARPGROUPS=2, BC=128, PRODUCER=True, STAGES=3).validate()
+    fit in shared memory at d = 128 (225 KiB); at d = 256 two (v9's, FlashAttention-3's there: three stages of
+    80 keys would need 304 KiB)."""
+    return TmaTiling(D=d, WARPGROUPS=2, BC=GPU_BC.get(d, 128), PRODUCER=True,
+                     STAGES=3 if d <= 128 else 2).validate()
 
 
 def simulator_tiling(d: int) -> TmaTiling:

@@ -22,7 +22,7 @@ What changed since v9 (a producer warpgroup; consumers that wait for each produc
 The arithmetic is v9's, in the same order for every value (acc · alpha, then + P_ij V_j), so v10's outputs
 are v9's, bit for bit. A stage is held half a step longer (until its V_j's product is waited for): on a GPU
 the ring has three stages (``tma_tiling.ping_pong_tiling``). Unchanged from v9: the producer, the copies and
-the stages' "full" and "empty" barriers, the mask, the epilogue, setmaxnreg. Limits: d = dv ∈ {64, 128};
+the stages' "full" and "empty" barriers, the mask, the epilogue, setmaxnreg. Limits: d = dv ∈ {64, 128, 256};
 compute capability 9.0 exactly (``sm_90a``).
 
 On numba's simulator every instruction here is emulated, ``wait_group 1`` and the named barriers included,
@@ -87,8 +87,8 @@ def make_kernel(cfg: TmaTiling, element: str):
     turn_wait = tma.named_barrier_by_id(2 * wgmma.WARPGROUP)
     turn_pass = tma.named_barrier_by_id(2 * wgmma.WARPGROUP, arrive_only=True)
     STAGE, BAR = layout["stage 1"] - layout["stage 0"], u(tma.BARRIER_BYTES)
-    S_TILES, O_TILES, P_STEPS, HALVES = cfg.BC // 8, cfg.D // 8, cfg.BC // 16, cfg.D // BOX_COLUMNS
-    Q_HALF, KV_HALF = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's columns 0-63 to 64-127
+    S_TILES, O_TILES, P_STEPS, PIECES = cfg.BC // 8, cfg.D // 8, cfg.BC // 16, cfg.D // BOX_COLUMNS
+    Q_PIECE, KV_PIECE = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's 64-column piece to the next
     Q_BYTES, KV_BYTES = u(cfg.BR * cfg.D * 2), u(2 * cfg.BC * cfg.D * 2)  # what Q_i's, a stage's copies complete
 
     @cuda.jit(device=True, inline="always")
@@ -96,8 +96,8 @@ def make_kernel(cfg: TmaTiling, element: str):
         """Q_i by TMA, completing on its barrier: one box of Br rows per 64 columns."""
         bar = base + uint32(Q_FULL)
         tma.arrive_expect_tx(bar, uint32(Q_BYTES))
-        for h in range(HALVES):
-            tma.tma_load_3d(base + uint32(Q_OFF + uint64(h) * Q_HALF), maps, uint64(Q_MAP), int32(h * BOX_COLUMNS),
+        for h in range(PIECES):
+            tma.tma_load_3d(base + uint32(Q_OFF + uint64(h) * Q_PIECE), maps, uint64(Q_MAP), int32(h * BOX_COLUMNS),
                             int32(q_start), int32(head), bar)
 
     @cuda.jit(device=True, inline="always")
@@ -106,10 +106,10 @@ def make_kernel(cfg: TmaTiling, element: str):
         stage = j % STAGES
         bar, tile = base + uint32(FULL0 + stage * BAR), base + uint32(STAGE0 + stage * STAGE)
         tma.arrive_expect_tx(bar, uint32(KV_BYTES))
-        for h in range(HALVES):
-            col, half = int32(h * BOX_COLUMNS), uint32(uint64(h) * KV_HALF)
-            tma.tma_load_3d(tile + half, maps, uint64(K_MAP), col, int32(j * BC), int32(kv_head), bar)
-            tma.tma_load_3d(tile + uint32(V_IN_STAGE) + half, maps, uint64(V_MAP), col, int32(j * BC), int32(kv_head),
+        for h in range(PIECES):
+            col, piece = int32(h * BOX_COLUMNS), uint32(uint64(h) * KV_PIECE)
+            tma.tma_load_3d(tile + piece, maps, uint64(K_MAP), col, int32(j * BC), int32(kv_head), bar)
+            tma.tma_load_3d(tile + uint32(V_IN_STAGE) + piece, maps, uint64(V_MAP), col, int32(j * BC), int32(kv_head),
                             bar)
 
     @cuda.jit(device=True, inline="always")

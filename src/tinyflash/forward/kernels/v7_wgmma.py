@@ -24,7 +24,7 @@ What changed since v6 (FlashAttention-2's design on ``mma.sync``):
 
 Unchanged, and shared with v6 through ``tinyflash.warp_tile``: the lane's S_ij accumulators are a warp
 tile's (wgmma's m64nN accumulator is mma.m16n8's repeated per warp), so the mask, the online softmax's step
-(lazy rescaling included) and the epilogue are the same device functions. Limits: d = dv ∈ {64, 128};
+(lazy rescaling included) and the epilogue are the same device functions. Limits: d = dv ∈ {64, 128, 256};
 compute capability 9.0 exactly (``sm_90a``).
 """
 
