@@ -125,7 +125,9 @@ print(f"GQA here: K and V of {k.nbytes + v.nbytes:,} bytes instead of {k_rep.nby
 # group's query heads × Nq) from that one read, and keep an online-softmax state per key slot in
 # registers; at the end
 # the slots' states are merged (core.online_softmax.merge_weights) and the partial (O_s, lse_s)
-# written. The combine kernel merges the splits with the same rule.
+# written. The combine kernel merges the splits with the same exact result, in the two passes of a
+# plain softmax (the max of the lse_s, then their sum, then Σ_s w_s · O_s): every lse_s is known when
+# it starts, so it does not need the online form, and its weighted terms are independent loads.
 n_k, d = (4_000, 128) if HAS_GPU else (45, 8)
 q32 = rng.standard_normal((2, 4, 2, d)).astype(np.float32)  # (B, H, Nq = 2, d): speculative decoding
 k32 = rng.standard_normal((2, 2, n_k, d)).astype(np.float32)  # (B, H_kv, Nk, d)
