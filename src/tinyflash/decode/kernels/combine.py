@@ -42,36 +42,39 @@ def grid(rows: int, d: int, sequences_times_kv_heads: int) -> tuple:
     return rows, sequences_times_kv_heads, -(-d // THREADS)
 
 
-@cuda.jit(device=True, inline="always")
-def block_max(red, t, x):
-    """The largest ``x`` of the block's threads, to every thread (a tree in shared memory ``red``)."""
-    red[t] = x
-    cuda.syncthreads()  # every thread's x is in red
-    step = THREADS // 2
-    while step > 0:
-        if t < step:
-            red[t] = max(red[t], red[t + step])
-        cuda.syncthreads()  # this level of the tree is complete before the next reads it
-        step //= 2
-    out = red[0]
-    cuda.syncthreads()  # every thread has read red[0] before red is written again
-    return out
+def block_reduction(pair, what: str):
+    """A device function ``(red, t, x)`` -> ``pair`` folded over the block's threads' ``x``, to every thread: a tree in
+    shared memory ``red`` (THREADS floats), halved at each level."""
+
+    @cuda.jit(device=True, inline="always")
+    def reduce(red, t, x):
+        red[t] = x
+        cuda.syncthreads()  # every thread's x is in red
+        step = THREADS // 2
+        while step > 0:
+            if t < step:
+                red[t] = pair(red[t], red[t + step])
+            cuda.syncthreads()  # this level of the tree is complete before the next reads it
+            step //= 2
+        out = red[0]
+        cuda.syncthreads()  # every thread has read red[0] before red is written again
+        return out
+
+    reduce.__doc__ = f"The {what} of the block's threads' x, to every thread."
+    return reduce
 
 
 @cuda.jit(device=True, inline="always")
-def block_sum(red, t, x):
-    """The sum of the block's threads' ``x``, to every thread (a tree in shared memory ``red``)."""
-    red[t] = x
-    cuda.syncthreads()  # every thread's x is in red
-    step = THREADS // 2
-    while step > 0:
-        if t < step:
-            red[t] = float32(red[t] + red[t + step])
-        cuda.syncthreads()  # this level of the tree is complete before the next reads it
-        step //= 2
-    out = red[0]
-    cuda.syncthreads()  # every thread has read red[0] before red is written again
-    return out
+def larger(a, b):
+    return max(a, b)
+
+
+@cuda.jit(device=True, inline="always")
+def plus(a, b):
+    return float32(a + b)
+
+
+block_max, block_sum = block_reduction(larger, "largest"), block_reduction(plus, "sum")
 
 
 @lru_cache(maxsize=None)
