@@ -129,6 +129,9 @@ def launch_backward_tma(make_kernel, args, prob, config, element, *, who: str) -
     n_q, n_k, g = args.scalars["n_q"], args.scalars["n_k"], args.kv_group
 
     def maps(cfg, views, kv_heads):  # the launch's views: kv_heads K/V heads, g query heads each
+        if n_q == 0:  # no query tile is loaded; a map needs rows: K's and V's stand in Q's and dO's places
+            k_map, v_map = cfg.maps(n_k, n_k, kv_heads, kv_heads)[1:3]
+            return tensor_maps((k_map, k_map, v_map, v_map), [views[n] for n in ("K", "K", "V", "V")])
         return tensor_maps(cfg.maps(n_q, n_k, kv_heads * g, kv_heads), [views[n] for n in ("Q", "K", "V", "dO")])
 
     if simulator_enabled():
