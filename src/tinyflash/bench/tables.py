@@ -202,8 +202,7 @@ def hopper_tiles_table(rows: list[dict]) -> str:
 def backward_tensor_core_table(rows: list[dict]) -> str:
     """The tensor-core backward against SDPA's flash backward (``backward-tensor-cores``), per configuration:
     its TFLOP/s and speed over flash's (queued; the middle half of the rounds' ratios; one call alone)."""
-    # the wgmma kernels (v3, v4) where they were timed too
-    wgmma = [k for k in ("v3", "v4") if any(r["impl"] == "tinyflash" and r["variant"] == k for r in rows)]
+    wgmma = [k for k in ("v3", "v4") if any(r["impl"] == "tinyflash" and r["variant"] == k for r in rows)]  # if timed
     lines = ["| dtype | d | causal | B × N | v2 TFLOP/s | v2 / flash | its rounds' middle half | one call alone: "
              "v2 / flash |" + "".join(f" {k} TFLOP/s | {k} / flash |" for k in wgmma) + " SDPA flash |",
              "|---" * (9 + 2 * len(wgmma)) + "|"]
@@ -212,8 +211,7 @@ def backward_tensor_core_table(rows: list[dict]) -> str:
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
 
         v2 = get("tinyflash", "v2")
-        later = "".join(f"{cell(get('tinyflash', k))} | {cell(get('tinyflash', k), 'vs_baseline', '{:.2f}×')} | "
-                        for k in wgmma)
+        later = "".join(f"{cell(get('tinyflash', k))} | {cell(get('tinyflash', k), 'vs_baseline', '{:.2f}×')} | " for k in wgmma)
         lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v2)} | {against_baseline(v2)} | "
                      f"{later}{cell(get('torch_flash'))} |")
     return "\n".join(lines)
