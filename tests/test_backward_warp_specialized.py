@@ -3,7 +3,8 @@ at tiny sizes on numba's CUDA simulator, where TMA, the mbarriers, the named bar
 emulations (``gpu/tma_emulation.py``, ``gpu/wgmma_emulation.py``).
 
 The simulator runs one Python thread per CUDA thread: the producer's warpgroup and one consumer warpgroup (256
-threads), 64 keys and 64 query rows per tile, N <= 70; one test with the GPU's two consumer warpgroups. Gradients
+threads), 64 keys and 64 query rows per tile, N <= 70; two tests with the GPU's two consumer warpgroups (384
+threads), at its tilings for d = 64 (query tiles of 128 rows) and d = 128 (64 rows, at d = 64 here). Gradients
 are checked against the float64 reference by FlashAttention's rule for gradients, with the helpers of
 ``test_backward_tensor_cores.py`` (v2's tests), and against v3's: the same products in the same order, so dk and
 dv are the same bits. The GPU tests (``test_backward_warp_specialized_gpu.py``) take realistic sizes.
@@ -40,10 +41,10 @@ def gradients(rng, lead_q, lead_kv, n_q, n_k, d, causal, **options):
     return (q, k, v, do), tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, kernel="v4")
 
 
-@pytest.mark.parametrize("n_q, n_k, causal", [(17, 20, False), (20, 70, True), (1, 1, True)])
+@pytest.mark.parametrize("n_q, n_k, causal", [(20, 70, True), (1, 1, True)])
 def test_lengths(rng, n_q, n_k, causal):
     """Ragged tiles (rows past Nq and keys past Nk land as zeros from TMA), Nq < Nk with the query tiles the
-    diagonal skips, one row and one key."""
+    diagonal skips (two key tiles), one row and one key; not causal: the tests with two consumer warpgroups."""
     inputs, grads = gradients(rng, (1,), (1,), n_q, n_k, 64, causal)
     check(inputs, grads, causal, f"v4 {n_q}x{n_k} causal={causal}")
 
@@ -81,6 +82,15 @@ def test_two_consumer_warpgroups(rng):
     check(inputs, grads, False, "v4 2 consumer warpgroups")
 
 
+def test_query_tiles_of_128_rows(rng):
+    """The GPU's tiling at d = 64: query tiles of 128 rows, the two consumer warpgroups splitting dQ_i's rows
+    (each reads its 64-query half of dSᵀ); ragged on both sides, causal."""
+    cfg = default_tiling(64)
+    assert (cfg.BR, cfg.DQ_N, cfg.DQ_ROW_GROUPS) == (128, 64, 2)
+    inputs, grads = gradients(rng, (), (), 70, 90, 64, True, config=cfg)
+    check(inputs, grads, True, "v4 Br=128")
+
+
 def test_bfloat16(rng):
     check_bfloat16(rng, "v4", 19, 70, True)
 
@@ -101,6 +111,8 @@ def test_registry_and_tilings():
         cfg = default_tiling(d)
         assert cfg.smem_bytes <= 227 * 1024 and (cfg.BC, cfg.NT, cfg.STAGES) == (128, 384, 2)
         assert 128 * (cfg.PRODUCER_REGISTERS + cfg.WARPGROUPS * cfg.CONSUMER_REGISTERS) <= 65536
+    with pytest.raises(ValueError, match="a warpgroup for each 64 rows of dQ_i"):
+        BackwardTmaTiling(D=64, WARPGROUPS=1, BR=128).validate()
     with pytest.raises(ValueError, match="STAGES must be 2, 3 or 4"):
         BackwardTmaTiling(D=64, WARPGROUPS=2, STAGES=5).validate()
     with pytest.raises(ValueError, match="must fit in 65536"):

@@ -30,7 +30,7 @@ from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
 from ...hardware import current
 from ...warp_tile import WARP
-from ...warpgroup_tile import HEAD_DIMS
+from ...warpgroup_tile import HEAD_DIMS, WGMMA_M
 from .hopper_tiling import BackwardHopperTiling, aligned
 from .tensor_core_tiling import launch_backward_tensor_cores
 
@@ -40,14 +40,26 @@ LSE_LANES = WARP  # the producer's lanes that store lse_i and D_i: its first war
 
 @dataclass(frozen=True)
 class BackwardTmaTiling(BackwardHopperTiling):
-    """v3's tiling (WARPGROUPS consumer warpgroups of 64 keys, query tiles of Br = 64 rows, head dim D), loaded
-    by a producer warpgroup through TMA into STAGES stages; setmaxnreg gives the producer PRODUCER_REGISTERS per
-    thread and the consumers CONSUMER_REGISTERS."""
+    """v3's tiling (WARPGROUPS consumer warpgroups of 64 keys, head dim D) with query tiles of BR = 64 or 128
+    rows, loaded by a producer warpgroup through TMA into STAGES stages; setmaxnreg gives the producer
+    PRODUCER_REGISTERS per thread and the consumers CONSUMER_REGISTERS.
+
+    dQ_i = dS K_j has 64 query rows per wgmma: with Br = 64 the warpgroups split dQ_i's columns (v3's way), with
+    Br = 128 its rows (warpgroup w the queries 64w .., all D columns: two warpgroups at least)."""
 
     STAGES: int = 2
+    BR: int = 64  # query rows per tile (v3's are 64)
     PRODUCER_REGISTERS: int = 24
     CONSUMER_REGISTERS: int = 240
     WHAT = "warp-specialised backward tiling"
+
+    @property
+    def DQ_ROW_GROUPS(self) -> int:  # warpgroups side by side over dQ_i's rows (64 each)
+        return self.BR // WGMMA_M
+
+    @property
+    def DQ_N(self) -> int:  # dQ_i's columns per warpgroup: the warpgroups of a row group split them
+        return self.D * self.DQ_ROW_GROUPS // self.WARPGROUPS
 
     @property
     def CONSUMERS(self) -> int:  # threads of the consumer warpgroups
@@ -76,6 +88,8 @@ class BackwardTmaTiling(BackwardHopperTiling):
         problems = [] if self.D in HEAD_DIMS else [f"D must be one of {HEAD_DIMS}"]
         if self.WARPGROUPS not in (1, 2):
             problems.append("WARPGROUPS must be 1 or 2 (Bc = 64 or 128 keys)")
+        elif self.BR not in (WGMMA_M, 2 * WGMMA_M) or self.WARPGROUPS % self.DQ_ROW_GROUPS:
+            problems.append("BR must be 64 or 128, with a warpgroup for each 64 rows of dQ_i at least")
         elif self.DQ_N % 16:
             problems.append("each warpgroup's columns of dQ_i must be a multiple of 16")
         if not 2 <= self.STAGES <= 4:
@@ -104,9 +118,12 @@ class BackwardTmaTiling(BackwardHopperTiling):
 
 
 def default_tiling(d: int) -> BackwardTmaTiling:
-    """The tiling used on a GPU: v3's (two consumer warpgroups, Bc = 128 keys, Br = 64), two stages, and the
-    producer: FlashAttention-3's 3 warpgroups."""
-    return BackwardTmaTiling(D=d, WARPGROUPS=2).validate()
+    """The tiling used on a GPU: two consumer warpgroups (Bc = 128 keys) and the producer (FlashAttention-3's 3
+    warpgroups), two stages; query tiles of Br = 128 rows at d = 64 (the fixed work of a tile, its barriers and
+    waits, spread over twice the multiplies; FlashAttention-2's and -3's block at d = 64), of 64 at d = 128
+    (v3's: Sᵀ's and dPᵀ's accumulators of 128 queries beside dK_j's and dV_j's of 128 columns would pass the
+    consumers' 240 registers)."""
+    return BackwardTmaTiling(D=d, WARPGROUPS=2, BR=128 if d == 64 else 64).validate()
 
 
 def simulator_tiling(d: int) -> BackwardTmaTiling:

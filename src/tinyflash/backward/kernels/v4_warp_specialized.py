@@ -19,6 +19,10 @@ What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block bar
 * **Registers move to the consumers** (``setmaxnreg``): the producer keeps PRODUCER_REGISTERS per thread (24),
   the consumers take CONSUMER_REGISTERS (240); the kernel is compiled for NT threads, one block per
   multiprocessor (launch bounds), which setmaxnreg needs.
+* **Query tiles of 128 rows at d = 64** (``tma_tiling.default_tiling``): Sᵀ and dPᵀ are m64n128 products, and
+  the two warpgroups split dQ_i = dS K_j by rows (each its 64 queries, read from its half of dSᵀ, and all d
+  columns) where with 64-row tiles they split its columns; the fixed work of a query tile (its waits, its
+  barrier, lse_i and D_i) is spread over twice the multiplies. At d = 128, 64 rows, as v3.
 
 Unchanged from v3: the products (Sᵀ, dPᵀ from shared memory; dV_j, dK_j with Pᵀ, dSᵀ from registers; dQ_i =
 dS K_j from the stored dSᵀ read transposed), P recomputed from lse, dS = P ∘ (dP − D), dQ added to a float32
@@ -88,7 +92,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     Q_HALF, KV_HALF = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's columns 0-63 to 64-127
     Q_BYTES, KV_BYTES = u(2 * cfg.BR * cfg.D * 2), u(2 * cfg.BC * cfg.D * 2)  # what a stage's, K_j V_j's copies complete
     WG_KEY_BYTES = u(MMA_M * 4 * ROW_BYTES)  # a warpgroup's 64 rows of K_j or V_j
-    DQ_N = u(cfg.DQ_N)
+    DQ_N, ROW_GROUPS = u(cfg.DQ_N), u(cfg.DQ_ROW_GROUPS)
     HALF_COLUMNS = u(wgmma.SWIZZLE_ROW_VALUES)  # a 64-column half of K_j
     mma_s = wgmma.mma_async_ss(element, cfg.BR)  # Sᵀ, dPᵀ: K_j or V_j by Q_iᵀ or dO_iᵀ, K-major both
     mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
@@ -244,8 +248,9 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def ds_times_k(dq, ds_tile, k_columns):
-        """dQ_i = dS K_j for the warpgroup's DQ_N columns (k_columns: K_j at the first of them): dS read from
-        dSᵀ, MN-major (its rows are keys, the k of this product), K_j MN-major. Waits for every batch."""
+        """dQ_i = dS K_j for the warpgroup's 64 rows and DQ_N columns (ds_tile: dSᵀ at the first of its queries;
+        k_columns: K_j at the first of its columns): dS read from dSᵀ, MN-major (its rows are keys, the k of this
+        product), K_j MN-major. Waits for every batch."""
         wgmma.fence()
         for kk in range(KEY_STEPS):
             step = uint32(kk) * uint32(STEP_BYTES)  # keys 16kk ..
@@ -287,7 +292,9 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
         tile_key = group * uint64(4 * MMA_M) + warp4 * uint64(MMA_M) + g  # the lane's first key, in the tile
         k_rows = base + uint32(K_OFF) + uint32(group * WG_KEY_BYTES)  # the warpgroup's rows of K_j, V_j
         v_rows = base + uint32(V_OFF) + uint32(group * WG_KEY_BYTES)
-        dq_col = group * DQ_N  # the warpgroup's columns of dQ_i: in K_j, its 64-column half, then 2 bytes each
+        row_group = group % ROW_GROUPS  # the warpgroup's 64 rows of dQ_i: in dSᵀ, that 64-query half
+        dq_row, ds_half = row_group * uint64(4 * MMA_M), uint32(row_group * KV_HALF)
+        dq_col = group // ROW_GROUPS * DQ_N  # its columns of dQ_i: in K_j, their 64-column half, then 2 bytes each
         k_columns = base + uint32(K_OFF + dq_col // HALF_COLUMNS * KV_HALF + dq_col % HALF_COLUMNS * TWO)
         s = cuda.local.array((S_TILES, 4), float32)  # the lane's part of Sᵀ, then of Pᵀ
         dp = cuda.local.array((S_TILES, 4), float32)  # its part of dPᵀ, then of dSᵀ
@@ -321,10 +328,10 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
             key_gradients(dv, dk, p, ds, base + uint32(stage_off))  # dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i, in flight
             wgmma.fence_proxy_async()  # this thread's dSᵀ is visible to the tensor cores
             ds_stored()  # every warpgroup's dSᵀ is in its buffer
-            ds_times_k(dq, base + uint32(ds_off), k_columns)  # dQ_i = dS K_j; both batches waited for
+            ds_times_k(dq, base + uint32(ds_off) + ds_half, k_columns)  # dQ_i = dS K_j; both batches waited for
             tma.arrive(base + uint32(EMPTY0 + (step % STAGES) * BAR))  # this thread is done with the stage
             fence_q(dq)
-            add_dq(dQ_acc, dq, head * n_q * D_, q_start + warp4 * uint64(MMA_M) + g, dq_col, t, n_q)
+            add_dq(dQ_acc, dq, head * n_q * D_, q_start + dq_row + warp4 * uint64(MMA_M) + g, dq_col, t, n_q)
 
         fence_o(dk)
         fence_o(dv)
