@@ -12,8 +12,12 @@ Shared memory, every tile 128-byte swizzled and 1024-byte aligned (v3's layout):
 dO_i, lse_i, D_i), the two dSᵀ buffers, then the mbarriers: K_j and V_j's, one "full" per stage, one "empty"
 per stage. :meth:`BackwardTmaTiling.smem_layout` is its one description.
 
-Host: the kernel takes the tensor maps of Q, dO (boxes of Br rows) and K, V (boxes of Bc rows) in a global
-array (``gpu/tensor_map.py``), not Q, K, V, dO. Through numba (the simulator, NumPy inputs) they are encoded
+With DQ_BY_TMA the consumers store dQ_i (float32) into shared memory instead of adding it to HBM by atomics,
+and the producer's second warp adds it to dQ's accumulator by TMA reduce-adds (FlashAttention-3's way), one
+named barrier saying the tile is stored, another that it has been read.
+
+Host: the kernel takes the tensor maps of Q, dO (boxes of Br rows), K, V (boxes of Bc rows) and dQ's float32
+accumulator in a global array (``gpu/tensor_map.py``), not Q, K, V, dO. Through numba (the simulator, NumPy inputs) they are encoded
 for each launch from its views (``LaunchArgs.derived``); through the driver a :class:`TmaMainLaunch` keeps them
 by the arrays' addresses.
 """
@@ -34,8 +38,9 @@ from ...warpgroup_tile import HEAD_DIMS, WGMMA_M
 from .hopper_tiling import BackwardHopperTiling, aligned
 from .tensor_core_tiling import launch_backward_tensor_cores
 
-Q_MAP, K_MAP, V_MAP, DO_MAP = 0, 1, 2, 3  # the maps' order in the kernel's TMAPS array
+Q_MAP, K_MAP, V_MAP, DO_MAP, DQ_MAP = 0, 1, 2, 3, 4  # the maps' order in the kernel's TMAPS array
 LSE_LANES = WARP  # the producer's lanes that store lse_i and D_i: its first warp
+DQ_BOX_COLUMNS = 32  # float32 columns of a box of dQ_i (128 bytes, the swizzle's row)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class BackwardTmaTiling(BackwardHopperTiling):
 
     STAGES: int = 2
     BR: int = 64  # query rows per tile (v3's are 64)
+    DQ_BY_TMA: bool = False  # dQ_i through shared memory and a TMA reduce-add (else paired atomics, v3's)
     PRODUCER_REGISTERS: int = 24
     CONSUMER_REGISTERS: int = 240
     WHAT = "warp-specialised backward tiling"
@@ -71,16 +77,18 @@ class BackwardTmaTiling(BackwardHopperTiling):
 
     def smem_layout(self) -> dict:
         """Byte offsets from the block's 1024-byte-aligned base: K_j, V_j, STAGES stages of (Q_i, dO_i, lse_i,
-        D_i), two dSᵀ buffers, then the mbarriers: K_j and V_j's, "full" per stage, "empty" per stage."""
+        D_i), two dSᵀ buffers, with DQ_BY_TMA dQ_i (float32, boxes of 32 columns, 128-byte swizzled), then the
+        mbarriers: K_j and V_j's, "full" per stage, "empty" per stage."""
         kv, rows = self.BC * self.D * 2, self.BR * self.D * 2
         stage = aligned(2 * rows + 2 * 4 * self.BR)
         stage0 = 2 * kv
         ds = stage0 + self.STAGES * stage
         ds_bytes = self.BC * self.BR * 2
-        bars = ds + 2 * ds_bytes
+        dq = ds + 2 * ds_bytes
+        bars = dq + (self.BR * self.D * 4 if self.DQ_BY_TMA else 0)
         return {"K_j": 0, "V_j": kv, "stage 0": stage0, "stage 1": stage0 + stage, "dO_i in a stage": rows,
                 "lse_i in a stage": 2 * rows, "D_i in a stage": 2 * rows + 4 * self.BR, "dS 0": ds,
-                "dS 1": ds + ds_bytes, "K_j, V_j full": bars, "full 0": bars + BARRIER_BYTES,
+                "dS 1": ds + ds_bytes, "dQ_i": dq, "K_j, V_j full": bars, "full 0": bars + BARRIER_BYTES,
                 "empty 0": bars + (1 + self.STAGES) * BARRIER_BYTES,
                 "end": bars + (1 + 2 * self.STAGES) * BARRIER_BYTES}
 
@@ -104,10 +112,11 @@ class BackwardTmaTiling(BackwardHopperTiling):
         return problems
 
     def maps(self, n_q: int, n_k: int, heads: int, kv_heads: int) -> tuple:
-        """The tensor maps of Q, K, V, dO (in the order of Q_MAP ..): Q and dO of ``heads`` query heads of n_q
-        rows, boxes of Br rows; K and V of ``kv_heads`` heads of n_k rows, boxes of Bc rows."""
+        """The tensor maps of Q, K, V, dO, dQ's accumulator (in the order of Q_MAP ..): Q and dO of ``heads``
+        query heads of n_q rows, boxes of Br rows; K and V of ``kv_heads`` heads of n_k rows, boxes of Bc rows;
+        the accumulator's float32, boxes of Br rows."""
         q, kv = TensorMap(self.D, n_q, heads, self.BR), TensorMap(self.D, n_k, kv_heads, self.BC)
-        return q, kv, kv, q
+        return q, kv, kv, q, TensorMap(self.D, n_q, heads, self.BR, element_bytes=4)
 
     def compile_options(self) -> dict:
         """On a GPU: one block of NT threads per multiprocessor (ptxas keeps setmaxnreg only with launch bounds),
@@ -146,10 +155,11 @@ def launch_backward_tma(make_kernel, args, prob, config, element, *, who: str) -
     n_q, n_k, g = args.scalars["n_q"], args.scalars["n_k"], args.kv_group
 
     def maps(cfg, views, kv_heads):  # the launch's views: kv_heads K/V heads, g query heads each
-        if n_q == 0:  # no query tile is loaded; a map needs rows: K's and V's stand in Q's and dO's places
+        if n_q == 0:  # no query tile is read or added to; a map needs rows: K's and V's stand in the others' places
             k_map, v_map = cfg.maps(n_k, n_k, kv_heads, kv_heads)[1:3]
-            return tensor_maps((k_map, k_map, v_map, v_map), [views[n] for n in ("K", "K", "V", "V")])
-        return tensor_maps(cfg.maps(n_q, n_k, kv_heads * g, kv_heads), [views[n] for n in ("Q", "K", "V", "dO")])
+            return tensor_maps((k_map, k_map, v_map, v_map, k_map), [views[n] for n in ("K", "K", "V", "V", "K")])
+        return tensor_maps(cfg.maps(n_q, n_k, kv_heads * g, kv_heads),
+                           [views[n] for n in ("Q", "K", "V", "dO", "dQ_acc")])
 
     if simulator_enabled():
         from ...gpu.ptx_emulation import warp_barriers
@@ -162,13 +172,13 @@ def launch_backward_tma(make_kernel, args, prob, config, element, *, who: str) -
 class TmaMainLaunch:
     """The main kernel of ``tensor_core_tiling.DriverLaunches`` for a TMA kernel: called as v3's is (Q, K, V, dO,
     LSE, Dvec, dQ_acc, dK, dV, dQ_turn), it launches ``grid`` on LSE, Dvec, dQ_acc, dK, dV and the tensor maps of
-    Q, K, V, dO, kept by their addresses (``maps``)."""
+    Q, K, V, dO, dQ_acc, kept by their addresses (``maps``)."""
 
     grid: object
     maps: MapCache
 
     def __call__(self, q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream: int = 0) -> None:
-        self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do), stream=stream)
+        self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do, dq_acc), stream=stream)
 
 
 def with_tma_main(launches, cfg: BackwardTmaTiling, n_q: int, n_k: int, n_heads: int, kv_group: int):

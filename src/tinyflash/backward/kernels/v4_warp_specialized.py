@@ -27,8 +27,10 @@ What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block bar
 Unchanged from v3: the products (Sᵀ, dPᵀ from shared memory; dV_j, dK_j with Pᵀ, dSᵀ from registers; dQ_i =
 dS K_j from the stored dSᵀ read transposed), P recomputed from lse, dS = P ∘ (dP − D), dQ added to a float32
 accumulator by paired atomics, the launch over (key tiles, K/V heads), the two row kernels around it, no
-deterministic mode. Not here: FlashAttention-3's dQ through shared memory and a TMA reduce-add. Limits: d = dv ∈
-{64, 128}; compute capability 9.0 exactly (``sm_90a``).
+deterministic mode. With the tiling's DQ_BY_TMA, FlashAttention-3's dQ instead: the consumers store dQ_i into
+shared memory (float32, swizzled) and the producer's second warp adds it to the accumulator in HBM by TMA
+reduce-adds (``tma.tma_reduce_add_3d``), one request per 32 columns of the tile where v3 has a paired atomic
+per two columns per lane. Limits: d = dv ∈ {64, 128}; compute capability 9.0 exactly (``sm_90a``).
 """
 
 from __future__ import annotations
@@ -52,14 +54,14 @@ from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
 from .hopper_tiling import require_hopper
 from .rows import FLOATS, WORDS
 from .tensor_core_tiling import DriverLaunches, sized_driver_launches
-from .tma_tiling import (DO_MAP, K_MAP, LSE_LANES, Q_MAP, V_MAP, BackwardTmaTiling, launch_backward_tma,
-                         with_tma_main)
+from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, K_MAP, LSE_LANES, Q_MAP, V_MAP, BackwardTmaTiling,
+                         launch_backward_tma, with_tma_main)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
 ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
 STEP_BYTES = u(MMA_K * ROW_BYTES)  # 16 rows of a swizzled tile: one k-step of an MN-major operand
-DS_BARRIER = 1  # the consumers' named barrier (0 is __syncthreads's)
+DS_BARRIER, DQ_FULL, DQ_EMPTY = 1, 2, 3  # the named barriers (0 is __syncthreads's): dSᵀ stored; dQ_i stored, read
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 # flash_bwd_ws's argument types: LSE, Dvec, dQ_acc (float32); dK, dV as 16-bit pairs; the tensor maps of Q, K, V,
 # dO; then n_q, n_k, scale, scale·log2(e), causal, kv_group
@@ -108,6 +110,13 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
     consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
     ds_stored = tma.named_barrier(DS_BARRIER, cfg.CONSUMERS)  # the consumers only: the producer runs ahead
+    # DQ_BY_TMA: the consumers and the producer's second warp (the dQ writer) meet at DQ_FULL and DQ_EMPTY
+    DQ_BY_TMA, DQ_OFF, DQ_BOXES = cfg.DQ_BY_TMA, layout["dQ_i"], cfg.D // DQ_BOX_COLUMNS
+    DQ_BOX_BYTES, CHUNK_FLOATS = u(cfg.BR * ROW_BYTES), u(4)  # a box of dQ_i: Br rows of 32 floats; a 16-byte chunk
+    dq_stored, dq_taken = (tma.named_barrier(DQ_FULL, cfg.CONSUMERS + WARP, arrive_only=True),
+                           tma.named_barrier(DQ_EMPTY, cfg.CONSUMERS + WARP))  # the consumers' sides
+    dq_wait_stored, dq_read = (tma.named_barrier(DQ_FULL, cfg.CONSUMERS + WARP),
+                               tma.named_barrier(DQ_EMPTY, cfg.CONSUMERS + WARP, arrive_only=True))  # the writer's
     options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
 
     @cuda.jit(device=True, inline="always")
@@ -271,6 +280,41 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                                       dq[n, 2 * half], dq[n, 2 * half + 1])
 
     @cuda.jit(device=True, inline="always")
+    def store_dq(smemf, dq, dq_word, dq_row, dq_col, t):
+        """The lane's dq into dQ_i's swizzled float32 boxes (box: 32 columns; row: 128 bytes of 8 chunks of 4
+        floats, chunk c at c XOR row % 8), rows dq_row, dq_row + 8 of the tile, columns dq_col + 8n + 2t, +1."""
+        for half in range(2):
+            row = dq_row + uint64(half * 8)
+            for n in range(DQ_TILES):
+                col = dq_col + uint64(n) * EIGHT + TWO * t
+                box, chunk = col // uint64(DQ_BOX_COLUMNS), col % uint64(DQ_BOX_COLUMNS) // CHUNK_FLOATS
+                at = (dq_word + box * DQ_BOX_BYTES // FOUR + row * uint64(ROW_BYTES // 4)
+                      + (chunk ^ (row % EIGHT)) * CHUNK_FLOATS + col % CHUNK_FLOATS)
+                smemf[at], smemf[at + ONE] = dq[n, 2 * half], dq[n, 2 * half + 1]
+
+    @cuda.jit(device=True, inline="always")
+    def write_dq(maps, base, lane, kv_head, heads, q_first, tiles, steps):
+        """The producer's second warp: once the consumers have stored each tile's dQ_i, lane 0 adds it to dQ's
+        accumulator by TMA reduce-adds (one per box; rows past Nq are left out) and waits until they have read
+        it; then the warp says the buffer is free (but after the last tile, whose adds it waits to complete)."""
+        if lane == ZERO:
+            tma.prefetch_map(maps, uint64(DQ_MAP))
+            tma.acquire_map(maps, uint64(DQ_MAP))
+        for step in range(steps):
+            head, q_start = kv_head * heads + step // tiles, (q_first // BR + step % tiles) * BR
+            dq_wait_stored()  # every consumer's dQ_i is in shared memory, visible to the copy engine
+            if lane == ZERO:
+                for b in range(DQ_BOXES):
+                    tma.tma_reduce_add_3d(base + uint32(DQ_OFF + uint64(b) * DQ_BOX_BYTES), maps, uint64(DQ_MAP),
+                                          int32(b * DQ_BOX_COLUMNS), int32(q_start), int32(head))
+                tma.bulk_commit_group()
+                tma.bulk_wait_read()
+            if step + ONE < steps:
+                dq_read()  # the buffer may be written again
+        if lane == ZERO:
+            tma.bulk_wait()  # the last adds are done before the block ends
+
+    @cuda.jit(device=True, inline="always")
     def write_dk_dv(dK, dV, dk, dv, kv_off, lane_key, t, n_k, scale):
         """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the lane's keys below Nk, as 16-bit pairs."""
         for half in range(2):
@@ -331,7 +375,14 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
             ds_times_k(dq, base + uint32(ds_off) + ds_half, k_columns)  # dQ_i = dS K_j; both batches waited for
             tma.arrive(base + uint32(EMPTY0 + (step % STAGES) * BAR))  # this thread is done with the stage
             fence_q(dq)
-            add_dq(dQ_acc, dq, head * n_q * D_, q_start + dq_row + warp4 * uint64(MMA_M) + g, dq_col, t, n_q)
+            if DQ_BY_TMA:  # into shared memory, once the writer has read the last tile's
+                if step > ZERO:
+                    dq_taken()
+                store_dq(smemf, dq, base_word + DQ_OFF // FOUR, dq_row + warp4 * uint64(MMA_M) + g, dq_col, t)
+                wgmma.fence_proxy_async()  # this thread's dQ_i is visible to the copy engine
+                dq_stored()
+            else:
+                add_dq(dQ_acc, dq, head * n_q * D_, q_start + dq_row + warp4 * uint64(MMA_M) + g, dq_col, t, n_q)
 
         fence_o(dk)
         fence_o(dv)
@@ -354,11 +405,13 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
         if tid == ZERO:
             init_barriers(base)
         cuda.syncthreads()  # the barriers are initialised before any thread waits on them; the last block barrier
-        if tid < WG:  # the producer warpgroup: few registers, its first warp loads
+        if tid < WG:  # the producer warpgroup: few registers, its first warp loads, its second writes dQ_i
             producer_registers()
             if tid < LANES and steps > ZERO:
                 produce(TMAPS, LSE, Dvec, smemf, base, base_word, tid, kv_head, k_start, heads, q_first, tiles, steps,
                         n_q)
+            elif DQ_BY_TMA and tid < LANES + uint64(WARP) and steps > ZERO:
+                write_dq(TMAPS, base, tid - LANES, kv_head, heads, q_first, tiles, steps)
         else:  # the consumers: the registers the producer gave up
             consumer_registers()
             consume(dQ_acc, dK, dV, smem, smemf, base, base_word, tid - WG, kv_head, k_start, heads, q_first, tiles,
