@@ -162,6 +162,15 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
             smemf[stage_word + D_IN // FOUR + at] = Dvec[head * n_q + row] if inside else float32(0.0)
 
     @cuda.jit(device=True, inline="always")
+    def next_tile(head, q_start, q_first, n_q):
+        """The (query head, first row) of the step after (head, q_start): the next query tile of the head, or
+        the first that sees the key tile in the next head (counted, not divided out of the step: a division
+        takes more registers than the dQ writer's 24)."""
+        if q_start + BR < n_q:
+            return head, q_start + BR
+        return head + ONE, q_first // BR * BR
+
+    @cuda.jit(device=True, inline="always")
     def produce(maps, LSE, Dvec, smemf, base, base_word, lane, kv_head, k_start, heads, q_first, tiles, steps, n_q):
         """The producer's first warp: K_j, V_j, then each query tile as soon as the consumers have left its stage
         (lane 0 issues the copies; every lane stores its rows of lse_i and D_i and arrives)."""
@@ -171,10 +180,10 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                 tma.acquire_map(maps, uint64(m))
             load_kv(maps, base, k_start, kv_head)
         for step in range(steps):
+            head, q_start = kv_head * heads + step // tiles, (q_first // BR + step % tiles) * BR
             stage = step % STAGES
             # the phase in which the consumers released tile step - STAGES (before the first round: completed)
             tma.wait(base + uint32(EMPTY0 + stage * BAR), uint32((step // STAGES + ONE) % TWO))
-            head, q_start = kv_head * heads + step // tiles, (q_first // BR + step % tiles) * BR
             full, stage_off = base + uint32(FULL0 + stage * BAR), STAGE0 + stage * STAGE
             if lane == ZERO:
                 load_query_tile(maps, full, base + uint32(stage_off), q_start, head)
@@ -293,15 +302,15 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                 smemf[at], smemf[at + ONE] = dq[n, 2 * half], dq[n, 2 * half + 1]
 
     @cuda.jit(device=True, inline="always")
-    def write_dq(maps, base, lane, kv_head, heads, q_first, tiles, steps):
+    def write_dq(maps, base, lane, kv_head, heads, q_first, steps, n_q):
         """The producer's second warp: once the consumers have stored each tile's dQ_i, lane 0 adds it to dQ's
         accumulator by TMA reduce-adds (one per box; rows past Nq are left out) and waits until they have read
         it; then the warp says the buffer is free (but after the last tile, whose adds it waits to complete)."""
         if lane == ZERO:
             tma.prefetch_map(maps, uint64(DQ_MAP))
             tma.acquire_map(maps, uint64(DQ_MAP))
+        head, q_start = kv_head * heads, q_first // BR * BR  # step 0's
         for step in range(steps):
-            head, q_start = kv_head * heads + step // tiles, (q_first // BR + step % tiles) * BR
             dq_wait_stored()  # every consumer's dQ_i is in shared memory, visible to the copy engine
             if lane == ZERO:
                 for b in range(DQ_BOXES):
@@ -311,6 +320,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                 tma.bulk_wait_read()
             if step + ONE < steps:
                 dq_read()  # the buffer may be written again
+            head, q_start = next_tile(head, q_start, q_first, n_q)
         if lane == ZERO:
             tma.bulk_wait()  # the last adds are done before the block ends
 
@@ -411,7 +421,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                 produce(TMAPS, LSE, Dvec, smemf, base, base_word, tid, kv_head, k_start, heads, q_first, tiles, steps,
                         n_q)
             elif DQ_BY_TMA and tid < LANES + uint64(WARP) and steps > ZERO:
-                write_dq(TMAPS, base, tid - LANES, kv_head, heads, q_first, tiles, steps)
+                write_dq(TMAPS, base, tid - LANES, kv_head, heads, q_first, steps, n_q)
         else:  # the consumers: the registers the producer gave up
             consumer_registers()
             consume(dQ_acc, dK, dV, smem, smemf, base, base_word, tid - WG, kv_head, k_start, heads, q_first, tiles,
