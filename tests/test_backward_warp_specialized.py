@@ -4,11 +4,14 @@ emulations (``gpu/tma_emulation.py``, ``gpu/wgmma_emulation.py``).
 
 The simulator runs one Python thread per CUDA thread: the producer's warpgroup and one consumer warpgroup (256
 threads), 64 keys and 64 query rows per tile, N <= 70; two tests with the GPU's two consumer warpgroups (384
-threads), at its tilings for d = 64 (query tiles of 128 rows) and d = 128 (64 rows, at d = 64 here). Gradients
+threads), at its tilings for d = 64 (query tiles of 128 rows) and d = 128 (64 rows, at d = 64 here); dQ_i
+added by TMA (the tiling's DQ_BY_TMA) at both head dims. Gradients
 are checked against the float64 reference by FlashAttention's rule for gradients, with the helpers of
 ``test_backward_tensor_cores.py`` (v2's tests), and against v3's: the same products in the same order, so dk and
 dv are the same bits. The GPU tests (``test_backward_warp_specialized_gpu.py``) take realistic sizes.
 """
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -67,10 +70,13 @@ def test_agrees_with_v3(rng):
     assert np.abs(dq4.astype(np.float32) - dq3).max() <= np.abs(dq3.astype(np.float32)).max() * 2.0**-9
 
 
-def test_head_dim_128(rng):
-    """d = 128: two TMA boxes (64-column halves) per tile, dQ_i 128 columns wide."""
-    inputs, grads = gradients(rng, (), (), 9, 70, 128, True)
-    check(inputs, grads, True, "v4 d=128")
+def test_dq_by_tma_at_head_dim_128(rng):
+    """DQ_BY_TMA at d = 128: dQ_i stored in shared memory and added by the producer's second warp, four float32
+    boxes a tile; three query tiles (the last ragged: its rows past Nq left out of the adds) on one key tile, so
+    that the dQ buffer is written again after the writer says it has read it; two TMA boxes per Q_i, dO_i."""
+    cfg = BackwardTmaTiling(D=128, WARPGROUPS=1, DQ_BY_TMA=True).validate()
+    inputs, grads = gradients(rng, (), (), 150, 30, 128, False, config=cfg)
+    check(inputs, grads, False, "v4 d=128 dQ by TMA")
 
 
 def test_two_consumer_warpgroups(rng):
@@ -82,13 +88,14 @@ def test_two_consumer_warpgroups(rng):
     check(inputs, grads, False, "v4 2 consumer warpgroups")
 
 
-def test_query_tiles_of_128_rows(rng):
+@pytest.mark.parametrize("dq_by_tma", [False, True])
+def test_query_tiles_of_128_rows(rng, dq_by_tma):
     """The GPU's tiling at d = 64: query tiles of 128 rows, the two consumer warpgroups splitting dQ_i's rows
-    (each reads its 64-query half of dSᵀ); ragged on both sides, causal."""
-    cfg = default_tiling(64)
+    (each reads its 64-query half of dSᵀ); ragged on both sides, causal; dQ_i by atomics or by TMA."""
+    cfg = replace(default_tiling(64), DQ_BY_TMA=dq_by_tma).validate()
     assert (cfg.BR, cfg.DQ_N, cfg.DQ_ROW_GROUPS) == (128, 64, 2)
     inputs, grads = gradients(rng, (), (), 70, 90, 64, True, config=cfg)
-    check(inputs, grads, True, "v4 Br=128")
+    check(inputs, grads, True, f"v4 Br=128 dq_by_tma={dq_by_tma}")
 
 
 def test_bfloat16(rng):

@@ -8,7 +8,7 @@ new entry here (docs/where-things-go.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import peers as p
@@ -185,11 +185,11 @@ BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128))  # (WARPS, BR) of ba
 def backward_tensor_core_tile_peers(point) -> list:
     """SDPA's flash backward (the baseline), backward kernel v2 at each tiling, dQ added by paired atomics or
     by scalar ones (``v2_tensor_cores.make_kernel``'s ``pair_atomics``), v3 (wgmma) with 1 and 2 warpgroups, and v4
-    (warp-specialised) with 2 consumer warpgroups, query tiles of 64 or 128 rows and 2 or 3 stages (those that
-    fit in shared memory)."""
+    (warp-specialised) at its tiling, with 3 stages, with the other query tile (64 or 128 rows, where it fits in
+    shared memory) and with dQ_i added by TMA (DQ_BY_TMA)."""
     from ..backward.kernels.hopper_tiling import BackwardHopperTiling
     from ..backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling
-    from ..backward.kernels.tma_tiling import BackwardTmaTiling
+    from ..backward.kernels import tma_tiling
 
     found = [p.backward_sdpa("flash", ("float16", "bfloat16"))]
     for warps, br in BACKWARD_TENSOR_CORE_TILINGS:
@@ -197,7 +197,8 @@ def backward_tensor_core_tile_peers(point) -> list:
         if not cfg.problems() and cfg.smem_bytes <= 227 * 1024:
             found += [p.backward_stage3_tiling(cfg, pairs) for pairs in (True, False)]
     found += [p.backward_stage3_tiling(BackwardHopperTiling(D=point["d"], WARPGROUPS=wg), kernel="v3") for wg in (1, 2)]
-    v4 = [BackwardTmaTiling(D=point["d"], WARPGROUPS=2, BR=br, STAGES=stages) for br in (64, 128) for stages in (2, 3)]
+    chosen = tma_tiling.default_tiling(point["d"])
+    v4 = [chosen, replace(chosen, STAGES=3), replace(chosen, BR=192 - chosen.BR), replace(chosen, DQ_BY_TMA=True)]
     return found + [p.backward_stage3_tiling(cfg, kernel="v4") for cfg in v4 if not cfg.problems()]
 
 
