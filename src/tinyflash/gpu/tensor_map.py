@@ -55,8 +55,8 @@ class TensorMap:
     def __post_init__(self):
         if (self.element_bytes not in (2, 4) or self.columns % self.box_columns or not 0 < self.box_rows <= MAX_BOX_ROWS
                 or self.rows < 1 or self.heads < 1):
-            raise ValueError(f"a tensor map needs 2- or 4-byte elements, columns a multiple of a box's (128 bytes), "
-                             f"1 .. {MAX_BOX_ROWS} rows a box and a non-empty tensor; got {self}")
+            raise ValueError(f"a tensor map needs 2- or 4-byte elements, columns a multiple of {self.box_columns} (a "
+                             f"box's 128 bytes), 1 .. {MAX_BOX_ROWS} rows a box and a non-empty tensor; got {self}")
 
     @property
     def box_columns(self) -> int:  # a box's row: 128 bytes, the 128-byte swizzle's row
