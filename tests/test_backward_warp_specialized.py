@@ -21,6 +21,7 @@ from test_backward_tensor_cores import check, check_bfloat16
 import tinyflash as tf
 from tinyflash.backward import tensor_cores
 from tinyflash.backward.kernels import VERSIONS
+from tinyflash.backward.kernels import tma_tiling
 from tinyflash.backward.kernels.tma_tiling import BackwardTmaTiling, default_tiling
 
 pytestmark = pytest.mark.simulator
@@ -70,13 +71,14 @@ def test_agrees_with_v3(rng):
     assert np.abs(dq4.astype(np.float32) - dq3).max() <= np.abs(dq3.astype(np.float32)).max() * 2.0**-9
 
 
-def test_dq_by_tma_at_head_dim_128(rng):
+def test_dq_by_tma_at_head_dim_128(rng, monkeypatch):
     """DQ_BY_TMA at d = 128: dQ_i stored in shared memory and added by the producer's second warp, four float32
-    boxes a tile; three query tiles (the last ragged: its rows past Nq left out of the adds) on one key tile, so
-    that the dQ buffer is written again after the writer says it has read it; two TMA boxes per Q_i, dO_i."""
-    cfg = BackwardTmaTiling(D=128, WARPGROUPS=1, DQ_BY_TMA=True).validate()
-    inputs, grads = gradients(rng, (), (), 150, 30, 128, False, config=cfg)
-    check(inputs, grads, False, "v4 d=128 dQ by TMA")
+    boxes a tile (rows past Nq left out of the adds); three query heads on one K/V head, so that the dQ buffer is
+    written again after the writer says it has read it; two TMA boxes per Q_i, dO_i."""
+    monkeypatch.setattr(tma_tiling, "simulator_tiling",
+                        lambda d: BackwardTmaTiling(D=d, WARPGROUPS=1, DQ_BY_TMA=True).validate())
+    inputs, grads = gradients(rng, (3,), (1,), 20, 30, 128, True)
+    check(inputs, grads, True, "v4 d=128 dQ by TMA")
 
 
 def test_two_consumer_warpgroups(rng):
