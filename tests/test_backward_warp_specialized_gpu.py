@@ -4,9 +4,12 @@ helpers of v2's GPU tests (``test_backward_tensor_cores_gpu.py``), as v3's GPU t
 N in {1, 17, 128, 1000, 4096} (ragged tiles everywhere but 128 and 4096), d = 64 and 128, causal and not,
 float16 and bfloat16 as PyTorch tensors, Nq != Nk, grouped-query heads; every gradient against the float64
 reference by FlashAttention's rule for gradients; dk and dv bitwise reproducible, and at d = 128 equal to v3's
-(the same products in the same order), dq within rounding; NumPy in and out. Needs compute capability 9.0 (wgmma, TMA):
+(the same products in the same order), dq within rounding; NumPy in and out; the tiling's DQ_BY_TMA (dQ_i added
+by TMA reduce-adds) against the reference too. Needs compute capability 9.0 (wgmma, TMA):
 skipped elsewhere.
 """
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -69,6 +72,28 @@ def test_dk_dv_are_v3s_at_d_128(rng, causal):
     dq4, dk4, dv4 = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, kernel="v4")
     assert torch.equal(dk3, dk4) and torch.equal(dv3, dv4)
     assert float((dq4.float() - dq3.float()).abs().max()) <= float(dq3.float().abs().max()) * 2.0**-7
+
+
+@pytest.fixture
+def dq_by_tma(monkeypatch):
+    """tensor_core_attention_backward(kernel='v4') at v4's tiling with DQ_BY_TMA: dQ_i through shared memory and
+    TMA reduce-adds by the producer's second warp (plans made afresh)."""
+    from tinyflash.backward import tensor_cores
+    from tinyflash.backward.kernels import tma_tiling
+
+    monkeypatch.setitem(tensor_cores.TILINGS, "v4", lambda d: replace(tma_tiling.default_tiling(d), DQ_BY_TMA=True))
+    monkeypatch.setattr(tensor_cores, "_PLANS", {})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n", [17, 1000, 4096])
+def test_dq_by_tma_against_the_float64_reference(rng, dq_by_tma, n, d, causal):
+    check_against_the_float64_reference(rng, n, d, causal, "bfloat16", "v4")
+
+
+def test_dq_by_tma_grouped_query_heads(rng, dq_by_tma):
+    check_grouped_query_heads(rng, "float16", "v4")
 
 
 def test_numpy_float16_in_numpy_out(rng):
