@@ -65,7 +65,8 @@ VERSIONS = {v.name: v for v in (
                     "a ring of stages with full and empty mbarriers; the two consumer warpgroups only multiply, as "
                     "in v3, and meet once per query tile at a named barrier for dSᵀ (two buffers); setmaxnreg "
                     "moves registers to the consumers; query tiles of 128 rows at d = 64 (the warpgroups split dQ_i "
-                    "by rows); no deterministic mode; compute capability 9.0",
+                    "by rows); with the tiling's DQ_BY_TMA, dQ_i through shared memory and TMA reduce-adds; no "
+                    "deterministic mode; compute capability 9.0",
                     v4_warp_specialized.launch, ("config", "element", "deterministic"), deterministic=("dk", "dv"),
                     max_head_dim=128, dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=tma_tiling.HEAD_DIMS,
                     driver_launches=v4_warp_specialized.driver_launches),
