@@ -4,8 +4,9 @@ A box copied by TMA must land exactly where the wgmma descriptors read a tile (`
 halves one after the other, each row's 16-byte chunks permuted by the row's place among 8), with zeros for rows
 past the end of the tensor; the expected layout is written out here by hand. Without a GPU these run the
 simulator's emulations (``tma_emulation.py``); on a Hopper GPU the real instructions, so the tensor map's encoding
-and the hardware's swizzle are checked there. The last tests check the emulation's own rules (simulator only). ``tma_reduce_add_3d`` is checked the same way: a
-float32 box added from its swizzled place in shared memory, rows past the end of the tensor left out.
+and the hardware's swizzle are checked there. ``tma_reduce_add_3d`` is checked the same way: a float32 box added
+from its swizzled place in shared memory, rows past the end of the tensor left out. The last tests check the
+emulation's own rules (simulator only).
 """
 
 import numpy as np

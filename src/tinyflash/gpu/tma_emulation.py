@@ -15,8 +15,9 @@ would land on an mbarrier, or outside shared memory; a destination that is not 1
 
 Not emulated: time. A copy lands when it is issued, so a stage that is overwritten while a warpgroup's
 multiplies still read it (a missing wait on an "empty" barrier) is caught only when the threads happen to
-run in that order; a reduce-add reads its box when it is issued (the bulk groups' waits do nothing); ``fence.proxy.*`` and the tensor-map fences do nothing (one coherent memory); setmaxnreg does
-nothing (registers are Python's). Named barriers count threads (the hardware counts warps: the same when every
+run in that order; a reduce-add reads its box when it is issued (the bulk groups' waits do nothing);
+``fence.proxy.*`` and the tensor-map fences do nothing (one coherent memory); setmaxnreg does nothing
+(registers are Python's). Named barriers count threads (the hardware counts warps: the same when every
 lane of a warp calls them, as ``.aligned`` requires).
 """
 

@@ -1,7 +1,7 @@
 """The tiling and the host side of the warp-specialised backward kernel (v4): v3's block with a producer.
 
-A block has v3's WARPGROUPS consumer warpgroups (64 keys each, Bc = 64 · WARPGROUPS) and one more, the first:
-the *producer*. Its first thread requests K_j, V_j once and then, for each query tile, Q_i and dO_i by TMA
+A block has v3's WARPGROUPS consumer warpgroups (64 keys each, Bc = 64 · WARPGROUPS; query tiles of Br = 64 or
+128 rows) and one more, the first: the *producer*. Its first thread requests K_j, V_j once and then, for each query tile, Q_i and dO_i by TMA
 (``tinyflash.gpu.tma``) into a ring of STAGES stages; its first warp's lanes put lse_i (base 2) and D_i beside
 them. Each stage has a "full" mbarrier (the copies' bytes, and LSE_LANES + 1 arrivals: the lanes that stored
 lse_i and D_i, and the thread that announced the bytes) and an "empty" one (the consumers' threads, once their
@@ -9,7 +9,7 @@ multiplies have read the stage). dSᵀ has two buffers, one per query-tile parit
 one named barrier per query tile (module ``v4_warp_specialized``'s docstring says why one is enough).
 
 Shared memory, every tile 128-byte swizzled and 1024-byte aligned (v3's layout): K_j, V_j, the stages of (Q_i,
-dO_i, lse_i, D_i), the two dSᵀ buffers, then the mbarriers: K_j and V_j's, one "full" per stage, one "empty"
+dO_i, lse_i, D_i), the two dSᵀ buffers, with DQ_BY_TMA dQ_i, then the mbarriers: K_j and V_j's, one "full" per stage, one "empty"
 per stage. :meth:`BackwardTmaTiling.smem_layout` is its one description.
 
 With DQ_BY_TMA the consumers store dQ_i (float32) into shared memory instead of adding it to HBM by atomics,
@@ -17,9 +17,9 @@ and the producer's second warp adds it to dQ's accumulator by TMA reduce-adds (F
 named barrier saying the tile is stored, another that it has been read.
 
 Host: the kernel takes the tensor maps of Q, dO (boxes of Br rows), K, V (boxes of Bc rows) and dQ's float32
-accumulator in a global array (``gpu/tensor_map.py``), not Q, K, V, dO. Through numba (the simulator, NumPy inputs) they are encoded
-for each launch from its views (``LaunchArgs.derived``); through the driver a :class:`TmaMainLaunch` keeps them
-by the arrays' addresses.
+accumulator in a global array (``gpu/tensor_map.py``), not Q, K, V, dO. Through numba (the simulator, NumPy
+inputs) they are encoded for each launch from its views (``LaunchArgs.derived``); through the driver a
+:class:`TmaMainLaunch` keeps them by the arrays' addresses.
 """
 
 from __future__ import annotations
