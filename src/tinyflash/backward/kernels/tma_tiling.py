@@ -68,6 +68,13 @@ class BackwardTmaTiling(BackwardHopperTiling):
         return self.D * self.DQ_ROW_GROUPS // self.WARPGROUPS
 
     @property
+    def DV_FIRST(self) -> bool:
+        """dV_j += Pᵀ dO_i issued before dSᵀ is computed, and multiplied meanwhile (FlashAttention-3's order):
+        with 64-row query tiles. With 128, Pᵀ's packed words beside Sᵀ's, dPᵀ's, dK_j's and dV_j's accumulators
+        pass the consumers' 240 registers (ptxas spills and serialises the wgmma's): dV_j is issued with dK_j."""
+        return self.BR == WGMMA_M
+
+    @property
     def CONSUMERS(self) -> int:  # threads of the consumer warpgroups
         return WARPGROUP * self.WARPGROUPS
 
@@ -138,6 +145,13 @@ def default_tiling(d: int) -> BackwardTmaTiling:
 def simulator_tiling(d: int) -> BackwardTmaTiling:
     """One consumer warpgroup (Bc = 64 keys) and the producer: the smallest with both roles, for the simulator."""
     return BackwardTmaTiling(D=d, WARPGROUPS=1).validate()
+
+
+def refuse_deterministic(deterministic, who: str) -> None:
+    """A ValueError for ``deterministic=True``: the TMA kernels add dQ in any order (atomics or reduce-adds)."""
+    if deterministic:
+        raise ValueError(f"{who} has no deterministic mode (dQ is added by atomics in any order); got "
+                         "deterministic=True: use kernel v2 for a bitwise-reproducible dq")
 
 
 def launch_backward_tma(make_kernel, args, prob, config, element, *, who: str) -> None:

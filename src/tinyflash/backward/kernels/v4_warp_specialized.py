@@ -3,34 +3,30 @@ float32 accumulation.
 
 What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block barriers per query tile):
 
-* **A producer and consumers.** The block has one more warpgroup, the first: the *producer*. Its first thread
-  requests K_j, V_j once and then Q_i, dO_i of each query tile by TMA (``tinyflash.gpu.tma``) into a ring of
-  STAGES stages, as soon as one is free; its first warp's lanes store lse_i (base 2) and D_i beside them. The
-  other warpgroups, the *consumers*, only multiply (v3's products, unchanged), as in forward kernel v9.
+* **A producer and consumers** (as in forward kernel v9). One more warpgroup, the first, the *producer*: its
+  first thread requests K_j, V_j once and then each query tile's Q_i, dO_i by TMA (``tinyflash.gpu.tma``) into
+  a ring of STAGES stages as soon as one is free; its first warp's lanes store lse_i (base 2) and D_i beside
+  them. The *consumers* only multiply (v3's products).
 * **Full and empty barriers per stage.** A consumer waits on a stage's "full" mbarrier (Q_i's and dO_i's bytes
-  have landed, and the lanes that stored lse_i and D_i have arrived) and, once the multiplies that read the
-  stage are waited for, arrives on its "empty" barrier; the producer waits on "empty" before it refills the
-  stage: for tile s of the ring, parity (s // STAGES + 1) % 2, which on a fresh barrier counts as completed.
-* **One barrier per query tile, among the consumers.** dQ_i = dS K_j needs every warpgroup's dSᵀ, so the
-  consumers meet at a named barrier (not the producer: it runs ahead) after storing theirs. dSᵀ has two
-  buffers, by the parity of the query tile: a warpgroup writes buffer b again two tiles later, after the
-  barrier of the tile in between, which the other warpgroup reaches only once its dQ product that read buffer
-  b is waited for. v3 needs a second barrier per tile (before dSᵀ and the stage are written again).
-* **Registers move to the consumers** (``setmaxnreg``): the producer keeps PRODUCER_REGISTERS per thread (24),
-  the consumers take CONSUMER_REGISTERS (240); the kernel is compiled for NT threads, one block per
-  multiprocessor (launch bounds), which setmaxnreg needs.
-* **Query tiles of 128 rows at d = 64** (``tma_tiling.default_tiling``): Sᵀ and dPᵀ are m64n128 products, and
-  the two warpgroups split dQ_i = dS K_j by rows (each its 64 queries, read from its half of dSᵀ, and all d
-  columns) where with 64-row tiles they split its columns; the fixed work of a query tile (its waits, its
-  barrier, lse_i and D_i) is spread over twice the multiplies. At d = 128, 64 rows, as v3.
+  landed, the lanes that stored lse_i and D_i arrived) and, once the multiplies that read the stage are waited
+  for, arrives on its "empty" one; the producer waits on "empty" before it refills the stage: for tile s,
+  parity (s // STAGES + 1) % 2, which on a fresh barrier counts as completed.
+* **One barrier per query tile, among the consumers.** dQ_i = dS K_j needs every warpgroup's dSᵀ: the consumers
+  meet at a named barrier (the producer runs ahead) after storing theirs. dSᵀ has two buffers, by the tile's
+  parity: a warpgroup writes buffer b again two tiles later, after the barrier of the tile in between, which
+  the other warpgroup reaches only once its dQ product that read b is waited for (v3 needs a second barrier).
+* **Registers move to the consumers** (``setmaxnreg``: 24 per thread for the producer, 240 for the consumers;
+  launch bounds of NT threads and one block per multiprocessor, which it needs).
+* **dV_j's product first, with 64-row query tiles** (the tiling's DV_FIRST, FlashAttention-3's order): issued as
+  soon as Pᵀ is packed, multiplied while the warpgroup computes dSᵀ (with 128-row tiles, with dK_j's, as v3).
+* **Query tiles of 128 rows at d = 64** (``tma_tiling.default_tiling``): m64n128 Sᵀ and dPᵀ; the warpgroups
+  split dQ_i by rows (each its 64 queries, from its half of dSᵀ), not columns; a tile's waits, barrier, lse_i
+  and D_i are spread over twice the multiplies.
+* **dQ_i by TMA** (the tiling's DQ_BY_TMA, off by default): the consumers store dQ_i (float32, swizzled) in
+  shared memory, the producer's second warp adds it to the accumulator by TMA reduce-adds, 32 columns each.
 
-Unchanged from v3: the products (Sᵀ, dPᵀ from shared memory; dV_j, dK_j with Pᵀ, dSᵀ from registers; dQ_i =
-dS K_j from the stored dSᵀ read transposed), P recomputed from lse, dS = P ∘ (dP − D), dQ added to a float32
-accumulator by paired atomics, the launch over (key tiles, K/V heads), the two row kernels around it, no
-deterministic mode. With the tiling's DQ_BY_TMA, FlashAttention-3's dQ instead: the consumers store dQ_i into
-shared memory (float32, swizzled) and the producer's second warp adds it to the accumulator in HBM by TMA
-reduce-adds (``tma.tma_reduce_add_3d``), one request per 32 columns of the tile where v3 has a paired atomic
-per two columns per lane. Limits: d = dv ∈ {64, 128}; compute capability 9.0 exactly (``sm_90a``).
+Unchanged from v3: the products, P recomputed from lse, dS = P ∘ (dP − D), the launch over (key tiles, K/V
+heads), the row kernels around it, no deterministic mode. Limits: d = dv ∈ {64, 128}; compute capability 9.0.
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ from .hopper_tiling import require_hopper
 from .rows import FLOATS, WORDS
 from .tensor_core_tiling import DriverLaunches, sized_driver_launches
 from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, K_MAP, LSE_LANES, Q_MAP, V_MAP, BackwardTmaTiling,
-                         launch_backward_tma, with_tma_main)
+                         launch_backward_tma, refuse_deterministic, with_tma_main)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
@@ -71,8 +67,7 @@ SIGNATURE = ((FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.uint64, 1, "C"),)
 
 @cuda.jit(device=True, inline="always")
 def k_step(kk, rows):
-    """Bytes from a swizzled tile of ``rows`` rows to columns 16kk .. 16kk + 15 (a K-major operand's k-step): its
-    64-column half, then 32 bytes per step inside the half (``warpgroup_tile.k_step_offset``)."""
+    """Bytes from a swizzled tile of ``rows`` rows to columns 16kk .. (``warpgroup_tile.k_step_offset``)."""
     return uint32(kk // HALF_STEPS) * uint32(rows) * uint32(ROW_BYTES) + uint32(kk % HALF_STEPS) * uint32(2 * MMA_K)
 
 
@@ -100,6 +95,8 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
     mma_q = wgmma.mma_async_ss(element, cfg.DQ_N, trans_b=True, trans_a=True)  # dQ_i: dS from dSᵀ, K_j, MN-major
     pack, wait_all, wait_one = ptx.pack(element), wgmma.wait_group(0), wgmma.wait_group(1)
+    DV_FIRST = cfg.DV_FIRST
+    wait_dp = wait_one if DV_FIRST else wait_all  # dPᵀ's batch: the last committed, or the one before dV's
     fence_s, fence_o, fence_q, fence_w = (wgmma.fence_operands(cfg.BR // 2), wgmma.fence_operands(cfg.D // 2),
                                           wgmma.fence_operands(cfg.DQ_N // 2), wgmma.fence_operands(4 * Q_STEPS))
     # descriptors' fixed bits: K-major (SBO 8 rows; LBO unused); MN-major with LBO from columns 0-63 to 64-127
@@ -110,20 +107,18 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
     consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
     ds_stored = tma.named_barrier(DS_BARRIER, cfg.CONSUMERS)  # the consumers only: the producer runs ahead
-    # DQ_BY_TMA: the consumers and the producer's second warp (the dQ writer) meet at DQ_FULL and DQ_EMPTY
     DQ_BY_TMA, DQ_OFF, DQ_BOXES = cfg.DQ_BY_TMA, layout["dQ_i"], cfg.D // DQ_BOX_COLUMNS
     DQ_BOX_BYTES, CHUNK_FLOATS = u(cfg.BR * ROW_BYTES), u(4)  # a box of dQ_i: Br rows of 32 floats; a 16-byte chunk
-    dq_stored, dq_taken = (tma.named_barrier(DQ_FULL, cfg.CONSUMERS + WARP, arrive_only=True),
-                           tma.named_barrier(DQ_EMPTY, cfg.CONSUMERS + WARP))  # the consumers' sides
-    dq_wait_stored, dq_read = (tma.named_barrier(DQ_FULL, cfg.CONSUMERS + WARP),
-                               tma.named_barrier(DQ_EMPTY, cfg.CONSUMERS + WARP, arrive_only=True))  # the writer's
+    # DQ_BY_TMA: the consumers (first) and the producer's second warp, the dQ writer, meet at DQ_FULL and DQ_EMPTY
+    dq_stored, dq_wait_stored, dq_read, dq_taken = (tma.named_barrier(bar, cfg.CONSUMERS + WARP, arrive_only=only)
+                                                    for bar, only in ((DQ_FULL, True), (DQ_FULL, False),
+                                                                      (DQ_EMPTY, True), (DQ_EMPTY, False)))
     options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
 
     @cuda.jit(device=True, inline="always")
     def init_barriers(base):
-        """One thread: K_j and V_j's barrier expects one arrival (the producer's, with the bytes), each "full"
-        barrier that one and the LANES that store lse_i and D_i, each "empty" barrier the consumers' threads;
-        made visible to the copy engine."""
+        """One thread: K_j, V_j's and each "full" barrier expect the producer's arrival with the bytes (and "full"
+        the LANES that store lse_i, D_i), each "empty" one the consumers'; made visible to the copy engine."""
         tma.mbarrier_init(base + uint32(KV_FULL), uint32(1))
         for s in range(N_STAGES):
             tma.mbarrier_init(base + uint32(FULL0 + uint64(s) * BAR), uint32(LANES + ONE))
@@ -152,8 +147,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def store_rows(LSE, Dvec, smemf, stage_word, head, q_start, n_q, lane):
-        """lse_i (base 2) and D_i into a stage, rows lane, lane + LANES, ..; rows past Nq get lse = +inf, so that
-        their P is 0."""
+        """lse_i (base 2), D_i into a stage, rows lane, lane + LANES, ..; past Nq lse = +inf, so that P is 0."""
         for r in range(ROWS_PER_LANE):
             at = lane + uint64(r) * LANES  # the row, in the tile
             row = q_start + at
@@ -163,8 +157,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def next_tile(head, q_start, q_first, n_q):
-        """The (query head, first row) of the step after (head, q_start): the next query tile of the head, or
-        the first that sees the key tile in the next head (counted, not divided out of the step: a division
+        """The (query head, first row) after (head, q_start): counted, not divided out of the step (a division
         takes more registers than the dQ writer's 24)."""
         if q_start + BR < n_q:
             return head, q_start + BR
@@ -221,8 +214,9 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def score_gradients(dp, s, smemf, d_word, t):
-        """Once dPᵀ's batch is done: dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ (D per query, per column)."""
-        wait_all()
+        """Once dPᵀ's batch is done (with DV_FIRST dV's, the newer, may still run): dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces
+        dPᵀ (D per query, per column)."""
+        wait_dp()
         fence_s(dp)
         for n in range(S_TILES):
             for e in range(4):
@@ -249,16 +243,22 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                     smem[ds_word + uint64(at) // FOUR] = ds[kk, 2 * h + half]
 
     @cuda.jit(device=True, inline="always")
-    def key_gradients(dv, dk, p, ds, stage):
-        """dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i: one batch, committed, not waited for (the next wait retires it)."""
+    def value_gradients(dv, p, stage):
+        """dV_j += Pᵀ dO_i, issued (the caller commits the batch)."""
         fence_w(p)
-        fence_w(ds)
         fence_o(dv)
-        fence_o(dk)
         wgmma.fence()
         for kk in range(Q_STEPS):
             mma_kv(dv, p[kk, 0], p[kk, 1], p[kk, 2], p[kk, 3],
                    wgmma.descriptor(stage + uint32(DO_IN) + uint32(kk) * uint32(STEP_BYTES), ROWS_MN), uint32(1))
+
+    @cuda.jit(device=True, inline="always")
+    def key_gradients(dk, ds, stage):
+        """dK_j += dSᵀ Q_i, issued and committed with what is issued before it, not waited for (the dQ product's
+        wait retires it)."""
+        fence_w(ds)
+        fence_o(dk)
+        wgmma.fence()
         for kk in range(Q_STEPS):
             mma_kv(dk, ds[kk, 0], ds[kk, 1], ds[kk, 2], ds[kk, 3],
                    wgmma.descriptor(stage + uint32(kk) * uint32(STEP_BYTES), ROWS_MN), uint32(1))
@@ -303,9 +303,8 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def write_dq(maps, base, lane, kv_head, heads, q_first, steps, n_q):
-        """The producer's second warp: once the consumers have stored each tile's dQ_i, lane 0 adds it to dQ's
-        accumulator by TMA reduce-adds (one per box; rows past Nq are left out) and waits until they have read
-        it; then the warp says the buffer is free (but after the last tile, whose adds it waits to complete)."""
+        """The producer's second warp: as each tile's dQ_i is stored, lane 0 adds it to the accumulator by TMA
+        reduce-adds (rows past Nq left out); once they have read it, the buffer is free (the last: done)."""
         if lane == ZERO:
             tma.prefetch_map(maps, uint64(DQ_MAP))
             tma.acquire_map(maps, uint64(DQ_MAP))
@@ -338,9 +337,8 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     @cuda.jit(device=True, inline="always")
     def consume(dQ_acc, dK, dV, smem, smemf, base, base_word, tid, kv_head, k_start, heads, q_first, tiles, steps,
                 n_q, n_k, scale, scale_log2, causal):
-        """A consumer thread (``tid`` counted from the first consumer): its warpgroup's 64 keys of dK_j and dV_j
-        over every query tile as the stages fill; each stage released once the multiplies that read it are
-        waited for, and then dQ_i added."""
+        """A consumer thread (``tid`` from the first consumer): its warpgroup's 64 keys of dK_j, dV_j over every
+        query tile as the stages fill, each released once its multiplies are waited for; then dQ_i added."""
         group, lane = tid // WG, tid % uint64(WARP)  # the warpgroup: 64 keys of the tile
         warp4, g, t = (tid // uint64(WARP)) % FOUR, lane // FOUR, lane % FOUR  # the warp in its warpgroup
         tile_key = group * uint64(4 * MMA_M) + warp4 * uint64(MMA_M) + g  # the lane's first key, in the tile
@@ -374,12 +372,19 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
             stage_word = base_word + stage_off // FOUR
             probabilities(s, smemf, stage_word + LSE_IN // FOUR, k_start + tile_key, q_start, t, n_q, n_k, causal,
                           masked, scale_log2)
+            if DV_FIRST:  # dV_j += Pᵀ dO_i, a batch in flight while dSᵀ is computed
+                pack_a(p, s)
+                value_gradients(dv, p, base + uint32(stage_off))
+                wgmma.commit_group()
             score_gradients(dp, s, smemf, stage_word + D_IN // FOUR, t)
-            pack_a(p, s)
+            if not DV_FIRST:  # Pᵀ packed once Sᵀ's registers are free
+                pack_a(p, s)
             pack_a(ds, dp)
             ds_off = DS0 + (step % TWO) * DS_BYTES  # dSᵀ's buffer of this tile's parity
             store_ds(smem, ds, base_word + ds_off // FOUR, tile_key, t)
-            key_gradients(dv, dk, p, ds, base + uint32(stage_off))  # dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i, in flight
+            if not DV_FIRST:  # dV_j += Pᵀ dO_i, in dK_j's batch
+                value_gradients(dv, p, base + uint32(stage_off))
+            key_gradients(dk, ds, base + uint32(stage_off))  # dK_j += dSᵀ Q_i, in flight
             wgmma.fence_proxy_async()  # this thread's dSᵀ is visible to the tensor cores
             ds_stored()  # every warpgroup's dSᵀ is in its buffer
             ds_times_k(dq, base + uint32(ds_off) + ds_half, k_columns)  # dQ_i = dS K_j; both batches waited for
@@ -430,20 +435,18 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     return flash_bwd_ws
 
 
+WHO = "backward kernel v4 (warp-specialised)"
+
+
 def launch(args, prob, *, config: BackwardTmaTiling | None = None, element: str | None = None,
            deterministic: bool = False) -> None:
     """Launch v4 on ``args`` (v3's: Q, K, V, dO, dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32);
-    the tensor maps are made from Q, K, V, dO. ``element`` 'bfloat16' for bfloat16 inputs (None: float16);
-    ``config`` overrides the tiling. v4 has no deterministic mode: ``deterministic=True`` is a ValueError."""
-    refuse_deterministic(deterministic)
-    require_hopper("backward kernel v4 (warp-specialised)")
-    launch_backward_tma(make_kernel, args, prob, config, element, who="backward kernel v4 (warp-specialised)")
-
-
-def refuse_deterministic(deterministic) -> None:
-    if deterministic:
-        raise ValueError("backward kernel v4 (warp-specialised) has no deterministic mode (dQ is added by atomics "
-                         "in any order); got deterministic=True: use kernel v2 for a bitwise-reproducible dq")
+    the tensor maps are made from Q, K, V, dO, dQ_acc. ``element`` 'bfloat16' for bfloat16 inputs (None:
+    float16); ``config`` overrides the tiling. v4 has no deterministic mode: ``deterministic=True`` is a
+    ValueError."""
+    refuse_deterministic(deterministic, WHO)
+    require_hopper(WHO)
+    launch_backward_tma(make_kernel, args, prob, config, element, who=WHO)
 
 
 @lru_cache(maxsize=256)
@@ -451,7 +454,7 @@ def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: floa
                     cfg: BackwardTmaTiling, deterministic: bool = False) -> DriverLaunches:
     """v3's :class:`DriverLaunches` with v4 as the main kernel (its tensor maps kept by the arrays' addresses),
     for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use and kept."""
-    refuse_deterministic(deterministic)
+    refuse_deterministic(deterministic, WHO)
     launches = sized_driver_launches(driver_kernel(make_kernel(cfg, element), SIGNATURE, cfg.smem_bytes), cfg, n_q,
                                      n_k, n_heads, kv_group, scale, causal, element)
     return with_tma_main(launches, cfg, n_q, n_k, n_heads, kv_group)
