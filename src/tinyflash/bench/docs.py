@@ -66,7 +66,7 @@ def headlines() -> str:
     cudnn = [float(tables.find(hopper, impl="torch_cudnn", **{k: r[k] for k in ("dtype", "d", "causal", "n_q")})
                    ["time_ms"]) / float(r["time_ms"]) for r in runs]
     tc_bw, wg_bw = ([float(r["vs_baseline"]) for r in ok(record("backward_tensor_cores_h200"), impl="tinyflash",
-                                                         variant=kernel)] for kernel in ("v2", "v3"))
+                                                         variant=kernel)] for kernel in ("v2", BACKWARD_HOPPER_VERSION))
     decode = record("decode_h200")
     per_call = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="")]
     whole = [float(r["vs_baseline"]) for r in ok(record("decode_whole_call_h200"), impl="split_kv", variant="whole call")]
@@ -82,7 +82,7 @@ def headlines() -> str:
         f"SDPA's cuDNN backend, {' and '.join(sorted({r['dtype'] for r in runs}))} at N = "
         f"{' and '.join(f'{n:,}' for n in sorted({int(r['n_q']) for r in runs}))} ({len(runs)} configurations, calls "
         f"queued; one call alone, {span([float(r['latency_vs_baseline']) for r in runs])} FlashAttention-2's speed).",
-        f"* **Training** (the backward pass): on Hopper's wgmma (backward v3) {span(wg_bw)} the speed of "
+        f"* **Training** (the backward pass): on Hopper's wgmma (backward {BACKWARD_HOPPER_VERSION}) {span(wg_bw)} the speed of "
         f"FlashAttention-2's backward (SDPA flash), on mma.sync (v2) {span(tc_bw)}, float16 and bfloat16, calls "
         f"queued; a whole training step through `tinyflash.torch` (stage 4's forward, backward v2) {span(step)}; "
         f"on the CUDA cores {span(bw_eff)} of SDPA's "
