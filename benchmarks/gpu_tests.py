@@ -36,7 +36,8 @@ GROUPS = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py tests/test_nonfin
           "tests/test_commands.py tests/test_driver_launch.py",
           "tests/test_backward_tensor_cores_gpu.py tests/test_backward_tensor_cores.py", "tests/test_torch_gpu.py tests/test_decode_torch_gpu.py tests/test_kernel_cache.py",
           "tests/test_hopper_gpu.py tests/test_hopper.py tests/test_wgmma_ptx.py",
-          "tests/test_backward_wgmma_gpu.py tests/test_backward_wgmma.py"]
+          "tests/test_backward_wgmma_gpu.py tests/test_backward_wgmma.py",
+          "tests/test_backward_warp_specialized_gpu.py tests/test_backward_warp_specialized.py"]
 
 
 def outcome(case: ET.Element) -> str:

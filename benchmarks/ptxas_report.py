@@ -27,7 +27,8 @@ The kernels, each at the settings a GPU run uses by default:
 * the decode combine kernel, float16 and float32 output;
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
 * backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16;
-* backward v3 (``v3_wgmma``) at its default tilings, d = 64 and 128, float16 and bfloat16, for ``sm_90a``.
+* backward v3 (``v3_wgmma``) and v4 (``v4_warp_specialized``) at their default tilings, d = 64 and 128, float16
+  and bfloat16, for ``sm_90a``; v4 also with dQ added by TMA (``DQ_BY_TMA``).
 
 With ``--sweep``, also v6 at each candidate tiling of ``tinyflash.bench.suites.V6_TILINGS`` (the H200 sweeps'),
 float16, one head at a time: the registers and spills of every tiling a sweep times.
@@ -227,16 +228,23 @@ def backward_tensor_core_jobs() -> list[Job]:
 
 
 def backward_hopper_jobs() -> list[Job]:
-    """Backward v3 (wgmma) at its default tilings, d = 64 and 128, float16 and bfloat16, for sm_90a."""
-    from tinyflash.backward.kernels import hopper_tiling, v3_wgmma as v3
+    """Backward v3 (wgmma) and v4 (warp-specialised; also with DQ_BY_TMA) at their default tilings, d = 64 and
+    128, float16 and bfloat16, for sm_90a."""
+    from dataclasses import replace
+
+    from tinyflash.backward.kernels import hopper_tiling, tma_tiling, v3_wgmma as v3, v4_warp_specialized as v4
 
     found = []
-    for element in ("float16", "bfloat16"):
-        for d in hopper_tiling.HEAD_DIMS:
-            cfg = hopper_tiling.default_tiling(d)
-            variant = f"d={d} {element} warpgroups={cfg.WARPGROUPS} keys={cfg.BC} BR={cfg.BR}"
-            found.append(Job("backward v3", variant, lambda cfg=cfg, element=element:
-                             (v3.make_kernel(cfg, element), v3.SIGNATURE), arch="sm_90a"))
+    tilings = [("v3", v3, hopper_tiling.default_tiling), ("v4", v4, tma_tiling.default_tiling),
+               ("v4", v4, lambda d: replace(tma_tiling.default_tiling(d), DQ_BY_TMA=True))]
+    for name, module, tiling in tilings:
+        for element in ("float16", "bfloat16"):
+            for d in hopper_tiling.HEAD_DIMS:
+                cfg = tiling(d)
+                variant = (f"d={d} {element} warpgroups={cfg.WARPGROUPS} keys={cfg.BC} BR={cfg.BR}"
+                           + (f" stages={cfg.STAGES} dq_by_tma={cfg.DQ_BY_TMA}" if name == "v4" else ""))
+                found.append(Job(f"backward {name}", variant, lambda module=module, cfg=cfg, element=element:
+                                 (module.make_kernel(cfg, element), module.SIGNATURE), arch="sm_90a"))
     return found
 
 

@@ -251,6 +251,12 @@ over_flash = [float(r["vs_baseline"]) for r in wgmma_rows.values()]
 print(f"  backward v3 (wgmma): {min(over_flash):.2f}–{max(over_flash):.2f}× FlashAttention-2's backward, "
       f"{min(gains):.2f}–{max(gains):.2f}× v2's speed ({len(gains)} configurations of the same run)")
 assert min(gains) > 1  # the warpgroup multiplies pay at every point measured
+# Backward kernel v4 (backward/kernels/v4_warp_specialized.py) is v3 warp-specialised, as the forward's v9 is
+# (lesson 10): a producer warpgroup loads each Q_i, dO_i by TMA into a ring of stages, the consumer warpgroups only
+# multiply and meet once per query tile, for dSᵀ; `kernel="v4"` runs it. Its rows, where the record has them:
+for r in (r for r in rows if r["impl"] == "tinyflash" and r["variant"] == "v4"):
+    print(f"  backward v4 (warp-specialised): {r['dtype']} d = {r['d']} causal = {r['causal']} N = {int(r['n_q']):,}: "
+          f"{float(r['vs_baseline']):.2f}× FlashAttention-2's backward")
 # What the tiling and the atomics are worth (figures/data/backward_tensor_core_tiles_h200.csv, float16, one run).
 # The hardware counters of the first version showed L2 busy 80 % of the time and the tensor cores 22 %: its dQ
 # atomics filled half of each 32-byte sector (a lane adds columns 2t and 2t + 1: two requests, each half-used),

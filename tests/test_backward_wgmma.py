@@ -72,8 +72,8 @@ def test_deterministic_mode_is_refused(rng):
         tf.tensor_core_attention_backward(q, k, v, o, lse, o, deterministic=True, kernel="v3")
     with pytest.raises(ValueError, match="backward kernel v3 .* has no deterministic mode"):
         tf.cuda_attention_backward(q, k, v, o, lse, o, kernel="v3", deterministic=True)
-    with pytest.raises(ValueError, match=r"^kernel must be one of v2, v3 \(None: v2\); got 'v4'$"):
-        tf.tensor_core_attention_backward(q, k, v, o, lse, o, kernel="v4")
+    with pytest.raises(ValueError, match=r"^kernel must be one of v2, v3, v4 \(None: v2\); got 'v5'$"):
+        tf.tensor_core_attention_backward(q, k, v, o, lse, o, kernel="v5")
 
 
 def test_registry_and_tilings():

@@ -4,7 +4,9 @@ A box copied by TMA must land exactly where the wgmma descriptors read a tile (`
 halves one after the other, each row's 16-byte chunks permuted by the row's place among 8), with zeros for rows
 past the end of the tensor; the expected layout is written out here by hand. Without a GPU these run the
 simulator's emulations (``tma_emulation.py``); on a Hopper GPU the real instructions, so the tensor map's encoding
-and the hardware's swizzle are checked there. The last tests check the emulation's own rules (simulator only).
+and the hardware's swizzle are checked there. ``tma_reduce_add_3d`` is checked the same way: a float32 box added
+from its swizzled place in shared memory, rows past the end of the tensor left out. The last tests check the
+emulation's own rules (simulator only).
 """
 
 import numpy as np
@@ -13,7 +15,7 @@ from numba import cuda, int32, uint32, uint64
 
 from tinyflash.gpu import ptx, tma, wgmma
 from tinyflash.gpu.runtime import simulator_enabled
-from tinyflash.gpu.smem import shared_words
+from tinyflash.gpu.smem import shared_floats, shared_words
 from tinyflash.gpu.tensor_map import TensorMap, tensor_maps
 
 ALIGN = 1024
@@ -97,6 +99,61 @@ def test_tensor_maps_are_checked():
         TensorMap(96, 10, 1, 16)
     with pytest.raises(ValueError, match="1 .. 256 rows"):
         TensorMap(64, 10, 1, 320)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        TensorMap(48, 10, 1, 16, element_bytes=4)
+
+
+def make_reduce_kernel(box_rows: int, boxes: int):
+    """One block of 128 threads: the threads store ``src`` (float32, already in the swizzled order) into shared
+    memory; thread 0 adds it, ``boxes`` boxes of 32 columns side by side, to head ``head`` from row ``row`` by TMA
+    reduce-adds and waits for them to complete."""
+    BOX_BYTES = box_rows * 128
+
+    @cuda.jit
+    def reduce(maps, src, row, head):
+        smem, smemf = shared_words(), shared_floats()
+        tid = cuda.threadIdx.x
+        raw = ptx.shared_address(smem, uint64(0))
+        base = (raw + uint32(ALIGN - 1)) & ~uint32(ALIGN - 1)
+        first = (base - raw) // uint32(4)
+        for i in range(tid, boxes * BOX_BYTES // 4, 128):
+            smemf[first + uint32(i)] = src[i]
+        wgmma.fence_proxy_async()  # each thread's stores are visible to the copy engine
+        cuda.syncthreads()  # every thread's are in shared memory before the adds read it
+        if tid == 0:
+            tma.acquire_map(maps, uint64(0))
+            for b in range(boxes):
+                tma.tma_reduce_add_3d(base + uint32(b * BOX_BYTES), maps, uint64(0), int32(32 * b), int32(row),
+                                      int32(head))
+            tma.bulk_commit_group()
+            tma.bulk_wait()
+
+    return reduce
+
+
+@pytest.mark.parametrize("cols, rows, box_rows, row", [(64, 40, 32, 16), (128, 70, 64, 64)])
+def test_a_box_is_added_from_its_swizzled_place_and_rows_past_the_end_left_out(rng, hopper_or_simulator, cols, rows,
+                                                                               box_rows, row):
+    """A float32 box of rows row .. row + box_rows (past the end for some) added to head 1 of 3 by
+    ``tma_reduce_add_3d``: each 16-byte chunk read from its swizzled place (chunk c of row r at c XOR r % 8); the
+    other heads, and the rows past the end (the next head's first rows), unchanged."""
+    x = rng.standard_normal((3, rows, cols)).astype(np.float32)  # (heads, rows, cols), never zeros
+    box = rng.standard_normal((cols // 32, box_rows, 32)).astype(np.float32)  # (boxes, rows, 32 columns)
+    src = np.zeros(box.size, np.float32)
+    for b in range(cols // 32):
+        for r in range(box_rows):
+            for c in range(8):  # 16-byte chunks of 4 floats
+                place = b * box_rows * 32 + r * 32 + (c ^ (r % 8)) * 4
+                src[place:place + 4] = box[b, r, 4 * c:4 * c + 4]
+    tmap = TensorMap(cols, rows, 3, box_rows, element_bytes=4)
+    flat = cuda.to_device(x.reshape(-1))
+    maps = tensor_maps([tmap], [flat])
+    make_reduce_kernel(box_rows, cols // 32)[1, 128, 0, src.nbytes + ALIGN](maps, cuda.to_device(src), row, 1)
+    want = x.copy()
+    inside = min(box_rows, rows - row)
+    want[1, row:row + inside] += box[:, :inside].transpose(1, 0, 2).reshape(inside, cols)
+    got = flat.copy_to_host().reshape(x.shape)
+    assert np.array_equal(got, want), np.argwhere(got != want)[:8]
 
 
 def turns_kernel(warpgroups: int, rounds: int):

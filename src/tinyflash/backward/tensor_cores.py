@@ -1,11 +1,12 @@
-"""The backward pass on the tensor cores — the host wrapper of backward kernels v2 and v3.
+"""The backward pass on the tensor cores — the host wrapper of backward kernels v2, v3 and v4.
 
 :func:`tensor_core_attention_backward` does what :func:`tinyflash.cuda_attention_backward` does (check,
 allocate, launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with
 float32 accumulation, d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads
 of a group, K and V never repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator
 set to zero (``kernels/rows.py``), the main kernel (v3 on Hopper, v2 elsewhere, or the one a call names: v2,
-``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma), dQ scaled and
+``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4,
+``kernels/v4_warp_specialized.py``, v3 warp-specialised with TMA), dQ scaled and
 rounded. The 16-bit arrays travel as uint32 words of two values, whatever their format: only the tensor
 cores and the conversions know which.
 """
@@ -25,12 +26,13 @@ from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import compute_capability, require_compute_capability, require_gpu, simulator_enabled
 from ..warp_tile import MIN_COMPUTE_CAPABILITY, MMA_M
 from .kernels import get as kernel_version
-from .kernels import hopper_tiling
+from .kernels import hopper_tiling, tma_tiling
 from .kernels.rows import ROWS_PER_BLOCK, word_rows
 from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
 NAMES = ("q", "k", "v", "o", "lse", "do")
-TILINGS = {"v2": default_tiling, "v3": hopper_tiling.default_tiling}  # each main kernel's tiling on a GPU, d -> tiling
+TILINGS = {"v2": default_tiling, "v3": hopper_tiling.default_tiling,  # each main kernel's tiling on a GPU, d -> tiling
+           "v4": tma_tiling.default_tiling}
 VERSION = "v2"  # the main kernel a call runs unless it names one (any key of TILINGS), off Hopper
 HOPPER_VERSION = "v3"  # on a Hopper GPU: faster than v2 at every point of backward-tensor-cores
 
@@ -72,8 +74,8 @@ def backward_key(arrays, causal, scale, deterministic=False, kernel=VERSION):
 
 
 def check_kernel(kernel, deterministic) -> str:
-    """The main kernel's name, checked: a key of :data:`TILINGS`, and v3 not asked for deterministic mode (it has
-    none). None: :data:`HOPPER_VERSION` on a GPU of compute capability 9.0, else :data:`VERSION`; v2 where
+    """The main kernel's name, checked: a key of :data:`TILINGS`, and v3 or v4 not asked for deterministic mode
+    (they have none). None: :data:`HOPPER_VERSION` on a GPU of compute capability 9.0, else :data:`VERSION`; v2 where
     ``deterministic`` (v2 keeps the deterministic mode)."""
     if kernel is None:
         if deterministic is True:
@@ -84,9 +86,9 @@ def check_kernel(kernel, deterministic) -> str:
             kernel = VERSION
     if kernel not in TILINGS:
         raise ValueError(f"kernel must be one of {', '.join(TILINGS)} (None: {VERSION}); got {kernel!r}")
-    if kernel == "v3" and deterministic is True:
-        raise ValueError("deterministic=True needs kernel v2: backward kernel v3 (wgmma) adds dq by atomics in any "
-                         "order and has no deterministic mode")
+    if kernel in ("v3", "v4") and deterministic is True:
+        raise ValueError(f"deterministic=True needs kernel v2: backward kernel {kernel} (wgmma) adds dq by atomics in "
+                         "any order and has no deterministic mode")
     return kernel
 
 
@@ -113,8 +115,8 @@ def plan_backward(arrays, causal, scale, deterministic=False, kernel=VERSION) ->
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
     require_compute_capability(MIN_COMPUTE_CAPABILITY, "tensor_core_attention_backward")
-    if kernel == "v3":
-        hopper_tiling.require_hopper("tensor_core_attention_backward(kernel='v3')")
+    if kernel in ("v3", "v4"):
+        hopper_tiling.require_hopper(f"tensor_core_attention_backward(kernel='{kernel}')")
     heads = math.prod(prob.lead)
     if (on_device and not simulator_enabled() and library(q) in ("torch", "cupy") and 0 < heads <= MAX_GRID_Y
             and prob.n_q > 0 and prob.n_k > 0):
@@ -137,9 +139,9 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     to rounding, unless ``deterministic``: then the key tiles add to each query tile in turn, in one order, and
     dq is bitwise reproducible too (at a cost in time: docs/results.md).
 
-    ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on) or 'v3' (Hopper's wgmma,
-    compute capability 9.0 only; no deterministic mode); None: v3 on a Hopper GPU (:data:`HOPPER_VERSION`), else
-    :data:`VERSION` (v2), and v2 if ``deterministic``.
+    ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on), 'v3' (Hopper's wgmma,
+    compute capability 9.0 only; no deterministic mode) or 'v4' (v3 warp-specialised, TMA; the same limits);
+    None: :data:`HOPPER_VERSION` on a Hopper GPU, else :data:`VERSION` (v2), and v2 if ``deterministic``.
 
     For PyTorch and CuPy arrays on a GPU the checks and the sizing of the three launches are done once per
     combination of shapes, dtypes, ``causal``, ``scale`` and ``deterministic`` (as :func:`tinyflash.tensor_core_attention` does),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..backward.tensor_cores import HOPPER_VERSION as BACKWARD_HOPPER_VERSION
 from ..forward.hopper import VERSION as HOPPER_VERSION
 from . import tables
 from .record import data_dir, number, read_csv, repository
@@ -65,7 +66,7 @@ def headlines() -> str:
     cudnn = [float(tables.find(hopper, impl="torch_cudnn", **{k: r[k] for k in ("dtype", "d", "causal", "n_q")})
                    ["time_ms"]) / float(r["time_ms"]) for r in runs]
     tc_bw, wg_bw = ([float(r["vs_baseline"]) for r in ok(record("backward_tensor_cores_h200"), impl="tinyflash",
-                                                         variant=kernel)] for kernel in ("v2", "v3"))
+                                                         variant=kernel)] for kernel in ("v2", BACKWARD_HOPPER_VERSION))
     decode = record("decode_h200")
     per_call = [float(r["vs_baseline"]) for r in ok(decode, impl="split_kv", variant="")]
     whole = [float(r["vs_baseline"]) for r in ok(record("decode_whole_call_h200"), impl="split_kv", variant="whole call")]
@@ -81,7 +82,7 @@ def headlines() -> str:
         f"SDPA's cuDNN backend, {' and '.join(sorted({r['dtype'] for r in runs}))} at N = "
         f"{' and '.join(f'{n:,}' for n in sorted({int(r['n_q']) for r in runs}))} ({len(runs)} configurations, calls "
         f"queued; one call alone, {span([float(r['latency_vs_baseline']) for r in runs])} FlashAttention-2's speed).",
-        f"* **Training** (the backward pass): on Hopper's wgmma (backward v3) {span(wg_bw)} the speed of "
+        f"* **Training** (the backward pass): on Hopper's wgmma (backward {BACKWARD_HOPPER_VERSION}) {span(wg_bw)} the speed of "
         f"FlashAttention-2's backward (SDPA flash), on mma.sync (v2) {span(tc_bw)}, float16 and bfloat16, calls "
         f"queued; a whole training step through `tinyflash.torch` (stage 4's forward, backward v3) {span(step)}; "
         f"on the CUDA cores {span(bw_eff)} of SDPA's "
@@ -223,10 +224,13 @@ def table(stem: str):
 
 
 def backward_tensor_cores_sentence() -> str:
-    """The tensor-core backward's speed over SDPA flash's, kernel by kernel (v2 off Hopper, v3 on it), and the bar."""
+    """The tensor-core backward's speed over SDPA flash's, kernel by kernel (v2 off Hopper, v3 and v4 on it), and the
+    bar."""
     rows = record("backward_tensor_cores_h200")
     said = []
-    for kernel, where in (("v2", "mma.sync, every GPU from compute capability 8.0"), ("v3", "wgmma, Hopper's default")):
+    for kernel, where in (("v2", "mma.sync, every GPU from compute capability 8.0"), ("v3", "wgmma"),
+                          ("v4", "wgmma, warp-specialised")):
+        where += ", Hopper's default" if kernel == BACKWARD_HOPPER_VERSION else ""
         runs = ok(rows, impl="tinyflash", variant=kernel)
         if runs:
             said.append(f"{kernel} ({where}) runs at {span([float(r['tflops']) for r in runs], '{:.1f}', ' TFLOP/s')}, "
@@ -234,7 +238,7 @@ def backward_tensor_cores_sentence() -> str:
                         f"(FlashAttention-2) in the same run, calls queued; one call alone "
                         f"{span([float(r['latency_vs_baseline']) for r in runs])}")
     best = min(max(float(r["vs_baseline"]) for r in rows if r["impl"] == "tinyflash" and r["status"] == "ok"
-                   and r["variant"] in ("v2", "v3") and all(r[c] == x[c] for c in ("dtype", "d", "causal", "n_q")))
+                   and r["variant"] in ("v2", "v3", "v4") and all(r[c] == x[c] for c in ("dtype", "d", "causal", "n_q")))
                for x in ok(rows, impl="tinyflash", variant="v2"))
     return (f"The tensor-core backward: {'; '.join(said)} ({len(ok(rows, impl='tinyflash', variant='v2'))} "
             f"configurations, measured {rows[0]['date'][:10]}). The bar set for it, 1.0× in every configuration, is "

@@ -202,9 +202,9 @@ def backward_stage2(config=None, label: str | None = None) -> Peer:
 
 
 def backward_stage3(deterministic: bool = False, kernel: str = "v2") -> Peer:
-    """tinyflash.tensor_core_attention_backward with main kernel ``kernel`` (v2: mma.sync; v3: Hopper's wgmma),
-    given the tensor-core forward's o and lse; ``deterministic``: dQ added in key-tile order (v2 only, variant
-    'v2 deterministic')."""
+    """tinyflash.tensor_core_attention_backward with main kernel ``kernel`` (v2: mma.sync; v3: Hopper's wgmma; v4:
+    v3 warp-specialised), given the tensor-core forward's o and lse; ``deterministic``: dQ added in key-tile order
+    (v2 only, variant 'v2 deterministic')."""
     def make(x):
         from ..backward.tensor_cores import tensor_core_attention_backward
         from ..forward.tensor_cores import tensor_core_attention
@@ -218,11 +218,12 @@ def backward_stage3(deterministic: bool = False, kernel: str = "v2") -> Peer:
 
 
 def backward_stage3_tiling(cfg, pair_atomics: bool = True, kernel: str = "v2") -> Peer:
-    """Backward kernel ``kernel`` (v2, or v3: wgmma, paired atomics always) with the tiling ``cfg``, v2's dQ added by
-    paired or scalar atomics, through its driver launches (as tensor_core_attention_backward's plan runs them, with
-    this tiling): the sweep behind ``default_tiling``."""
+    """Backward kernel ``kernel`` (v2, or v3 and v4: wgmma, paired atomics always) with the tiling ``cfg``, v2's dQ
+    added by paired or scalar atomics, through its driver launches (as tensor_core_attention_backward's plan runs
+    them, with this tiling): the sweep behind ``default_tiling``."""
     label = (f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES} pairs={pair_atomics}"
-             if kernel == "v2" else f"v3 warpgroups={cfg.WARPGROUPS} BR={cfg.BR} BC={cfg.BC}")
+             if kernel == "v2" else f"{kernel} warpgroups={cfg.WARPGROUPS} BR={cfg.BR} BC={cfg.BC}"
+             + (f" stages={cfg.STAGES} dq_by_tma={cfg.DQ_BY_TMA}" if kernel == "v4" else ""))
 
     def make(x):
         import torch

@@ -8,7 +8,7 @@ new entry here (docs/where-things-go.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import peers as p
@@ -159,10 +159,10 @@ def backward_peers(point) -> list:
 
 
 def backward_tensor_core_peers(point) -> list:
-    """SDPA's flash backward (the baseline) and the tensor-core backward: v2 atomic and deterministic, and v3
-    (Hopper's wgmma; on other GPUs its row says why it did not run)."""
+    """SDPA's flash backward (the baseline) and the tensor-core backward: v2 atomic and deterministic, v3 (Hopper's
+    wgmma) and v4 (v3 warp-specialised; on other GPUs their rows say why they did not run)."""
     return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3(), p.backward_stage3(deterministic=True),
-            p.backward_stage3(kernel="v3")]
+            p.backward_stage3(kernel="v3"), p.backward_stage3(kernel="v4")]
 
 
 def training_step_peers(point) -> list:
@@ -190,17 +190,22 @@ BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128))  # (WARPS, BR) of ba
 
 def backward_tensor_core_tile_peers(point) -> list:
     """SDPA's flash backward (the baseline), backward kernel v2 at each tiling, dQ added by paired atomics or
-    by scalar ones (``v2_tensor_cores.make_kernel``'s ``pair_atomics``), and v3 (wgmma) with 1 and 2 warpgroups."""
+    by scalar ones (``v2_tensor_cores.make_kernel``'s ``pair_atomics``), v3 (wgmma) with 1 and 2 warpgroups, and v4
+    (warp-specialised) at its tiling, with 3 stages, with the other query tile (64 or 128 rows, where it fits in
+    shared memory) and with dQ_i added by TMA (DQ_BY_TMA)."""
     from ..backward.kernels.hopper_tiling import BackwardHopperTiling
     from ..backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling
+    from ..backward.kernels import tma_tiling
 
     found = [p.backward_sdpa("flash", ("float16", "bfloat16"))]
     for warps, br in BACKWARD_TENSOR_CORE_TILINGS:
         cfg = BackwardTensorCoreTiling(D=point["d"], WARPS=warps, BR=br)
         if not cfg.problems() and cfg.smem_bytes <= 227 * 1024:
             found += [p.backward_stage3_tiling(cfg, pairs) for pairs in (True, False)]
-    return found + [p.backward_stage3_tiling(BackwardHopperTiling(D=point["d"], WARPGROUPS=wg), kernel="v3")
-                    for wg in (1, 2)]
+    found += [p.backward_stage3_tiling(BackwardHopperTiling(D=point["d"], WARPGROUPS=wg), kernel="v3") for wg in (1, 2)]
+    chosen = tma_tiling.default_tiling(point["d"])
+    v4 = [chosen, replace(chosen, STAGES=3), replace(chosen, BR=192 - chosen.BR), replace(chosen, DQ_BY_TMA=True)]
+    return found + [p.backward_stage3_tiling(cfg, kernel="v4") for cfg in v4 if not cfg.problems()]
 
 
 DECODE_TILINGS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys": 32, "stages": 3},
@@ -278,11 +283,11 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("backward", "the backward pass beside SDPA's backwards and naive attention", "backward",
               {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False, True), "n": (1024, 4096, 16384)},
               backward_peers, rounds=5, baseline=("torch_efficient", "")),
-    Benchmark("backward-tensor-cores", "the tensor-core backward (v2, v3) beside SDPA's flash backward", "backward",
+    Benchmark("backward-tensor-cores", "the tensor-core backward (v2, v3, v4) beside SDPA's flash backward", "backward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_peers, library="torch", by_n={4096: {"batch": 4}}),
-    Benchmark("backward-tensor-core-tiles", "backward kernel v2's tilings and dQ atomics, and v3's warpgroups, beside "
-              "SDPA's flash backward",
+    Benchmark("backward-tensor-core-tiles", "backward kernel v2's tilings and dQ atomics, v3's warpgroups and v4's "
+              "stages, beside SDPA's flash backward",
               "backward", {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_tile_peers, library="torch", by_n={4096: {"batch": 4}}, rounds=3),
     Benchmark("training-step", "forward and backward through autograd: tinyflash.torch against SDPA flash",

@@ -207,18 +207,18 @@ def hopper_tiles_table(rows: list[dict]) -> str:
 def backward_tensor_core_table(rows: list[dict]) -> str:
     """The tensor-core backward against SDPA's flash backward (``backward-tensor-cores``), per configuration:
     its TFLOP/s and speed over flash's (queued; the middle half of the rounds' ratios; one call alone)."""
-    v3 = any(r["impl"] == "tinyflash" and r["variant"] == "v3" for r in rows)  # where v3 (wgmma) was timed too
+    wgmma = [k for k in ("v3", "v4") if any(r["impl"] == "tinyflash" and r["variant"] == k for r in rows)]  # if timed
     lines = ["| dtype | d | causal | B × N | v2 TFLOP/s | v2 / flash | its rounds' middle half | one call alone: "
-             "v2 / flash |" + (" v3 TFLOP/s | v3 / flash |" if v3 else "") + " SDPA flash |",
-             "|---" * (11 if v3 else 9) + "|"]
+             "v2 / flash |" + "".join(f" {k} TFLOP/s | {k} / flash |" for k in wgmma) + " SDPA flash |",
+             "|---" * (9 + 2 * len(wgmma)) + "|"]
     for dtype, d, causal, b, n in configs(rows, "dtype", "d", "causal", "batch", "n_q"):
         def get(impl, variant=""):
             return find(rows, impl=impl, variant=variant, dtype=dtype, d=d, causal=causal, batch=b, n_q=n)
 
         v2 = get("tinyflash", "v2")
-        wgmma = f"{cell(get('tinyflash', 'v3'))} | {cell(get('tinyflash', 'v3'), 'vs_baseline', '{:.2f}×')} | " if v3 else ""
+        later = "".join(f"{cell(get('tinyflash', k))} | {cell(get('tinyflash', k), 'vs_baseline', '{:.2f}×')} | " for k in wgmma)
         lines.append(f"| {dtype} | {d} | {causal} | {b} × {int(n):,} | {cell(v2)} | {against_baseline(v2)} | "
-                     f"{wgmma}{cell(get('torch_flash'))} |")
+                     f"{later}{cell(get('torch_flash'))} |")
     return "\n".join(lines)
 
 

@@ -10,7 +10,9 @@ wrappers pass them): columns innermost, rows of ``columns · 2`` bytes, heads of
 columns (128 bytes: the most the 128-byte swizzle takes) × ``box_rows`` rows × one head; a head of d = 128 is
 two boxes side by side (d = 256: four), which is the layout of ``tinyflash.warpgroup_tile``'s tiles (d / 64
 pieces of 64 columns, one after the other).
-Rows past the end of a head are read as zeros: a ragged last tile needs no code.
+Rows past the end of a head are read as zeros: a ragged last tile needs no code. A map of float32 elements
+(``element_bytes=4``: the backward's dQ accumulator, which ``tma.tma_reduce_add_3d`` adds to) has boxes of 32
+columns, 128 bytes too; rows past the end of a head are left alone.
 
 **Maps hold addresses.** A map is for one array at one address, and a call's arrays are new ones (or the same
 memory again: PyTorch's allocator hands out the same blocks over and over). :class:`MapCache` keeps the maps,
@@ -41,36 +43,44 @@ MAP_WORDS = 16
 
 @dataclass(frozen=True)
 class TensorMap:
-    """A 3-D map over ``heads`` × ``rows`` × ``columns`` 16-bit elements, boxes of 64 columns × ``box_rows`` rows
-    × 1 head, 128-byte swizzled, zeros out of bounds."""
+    """A 3-D map over ``heads`` × ``rows`` × ``columns`` elements of ``element_bytes`` bytes (2: 16-bit, 4:
+    float32), boxes of 128 bytes of columns × ``box_rows`` rows × 1 head, 128-byte swizzled, zeros out of
+    bounds."""
 
     columns: int
     rows: int
     heads: int
     box_rows: int
+    element_bytes: int = ELEMENT_BYTES
 
     def __post_init__(self):
-        if self.columns % BOX_COLUMNS or not 0 < self.box_rows <= MAX_BOX_ROWS or self.rows < 1 or self.heads < 1:
-            raise ValueError(f"a tensor map needs columns a multiple of {BOX_COLUMNS}, 1 .. {MAX_BOX_ROWS} rows a box "
-                             f"and a non-empty tensor; got {self}")
+        if (self.element_bytes not in (2, 4) or self.columns % self.box_columns or not 0 < self.box_rows <= MAX_BOX_ROWS
+                or self.rows < 1 or self.heads < 1):
+            raise ValueError(f"a tensor map needs 2- or 4-byte elements, columns a multiple of {self.box_columns} (a "
+                             f"box's 128 bytes), 1 .. {MAX_BOX_ROWS} rows a box and a non-empty tensor; got {self}")
+
+    @property
+    def box_columns(self) -> int:  # a box's row: 128 bytes, the 128-byte swizzle's row
+        return BOX_COLUMNS * ELEMENT_BYTES // self.element_bytes
 
     @property
     def box_bytes(self) -> int:  # what one copy completes on its mbarrier (out-of-bounds zeros included)
-        return BOX_COLUMNS * self.box_rows * ELEMENT_BYTES
+        return self.box_columns * self.box_rows * self.element_bytes
 
     def encode(self, address: int) -> bytes:
         """The 128 bytes of the CUtensorMap for the array at device ``address`` (16-byte aligned), by the driver.
-        (Data type uint16: the copy moves 16-bit patterns, float16 or bfloat16 alike; out-of-bounds zeros are
-        +0.0 in both.)"""
+        (Data type uint16 for 16-bit elements: the copy moves 16-bit patterns, float16 or bfloat16 alike;
+        out-of-bounds zeros are +0.0 in both. float32 for 4-byte ones: a reduce-add adds floats.)"""
         from cuda.bindings import driver
 
         u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-        row_bytes, head_bytes = self.columns * ELEMENT_BYTES, self.rows * self.columns * ELEMENT_BYTES
+        row_bytes, head_bytes = self.columns * self.element_bytes, self.rows * self.columns * self.element_bytes
+        kind = driver.CUtensorMapDataType
         err, tmap = driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, address,
-            [u64(self.columns), u64(self.rows), u64(self.heads)],  # sizes, innermost first
+            kind.CU_TENSOR_MAP_DATA_TYPE_UINT16 if self.element_bytes == 2 else kind.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            3, address, [u64(self.columns), u64(self.rows), u64(self.heads)],  # sizes, innermost first
             [u64(row_bytes), u64(head_bytes)],  # strides of the outer two dimensions, in bytes
-            [u32(BOX_COLUMNS), u32(self.box_rows), u32(1)], [u32(1)] * 3,
+            [u32(self.box_columns), u32(self.box_rows), u32(1)], [u32(1)] * 3,
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -84,13 +94,13 @@ class TensorMap:
     def simulated(self, array) -> np.ndarray:
         """On the simulator: the 16 words of a map over ``array`` (its elements, heads · rows · columns of them):
         a marker and the number under which this description and the array are kept."""
-        halves = np.asarray(array).reshape(-1).view(np.uint16)
-        if halves.size < self.heads * self.rows * self.columns:
-            raise ValueError(f"{self} is larger than its array of {halves.size} 16-bit elements")
+        elements = np.asarray(array).reshape(-1).view(np.uint16 if self.element_bytes == 2 else np.float32)
+        if elements.size < self.heads * self.rows * self.columns:
+            raise ValueError(f"{self} is larger than its array of {elements.size} {8 * self.element_bytes}-bit elements")
         number = next(_numbers)
         if len(_SIMULATED_MAPS) >= 4096:  # a launch on the simulator is over when it returns: old maps are unused
             _SIMULATED_MAPS.clear()
-        _SIMULATED_MAPS[number] = (self, halves)
+        _SIMULATED_MAPS[number] = (self, elements)
         words = np.zeros(MAP_WORDS, np.uint64)
         words[0], words[1] = SIMULATED, number
         return words

@@ -4,7 +4,8 @@ specialisation (setmaxnreg, named barriers), one function per instruction, for n
 As ``ptx.py`` and ``wgmma.py`` do, each function emits PTX through LLVM inline assembly; on numba's simulator
 ``tma_emulation.py`` runs it instead (chosen once, in ``_impl``). Compute capability 9.0; ``setmaxnreg`` needs
 the ``sm_90a`` target. PTX ISA sections: "Parallel Synchronization and Communication Instructions: mbarrier",
-"Data Movement and Conversion Instructions: cp.async.bulk.tensor", "Miscellaneous Instructions: setmaxnreg",
+"Data Movement and Conversion Instructions: cp.async.bulk.tensor, cp.reduce.async.bulk.tensor,
+cp.async.bulk.commit_group, cp.async.bulk.wait_group", "Miscellaneous Instructions: setmaxnreg",
 "bar, barrier".
 
 **TMA.** One thread asks the copy engine for a whole box of a tensor: ``tma_load_3d`` copies a box of 64 16-bit
@@ -97,6 +98,18 @@ def _intrinsics():
 
         return sig, codegen
 
+    @intrinsic
+    def tma_reduce_add_3d(typingctx, src, maps, index, col, row, head):
+        sig = types.void(types.uint32, maps, types.uint64, types.int32, types.int32, types.int32)
+
+        def codegen(context, builder, sig, args):
+            tmap = map_address(context, builder, sig.args[1], args[1], args[2])
+            asm(builder, "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [$0, {$2, $3, $4}], [$1];",
+                "l,r,r,r,r,~{memory}", ir.VoidType(), [tmap, args[0], args[3], args[4], args[5]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def map_instruction(text):
         @intrinsic
         def instruction(typingctx, maps, index):
@@ -114,7 +127,10 @@ def _intrinsics():
         mbarrier_init=statement("mbarrier.init.shared::cta.b64 [$0], $1;", True),
         arrive=statement("mbarrier.arrive.shared::cta.b64 _, [$0];", False),
         arrive_expect_tx=statement("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", True),
-        try_wait=try_wait, tma_load_3d=tma_load_3d,
+        try_wait=try_wait, tma_load_3d=tma_load_3d, tma_reduce_add_3d=tma_reduce_add_3d,
+        bulk_commit_group=void_instruction("cp.async.bulk.commit_group;"),
+        bulk_wait_read=void_instruction("cp.async.bulk.wait_group.read 0;"),
+        bulk_wait=void_instruction("cp.async.bulk.wait_group 0;"),
         acquire_map=map_instruction("fence.proxy.tensormap::generic.acquire.gpu [$0], 128;"),
         prefetch_map=map_instruction("prefetch.tensormap [$0];"),
         make_setmaxnreg=lambda grow, n: void_instruction(
@@ -168,6 +184,32 @@ Elements outside the tensor are zeros and count as bytes. One thread. PTX:
 [bar];``
 """
 
+tma_reduce_add_3d = _impl.tma_reduce_add_3d
+"""tma_reduce_add_3d(src, maps, index, col, row, head): add the box at shared byte ``src`` (uint32, 1024-byte
+aligned, 128-byte swizzled) to the box of tensor map ``maps[index]`` (a float32 map, ``TensorMap(...,
+element_bytes=4)``) whose first element is (column ``col``, row ``row``, head ``head``), element by element, in
+global memory (each add atomic); elements outside the tensor are left out. Asynchronous, in this thread's
+current bulk group (:data:`bulk_commit_group`); the shared box must not be written again before
+:data:`bulk_wait_read`. The writes of other threads to the box reach the copy engine through
+``wgmma.fence_proxy_async`` and a barrier. One thread. PTX:
+``cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [map, {col, row, head}], [src];``
+"""
+
+bulk_commit_group = _impl.bulk_commit_group
+"""bulk_commit_group(): close this thread's bulk group of asynchronous reduce-adds (or stores) issued since the
+last. PTX: ``cp.async.bulk.commit_group;``
+"""
+
+bulk_wait_read = _impl.bulk_wait_read
+"""bulk_wait_read(): wait until every bulk group of this thread has read its shared memory (the sources may be
+written again; the global writes may still be in flight). PTX: ``cp.async.bulk.wait_group.read 0;``
+"""
+
+bulk_wait = _impl.bulk_wait
+"""bulk_wait(): wait until every bulk group of this thread is complete, its global writes done. PTX:
+``cp.async.bulk.wait_group 0;``
+"""
+
 acquire_map = _impl.acquire_map
 """acquire_map(maps, index): make the tensor map that the host copied into global memory visible to the copy
 engine (the tensor-map proxy) for this thread's copies that follow. PTX:
@@ -214,5 +256,6 @@ def named_barrier_by_id(threads: int, arrive_only: bool = False):
     return _impl.make_named_barrier_by_id(arrive_only, threads)
 
 
-__all__ = ["BARRIER_BYTES", "MAP_WORDS", "acquire_map", "arrive", "arrive_expect_tx", "mbarrier_init",
-           "named_barrier", "named_barrier_by_id", "prefetch_map", "setmaxnreg", "tma_load_3d", "try_wait", "wait"]
+__all__ = ["BARRIER_BYTES", "MAP_WORDS", "acquire_map", "arrive", "arrive_expect_tx", "bulk_commit_group", "bulk_wait",
+           "bulk_wait_read", "mbarrier_init", "named_barrier", "named_barrier_by_id", "prefetch_map", "setmaxnreg",
+           "tma_load_3d", "tma_reduce_add_3d", "try_wait", "wait"]

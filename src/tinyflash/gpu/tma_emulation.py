@@ -1,5 +1,5 @@
-"""The instructions of ``tma.py`` emulated in Python for numba's CUDA simulator: mbarriers, TMA copies, named
-barriers, setmaxnreg.
+"""The instructions of ``tma.py`` emulated in Python for numba's CUDA simulator: mbarriers, TMA copies and
+reduce-adds, named barriers, setmaxnreg.
 
 An mbarrier is kept in Python, per block, by its shared address: its phase, the arrivals still expected and the
 bytes of copies still expected, as the hardware counts them (``tma.py``'s docstring). A copy reads its tensor map's
@@ -15,8 +15,9 @@ would land on an mbarrier, or outside shared memory; a destination that is not 1
 
 Not emulated: time. A copy lands when it is issued, so a stage that is overwritten while a warpgroup's
 multiplies still read it (a missing wait on an "empty" barrier) is caught only when the threads happen to
-run in that order; ``fence.proxy.*`` and the tensor-map fences do nothing (one coherent memory); setmaxnreg does
-nothing (registers are Python's). Named barriers count threads (the hardware counts warps: the same when every
+run in that order; a reduce-add reads its box when it is issued (the bulk groups' waits do nothing);
+``fence.proxy.*`` and the tensor-map fences do nothing (one coherent memory); setmaxnreg does nothing
+(registers are Python's). Named barriers count threads (the hardware counts warps: the same when every
 lane of a warp calls them, as ``.aligned`` requires).
 """
 
@@ -120,6 +121,8 @@ def try_wait(bar, parity):
 def tma_load_3d(dst, maps, index, col, row, head, bar):
     """Emulated ``cp.async.bulk.tensor.3d ... mbarrier::complete_tx::bytes``: the box lands now."""
     tmap, elements = simulated_map(maps[int(index) * MAP_WORDS:(int(index) + 1) * MAP_WORDS])
+    if tmap.element_bytes != 2:
+        raise ValueError(f"tma_load_3d copies boxes of 16-bit elements; got a map of {tmap.element_bytes}-byte ones")
     smem = np.asarray(threading.current_thread()._tinyflash_smem).view(np.uint16)  # the block's shared memory
     dst, col, row, head = int(dst), int(col), int(row), int(head)
     if dst % ROW_BYTES:
@@ -144,6 +147,40 @@ def tma_load_3d(dst, maps, index, col, row, head, bar):
         state[2] -= tmap.box_bytes
         _settle(state)
         block.changed.notify_all()
+
+
+def tma_reduce_add_3d(src, maps, index, col, row, head):
+    """Emulated ``cp.reduce.async.bulk.tensor.3d ... add``: the swizzled float32 box at ``src`` is added now to the
+    elements of the map's box that are inside the tensor (under a lock: blocks may add to the same elements)."""
+    tmap, elements = simulated_map(maps[int(index) * MAP_WORDS:(int(index) + 1) * MAP_WORDS])
+    if tmap.element_bytes != 4:
+        raise ValueError(f"tma_reduce_add_3d adds float32 boxes; got a map of {tmap.element_bytes}-byte elements")
+    smem = np.asarray(threading.current_thread()._tinyflash_smem).view(np.float32)  # the block's shared memory
+    src, col, row, head = int(src), int(col), int(row), int(head)
+    if src % ROW_BYTES or src + tmap.box_bytes > smem.size * 4:
+        raise ValueError(f"a 128-byte-swizzled TMA box must lie 128-byte aligned in shared memory; got shared byte "
+                         f"{src} for {tmap.box_bytes} bytes")
+    per_chunk = CHUNK_BYTES // 4  # floats of a 16-byte chunk
+    r, c = np.arange(tmap.box_rows)[:, None], np.arange(ROW_BYTES // CHUNK_BYTES)[None, :]  # (rows, 1), (1, 8)
+    address = src + r * ROW_BYTES + c * CHUNK_BYTES
+    address = address ^ (((address >> 7) & 7) << 4)  # each chunk's place after the swizzle
+    box = smem[(address // 4)[..., None] + np.arange(per_chunk)].reshape(tmap.box_rows, tmap.box_columns)
+    cube = elements[:tmap.heads * tmap.rows * tmap.columns].reshape(tmap.heads, tmap.rows, tmap.columns)
+    if 0 <= head < tmap.heads:
+        rows = slice(max(row, 0), max(min(row + tmap.box_rows, tmap.rows), 0))
+        columns = slice(max(col, 0), max(min(col + tmap.box_columns, tmap.columns), 0))
+        with _REDUCE_LOCK:
+            cube[head, rows, columns] += box[rows.start - row:rows.stop - row, columns.start - col:columns.stop - col]
+
+
+_REDUCE_LOCK = threading.Lock()
+
+
+def bulk_commit_group():
+    """Emulated ``cp.async.bulk.commit_group``: nothing (a reduce-add is done when it is issued)."""
+
+
+bulk_wait_read = bulk_wait = bulk_commit_group  # emulated ``cp.async.bulk.wait_group(.read) 0``: nothing to wait for
 
 
 def acquire_map(maps, index):

@@ -8,6 +8,8 @@
     v2_tensor_cores.py     the same on the tensor cores (float16, bfloat16), grouped-query heads summed in the block
     hopper_tiling.py       v3's tiling: warpgroups of 64 keys, query tiles of 64 rows, swizzled tiles
     v3_wgmma.py            v2 on Hopper's warpgroup multiplies (wgmma), FlashAttention-3's backward
+    tma_tiling.py          v4's tiling and host side: v3's warpgroups and a producer, stages, mbarriers, tensor maps
+    v4_warp_specialized.py v3 warp-specialised: a producer warpgroup loads by TMA, the consumers only multiply
 
 :data:`VERSIONS` registers each main kernel once; ``cuda_attention_backward(kernel=...)``, the
 tests and the benchmark iterate over it.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import hopper_tiling, tensor_core_tiling, v1_atomic_dq, v2_tensor_cores, v3_wgmma
+from . import hopper_tiling, tensor_core_tiling, tma_tiling, v1_atomic_dq, v2_tensor_cores, v3_wgmma, v4_warp_specialized
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,16 @@ VERSIONS = {v.name: v for v in (
                     v3_wgmma.launch, ("config", "element", "deterministic"), deterministic=("dk", "dv"),
                     max_head_dim=128, dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=hopper_tiling.HEAD_DIMS,
                     driver_launches=v3_wgmma.driver_launches),
+    BackwardVersion("v4", "v4_warp_specialized.py", "warp specialisation (FlashAttention-3's backward structure): a "
+                    "producer warpgroup loads K_j, V_j and each Q_i, dO_i by TMA (lse_i, D_i by its first warp) into "
+                    "a ring of stages with full and empty mbarriers; the two consumer warpgroups only multiply, as "
+                    "in v3, and meet once per query tile at a named barrier for dSᵀ (two buffers); setmaxnreg "
+                    "moves registers to the consumers; query tiles of 128 rows at d = 64 (the warpgroups split dQ_i "
+                    "by rows); with the tiling's DQ_BY_TMA, dQ_i through shared memory and TMA reduce-adds; no "
+                    "deterministic mode; compute capability 9.0",
+                    v4_warp_specialized.launch, ("config", "element", "deterministic"), deterministic=("dk", "dv"),
+                    max_head_dim=128, dtypes=(np.dtype(np.float16), "bfloat16"), head_dims=tma_tiling.HEAD_DIMS,
+                    driver_launches=v4_warp_specialized.driver_launches),
 )}
 LATEST = "v1"
 

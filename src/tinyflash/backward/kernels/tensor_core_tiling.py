@@ -22,6 +22,7 @@ so that the next query tile is in flight while one is computed, and dSᵀ (Bc ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from numba.cuda import types
@@ -127,12 +128,14 @@ QUERY_ARRAYS = ("Q", "dO", "LSE", "Dvec", "dQ_acc", "dQ_turn")  # one per query 
 
 
 def launch_backward_tensor_cores(make_kernel, args: LaunchArgs, prob, config, element: str | None,
-                                 tilings=None, who: str = "backward kernel v2 (tensor cores)") -> None:
+                                 tilings=None, who: str = "backward kernel v2 (tensor cores)", derived: tuple = ()) -> None:
     """One block per (key tile, K/V head), the query heads of each K/V head walked by its blocks. ``args`` as the
     host wrappers build them (n_heads query heads, kv_group of them per K/V head; 16-bit arrays are handed to the
     kernel as uint32 words of two values); ``element`` 'float16' or 'bfloat16' (None: float16 inputs);
     ``config=None`` takes ``tilings`` = (on a GPU, on the simulator): by default v2's :func:`default_tiling` and
-    :func:`simulator_tiling`. Any tiling with D, BC, BR, NT and smem_bytes will do; ``who`` names the kernel."""
+    :func:`simulator_tiling`. Any tiling with D, BC, BR, NT and smem_bytes will do; ``who`` names the kernel;
+    ``derived``: (name, fn(tiling, views, heads)), arrays made for each launch (``LaunchArgs.derived``: v4's
+    tensor maps)."""
     if element is None:  # the problem's dtype (a NumPy dtype, or 'bfloat16')
         element = str(np.dtype(prob.dtype) if not isinstance(prob.dtype, str) else prob.dtype)
         if element not in ("float16", "bfloat16"):
@@ -146,7 +149,8 @@ def launch_backward_tensor_cores(make_kernel, args: LaunchArgs, prob, config, el
     words = {name: (a.view(np.uint32), size // 2) if a.dtype.itemsize == 2 else (a, size)
              for name, (a, size) in args.arrays.items()}
     grid = LaunchArgs(arrays=words, scalars={**args.scalars, "kv_group": g}, n_heads=args.n_heads // g, kv_group=g,
-                      kv_arrays=(), group_arrays=QUERY_ARRAYS)
+                      kv_arrays=(), group_arrays=QUERY_ARRAYS,
+                      derived=tuple((name, partial(make, cfg)) for name, make in derived))
     n_k = args.scalars["n_k"]
     if n_k > 0 and grid.n_heads > 0:
         launch(make_kernel(cfg, element), -(-n_k // cfg.BC), cfg.NT, cfg.smem_bytes, grid,

@@ -1,0 +1,201 @@
+"""The tiling and the host side of the warp-specialised backward kernel (v4): v3's block with a producer.
+
+A block has v3's WARPGROUPS consumer warpgroups (64 keys each, Bc = 64 · WARPGROUPS; query tiles of Br = 64 or
+128 rows) and one more, the first: the *producer*. Its first thread requests K_j, V_j once and then, for each query tile, Q_i and dO_i by TMA
+(``tinyflash.gpu.tma``) into a ring of STAGES stages; its first warp's lanes put lse_i (base 2) and D_i beside
+them. Each stage has a "full" mbarrier (the copies' bytes, and LSE_LANES + 1 arrivals: the lanes that stored
+lse_i and D_i, and the thread that announced the bytes) and an "empty" one (the consumers' threads, once their
+multiplies have read the stage). dSᵀ has two buffers, one per query-tile parity, so that the consumers meet at
+one named barrier per query tile (module ``v4_warp_specialized``'s docstring says why one is enough).
+
+Shared memory, every tile 128-byte swizzled and 1024-byte aligned (v3's layout): K_j, V_j, the stages of (Q_i,
+dO_i, lse_i, D_i), the two dSᵀ buffers, with DQ_BY_TMA dQ_i, then the mbarriers: K_j and V_j's, one "full" per stage, one "empty"
+per stage. :meth:`BackwardTmaTiling.smem_layout` is its one description.
+
+With DQ_BY_TMA the consumers store dQ_i (float32) into shared memory instead of adding it to HBM by atomics,
+and the producer's second warp adds it to dQ's accumulator by TMA reduce-adds (FlashAttention-3's way), one
+named barrier saying the tile is stored, another that it has been read.
+
+Host: the kernel takes the tensor maps of Q, dO (boxes of Br rows), K, V (boxes of Bc rows) and dQ's float32
+accumulator in a global array (``gpu/tensor_map.py``), not Q, K, V, dO. Through numba (the simulator, NumPy
+inputs) they are encoded for each launch from its views (``LaunchArgs.derived``); through the driver a
+:class:`TmaMainLaunch` keeps them by the arrays' addresses.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+
+from ...gpu.arrays import is_device_array
+from ...gpu.runtime import simulator_enabled
+from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
+from ...gpu.tma import BARRIER_BYTES
+from ...gpu.wgmma import WARPGROUP
+from ...hardware import current
+from ...warp_tile import WARP
+from ...warpgroup_tile import HEAD_DIMS, WGMMA_M
+from .hopper_tiling import BackwardHopperTiling, aligned
+from .tensor_core_tiling import launch_backward_tensor_cores
+
+Q_MAP, K_MAP, V_MAP, DO_MAP, DQ_MAP = 0, 1, 2, 3, 4  # the maps' order in the kernel's TMAPS array
+LSE_LANES = WARP  # the producer's lanes that store lse_i and D_i: its first warp
+DQ_BOX_COLUMNS = 32  # float32 columns of a box of dQ_i (128 bytes, the swizzle's row)
+
+
+@dataclass(frozen=True)
+class BackwardTmaTiling(BackwardHopperTiling):
+    """v3's tiling (WARPGROUPS consumer warpgroups of 64 keys, head dim D) with query tiles of BR = 64 or 128
+    rows, loaded by a producer warpgroup through TMA into STAGES stages; setmaxnreg gives the producer
+    PRODUCER_REGISTERS per thread and the consumers CONSUMER_REGISTERS.
+
+    dQ_i = dS K_j has 64 query rows per wgmma: with Br = 64 the warpgroups split dQ_i's columns (v3's way), with
+    Br = 128 its rows (warpgroup w the queries 64w .., all D columns: two warpgroups at least)."""
+
+    STAGES: int = 2
+    BR: int = 64  # query rows per tile (v3's are 64)
+    DQ_BY_TMA: bool = False  # dQ_i through shared memory and a TMA reduce-add (else paired atomics, v3's)
+    PRODUCER_REGISTERS: int = 24
+    CONSUMER_REGISTERS: int = 240
+    WHAT = "warp-specialised backward tiling"
+
+    @property
+    def DQ_ROW_GROUPS(self) -> int:  # warpgroups side by side over dQ_i's rows (64 each)
+        return self.BR // WGMMA_M
+
+    @property
+    def DQ_N(self) -> int:  # dQ_i's columns per warpgroup: the warpgroups of a row group split them
+        return self.D * self.DQ_ROW_GROUPS // self.WARPGROUPS
+
+    @property
+    def DV_FIRST(self) -> bool:
+        """dV_j += Pᵀ dO_i issued before dSᵀ is computed, and multiplied meanwhile (FlashAttention-3's order):
+        with 64-row query tiles. With 128, Pᵀ's packed words beside Sᵀ's, dPᵀ's, dK_j's and dV_j's accumulators
+        pass the consumers' 240 registers (ptxas spills and serialises the wgmma's): dV_j is issued with dK_j."""
+        return self.BR == WGMMA_M
+
+    @property
+    def CONSUMERS(self) -> int:  # threads of the consumer warpgroups
+        return WARPGROUP * self.WARPGROUPS
+
+    @property
+    def NT(self) -> int:  # threads per block: the producer's warpgroup and the consumers
+        return WARPGROUP * (self.WARPGROUPS + 1)
+
+    def smem_layout(self) -> dict:
+        """Byte offsets from the block's 1024-byte-aligned base: K_j, V_j, STAGES stages of (Q_i, dO_i, lse_i,
+        D_i), two dSᵀ buffers, with DQ_BY_TMA dQ_i (float32, boxes of 32 columns, 128-byte swizzled), then the
+        mbarriers: K_j and V_j's, "full" per stage, "empty" per stage."""
+        kv, rows = self.BC * self.D * 2, self.BR * self.D * 2
+        stage = aligned(2 * rows + 2 * 4 * self.BR)
+        stage0 = 2 * kv
+        ds = stage0 + self.STAGES * stage
+        ds_bytes = self.BC * self.BR * 2
+        dq = ds + 2 * ds_bytes
+        bars = dq + (self.BR * self.D * 4 if self.DQ_BY_TMA else 0)
+        return {"K_j": 0, "V_j": kv, "stage 0": stage0, "stage 1": stage0 + stage, "dO_i in a stage": rows,
+                "lse_i in a stage": 2 * rows, "D_i in a stage": 2 * rows + 4 * self.BR, "dS 0": ds,
+                "dS 1": ds + ds_bytes, "dQ_i": dq, "K_j, V_j full": bars, "full 0": bars + BARRIER_BYTES,
+                "empty 0": bars + (1 + self.STAGES) * BARRIER_BYTES,
+                "end": bars + (1 + 2 * self.STAGES) * BARRIER_BYTES}
+
+    def shape_problems(self) -> list[str]:
+        problems = [] if self.D in HEAD_DIMS else [f"D must be one of {HEAD_DIMS}"]
+        if self.WARPGROUPS not in (1, 2):
+            problems.append("WARPGROUPS must be 1 or 2 (Bc = 64 or 128 keys)")
+        elif self.BR not in (WGMMA_M, 2 * WGMMA_M) or self.WARPGROUPS % self.DQ_ROW_GROUPS:
+            problems.append("BR must be 64 or 128, with a warpgroup for each 64 rows of dQ_i at least")
+        elif self.DQ_N % 16:
+            problems.append("each warpgroup's columns of dQ_i must be a multiple of 16")
+        if not 2 <= self.STAGES <= 4:
+            problems.append("STAGES must be 2, 3 or 4")
+        if max(self.BR, self.BC) > MAX_BOX_ROWS:
+            problems.append(f"Br and Bc must be at most {MAX_BOX_ROWS} (a TMA box)")
+        if self.BR % LSE_LANES:
+            problems.append(f"Br must be a multiple of the {LSE_LANES} lanes that store lse_i and D_i")
+        registers = WARPGROUP * (self.PRODUCER_REGISTERS + self.WARPGROUPS * self.CONSUMER_REGISTERS)
+        if registers > current().registers_per_sm:
+            problems.append(f"the warpgroups' registers (setmaxnreg) must fit in {current().registers_per_sm}")
+        return problems
+
+    def maps(self, n_q: int, n_k: int, heads: int, kv_heads: int) -> tuple:
+        """The tensor maps of Q, K, V, dO, dQ's accumulator (in the order of Q_MAP ..): Q and dO of ``heads``
+        query heads of n_q rows, boxes of Br rows; K and V of ``kv_heads`` heads of n_k rows, boxes of Bc rows;
+        the accumulator's float32, boxes of Br rows."""
+        q, kv = TensorMap(self.D, n_q, heads, self.BR), TensorMap(self.D, n_k, kv_heads, self.BC)
+        return q, kv, kv, q, TensorMap(self.D, n_q, heads, self.BR, element_bytes=4)
+
+    def compile_options(self) -> dict:
+        """On a GPU: one block of NT threads per multiprocessor (ptxas keeps setmaxnreg only with launch bounds),
+        at most CONSUMER_REGISTERS registers a thread at launch (setmaxnreg.inc must not ask for fewer than a
+        thread has), a multiple of 8 as setmaxnreg's counts are."""
+        cap = min(self.CONSUMER_REGISTERS, current().registers_per_sm // self.NT // 8 * 8)
+        return {"launch_bounds": (self.NT, 1), "max_registers": cap}
+
+
+def default_tiling(d: int) -> BackwardTmaTiling:
+    """The tiling used on a GPU: two consumer warpgroups (Bc = 128 keys) and the producer (FlashAttention-3's 3
+    warpgroups), two stages; query tiles of Br = 128 rows at d = 64 (the fixed work of a tile, its barriers and
+    waits, spread over twice the multiplies; FlashAttention-2's and -3's block at d = 64), of 64 at d = 128
+    (v3's: Sᵀ's and dPᵀ's accumulators of 128 queries beside dK_j's and dV_j's of 128 columns would pass the
+    consumers' 240 registers)."""
+    return BackwardTmaTiling(D=d, WARPGROUPS=2, BR=128 if d == 64 else 64).validate()
+
+
+def simulator_tiling(d: int) -> BackwardTmaTiling:
+    """One consumer warpgroup (Bc = 64 keys) and the producer: the smallest with both roles, for the simulator."""
+    return BackwardTmaTiling(D=d, WARPGROUPS=1).validate()
+
+
+def refuse_deterministic(deterministic, who: str) -> None:
+    """A ValueError for ``deterministic=True``: the TMA kernels add dQ in any order (atomics or reduce-adds)."""
+    if deterministic:
+        raise ValueError(f"{who} has no deterministic mode (dQ is added by atomics in any order); got "
+                         "deterministic=True: use kernel v2 for a bitwise-reproducible dq")
+
+
+def launch_backward_tma(make_kernel, args, prob, config, element, *, who: str) -> None:
+    """Launch a TMA backward kernel as ``launch_backward_tensor_cores`` launches v3, with the tensor maps of each
+    launch's views of Q, K, V, dO; host arrays go to the GPU first (a map holds a device address) and dQ_acc,
+    dK, dV come back. On the simulator each warp's exchanges wait for its own lanes (``warp_barriers``)."""
+    if not simulator_enabled() and not all(is_device_array(a) for a, _ in args.arrays.values()):
+        from numba import cuda
+
+        on_device = {name: (cuda.to_device(a), size) for name, (a, size) in args.arrays.items()}
+        launch_backward_tma(make_kernel, replace(args, arrays=on_device), prob, config, element, who=who)
+        for name in ("dQ_acc", "dK", "dV"):
+            on_device[name][0].copy_to_host(args.arrays[name][0])
+        return
+    n_q, n_k, g = args.scalars["n_q"], args.scalars["n_k"], args.kv_group
+
+    def maps(cfg, views, kv_heads):  # the launch's views: kv_heads K/V heads, g query heads each
+        if n_q == 0:  # no query tile is read or added to; a map needs rows: K's and V's stand in the others' places
+            k_map, v_map = cfg.maps(n_k, n_k, kv_heads, kv_heads)[1:3]
+            return tensor_maps((k_map, k_map, v_map, v_map, k_map), [views[n] for n in ("K", "K", "V", "V", "K")])
+        return tensor_maps(cfg.maps(n_q, n_k, kv_heads * g, kv_heads),
+                           [views[n] for n in ("Q", "K", "V", "dO", "dQ_acc")])
+
+    if simulator_enabled():
+        from ...gpu.ptx_emulation import warp_barriers
+    with warp_barriers() if simulator_enabled() else nullcontext():
+        launch_backward_tensor_cores(make_kernel, args, prob, config, element, tilings=(default_tiling,
+                                     simulator_tiling), who=who, derived=(("TMAPS", maps),))
+
+
+@dataclass(frozen=True)
+class TmaMainLaunch:
+    """The main kernel of ``tensor_core_tiling.DriverLaunches`` for a TMA kernel: called as v3's is (Q, K, V, dO,
+    LSE, Dvec, dQ_acc, dK, dV, dQ_turn), it launches ``grid`` on LSE, Dvec, dQ_acc, dK, dV and the tensor maps of
+    Q, K, V, dO, dQ_acc, kept by their addresses (``maps``)."""
+
+    grid: object
+    maps: MapCache
+
+    def __call__(self, q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream: int = 0) -> None:
+        self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do, dq_acc), stream=stream)
+
+
+def with_tma_main(launches, cfg: BackwardTmaTiling, n_q: int, n_k: int, n_heads: int, kv_group: int):
+    """``launches`` (``DriverLaunches``) with its main kernel called through a :class:`TmaMainLaunch`."""
+    return replace(launches, main=TmaMainLaunch(launches.main, MapCache(cfg.maps(n_q, n_k, n_heads,
+                                                                                 n_heads // kv_group))))

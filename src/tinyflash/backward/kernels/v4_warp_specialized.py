@@ -1,0 +1,460 @@
+"""Backward kernel v4: warp specialisation, FlashAttention-3's backward structure. float16 and bfloat16 in,
+float32 accumulation.
+
+What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block barriers per query tile):
+
+* **A producer and consumers** (as in forward kernel v9). One more warpgroup, the first, the *producer*: its
+  first thread requests K_j, V_j once and then each query tile's Q_i, dO_i by TMA (``tinyflash.gpu.tma``) into
+  a ring of STAGES stages as soon as one is free; its first warp's lanes store lse_i (base 2) and D_i beside
+  them. The *consumers* only multiply (v3's products).
+* **Full and empty barriers per stage.** A consumer waits on a stage's "full" mbarrier (Q_i's and dO_i's bytes
+  landed, the lanes that stored lse_i and D_i arrived) and, once the multiplies that read the stage are waited
+  for, arrives on its "empty" one; the producer waits on "empty" before it refills the stage: for tile s,
+  parity (s // STAGES + 1) % 2, which on a fresh barrier counts as completed.
+* **One barrier per query tile, among the consumers.** dQ_i = dS K_j needs every warpgroup's dSᵀ: the consumers
+  meet at a named barrier (the producer runs ahead) after storing theirs. dSᵀ has two buffers, by the tile's
+  parity: a warpgroup writes buffer b again two tiles later, after the barrier of the tile in between, which
+  the other warpgroup reaches only once its dQ product that read b is waited for (v3 needs a second barrier).
+* **Registers move to the consumers** (``setmaxnreg``: 24 per thread for the producer, 240 for the consumers;
+  launch bounds of NT threads and one block per multiprocessor, which it needs).
+* **dV_j's product first, with 64-row query tiles** (the tiling's DV_FIRST, FlashAttention-3's order): issued as
+  soon as Pᵀ is packed, multiplied while the warpgroup computes dSᵀ (with 128-row tiles, with dK_j's, as v3).
+* **Query tiles of 128 rows at d = 64** (``tma_tiling.default_tiling``): m64n128 Sᵀ and dPᵀ; the warpgroups
+  split dQ_i by rows (each its 64 queries, from its half of dSᵀ), not columns; a tile's waits, barrier, lse_i
+  and D_i are spread over twice the multiplies.
+* **dQ_i by TMA** (the tiling's DQ_BY_TMA, off by default): the consumers store dQ_i (float32, swizzled) in
+  shared memory, the producer's second warp adds it to the accumulator by TMA reduce-adds, 32 columns each.
+
+Unchanged from v3: the products, P recomputed from lse, dS = P ∘ (dP − D), the launch over (key tiles, K/V
+heads), the row kernels around it, no deterministic mode. Limits: d = dv ∈ {64, 128}; compute capability 9.0.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+from numba.cuda import types
+
+from ...core.masks import key_stop
+from ...core.online_softmax import LOG2E
+from ...gpu import ptx, tma, wgmma
+from ...gpu.driver_launch import driver_kernel
+from ...gpu.runtime import device_function, simulator_enabled, u
+from ...gpu.smem import shared_floats, shared_words
+from ...gpu.tensor_map import BOX_COLUMNS
+from ...warp_tile import FAST_MATH, MMA_K, MMA_M, WARP
+from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
+from .hopper_tiling import require_hopper
+from .rows import FLOATS, WORDS
+from .tensor_core_tiling import DriverLaunches, sized_driver_launches
+from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, K_MAP, LSE_LANES, Q_MAP, V_MAP, BackwardTmaTiling,
+                         launch_backward_tma, refuse_deterministic, with_tma_main)
+
+ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
+POS_INF = float32(np.inf)
+ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
+STEP_BYTES = u(MMA_K * ROW_BYTES)  # 16 rows of a swizzled tile: one k-step of an MN-major operand
+DS_BARRIER, DQ_FULL, DQ_EMPTY = 1, 2, 3  # the named barriers (0 is __syncthreads's): dSᵀ stored; dQ_i stored, read
+key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+# flash_bwd_ws's argument types: LSE, Dvec, dQ_acc (float32); dK, dV as 16-bit pairs; the tensor maps of Q, K, V,
+# dO; then n_q, n_k, scale, scale·log2(e), causal, kv_group
+SIGNATURE = ((FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.uint64, 1, "C"),)
+             + (types.int64, types.int64, types.float32, types.float32, types.boolean, types.int64))
+
+
+@cuda.jit(device=True, inline="always")
+def k_step(kk, rows):
+    """Bytes from a swizzled tile of ``rows`` rows to columns 16kk .. (``warpgroup_tile.k_step_offset``)."""
+    return uint32(kk // HALF_STEPS) * uint32(rows) * uint32(ROW_BYTES) + uint32(kk % HALF_STEPS) * uint32(2 * MMA_K)
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: BackwardTmaTiling, element: str):
+    """``flash_bwd_ws`` for one tiling and one element type (float16 or bfloat16)."""
+    cfg.validate()
+    BR, BC, STAGES, N_STAGES = u(cfg.BR), u(cfg.BC), u(cfg.STAGES), cfg.STAGES
+    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
+    K_STEPS, Q_STEPS, KEY_STEPS = cfg.D // MMA_K, cfg.BR // MMA_K, cfg.BC // MMA_K  # k-steps: over d, queries, keys
+    S_TILES, O_TILES, DQ_TILES = cfg.BR // 8, cfg.D // 8, cfg.DQ_N // 8  # 8-column blocks of the accumulators
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
+    K_OFF, V_OFF, STAGE0, DS0 = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS 0"]
+    STAGE, DS_BYTES = layout["stage 1"] - layout["stage 0"], layout["dS 1"] - layout["dS 0"]
+    DO_IN, LSE_IN, D_IN = layout["dO_i in a stage"], layout["lse_i in a stage"], layout["D_i in a stage"]
+    KV_FULL, FULL0, EMPTY0, BAR = layout["K_j, V_j full"], layout["full 0"], layout["empty 0"], u(tma.BARRIER_BYTES)
+    WG, CONSUMERS, LANES = u(wgmma.WARPGROUP), u(cfg.CONSUMERS), u(LSE_LANES)
+    HALVES, ROWS_PER_LANE = cfg.D // BOX_COLUMNS, cfg.BR // LSE_LANES
+    Q_HALF, KV_HALF = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's columns 0-63 to 64-127
+    Q_BYTES, KV_BYTES = u(2 * cfg.BR * cfg.D * 2), u(2 * cfg.BC * cfg.D * 2)  # what a stage's, K_j V_j's copies complete
+    WG_KEY_BYTES = u(MMA_M * 4 * ROW_BYTES)  # a warpgroup's 64 rows of K_j or V_j
+    DQ_N, ROW_GROUPS = u(cfg.DQ_N), u(cfg.DQ_ROW_GROUPS)
+    HALF_COLUMNS = u(wgmma.SWIZZLE_ROW_VALUES)  # a 64-column half of K_j
+    mma_s = wgmma.mma_async_ss(element, cfg.BR)  # Sᵀ, dPᵀ: K_j or V_j by Q_iᵀ or dO_iᵀ, K-major both
+    mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
+    mma_q = wgmma.mma_async_ss(element, cfg.DQ_N, trans_b=True, trans_a=True)  # dQ_i: dS from dSᵀ, K_j, MN-major
+    pack, wait_all, wait_one = ptx.pack(element), wgmma.wait_group(0), wgmma.wait_group(1)
+    DV_FIRST = cfg.DV_FIRST
+    wait_dp = wait_one if DV_FIRST else wait_all  # dPᵀ's batch: the last committed, or the one before dV's
+    fence_s, fence_o, fence_q, fence_w = (wgmma.fence_operands(cfg.BR // 2), wgmma.fence_operands(cfg.D // 2),
+                                          wgmma.fence_operands(cfg.DQ_N // 2), wgmma.fence_operands(4 * Q_STEPS))
+    # descriptors' fixed bits: K-major (SBO 8 rows; LBO unused); MN-major with LBO from columns 0-63 to 64-127
+    K_MAJOR = u(wgmma.descriptor_bits(16, 8 * ROW_BYTES))
+    ROWS_MN = u(wgmma.descriptor_bits(cfg.BR * ROW_BYTES, 8 * ROW_BYTES))  # Q_i, dO_i as dK's and dV's B
+    KEYS_MN = u(wgmma.descriptor_bits(cfg.BC * ROW_BYTES, 8 * ROW_BYTES))  # K_j as dQ's B; dSᵀ as its A
+    LOG2E_ = float32(LOG2E)
+    producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
+    consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
+    ds_stored = tma.named_barrier(DS_BARRIER, cfg.CONSUMERS)  # the consumers only: the producer runs ahead
+    DQ_BY_TMA, DQ_OFF, DQ_BOXES = cfg.DQ_BY_TMA, layout["dQ_i"], cfg.D // DQ_BOX_COLUMNS
+    DQ_BOX_BYTES, CHUNK_FLOATS = u(cfg.BR * ROW_BYTES), u(4)  # a box of dQ_i: Br rows of 32 floats; a 16-byte chunk
+    # DQ_BY_TMA: the consumers (first) and the producer's second warp, the dQ writer, meet at DQ_FULL and DQ_EMPTY
+    dq_stored, dq_wait_stored, dq_read, dq_taken = (tma.named_barrier(bar, cfg.CONSUMERS + WARP, arrive_only=only)
+                                                    for bar, only in ((DQ_FULL, True), (DQ_FULL, False),
+                                                                      (DQ_EMPTY, True), (DQ_EMPTY, False)))
+    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
+
+    @cuda.jit(device=True, inline="always")
+    def init_barriers(base):
+        """One thread: K_j, V_j's and each "full" barrier expect the producer's arrival with the bytes (and "full"
+        the LANES that store lse_i, D_i), each "empty" one the consumers'; made visible to the copy engine."""
+        tma.mbarrier_init(base + uint32(KV_FULL), uint32(1))
+        for s in range(N_STAGES):
+            tma.mbarrier_init(base + uint32(FULL0 + uint64(s) * BAR), uint32(LANES + ONE))
+            tma.mbarrier_init(base + uint32(EMPTY0 + uint64(s) * BAR), uint32(CONSUMERS))
+        wgmma.fence_proxy_async()  # the barriers' initialisation, before the copy engine completes them
+
+    @cuda.jit(device=True, inline="always")
+    def load_kv(maps, base, k_start, kv_head):
+        """K_j and V_j by TMA, completing on their barrier: one box of Bc rows per 64 columns each."""
+        bar = base + uint32(KV_FULL)
+        tma.arrive_expect_tx(bar, uint32(KV_BYTES))
+        for h in range(HALVES):
+            col, half = int32(h * BOX_COLUMNS), uint32(uint64(h) * KV_HALF)
+            tma.tma_load_3d(base + uint32(K_OFF) + half, maps, uint64(K_MAP), col, int32(k_start), int32(kv_head), bar)
+            tma.tma_load_3d(base + uint32(V_OFF) + half, maps, uint64(V_MAP), col, int32(k_start), int32(kv_head), bar)
+
+    @cuda.jit(device=True, inline="always")
+    def load_query_tile(maps, bar, stage, q_start, head):
+        """Q_i and dO_i of ``head`` by TMA into a stage, completing on its "full" barrier ``bar``; rows past Nq
+        land as zeros."""
+        tma.arrive_expect_tx(bar, uint32(Q_BYTES))
+        for h in range(HALVES):
+            col, half = int32(h * BOX_COLUMNS), uint32(uint64(h) * Q_HALF)
+            tma.tma_load_3d(stage + half, maps, uint64(Q_MAP), col, int32(q_start), int32(head), bar)
+            tma.tma_load_3d(stage + uint32(DO_IN) + half, maps, uint64(DO_MAP), col, int32(q_start), int32(head), bar)
+
+    @cuda.jit(device=True, inline="always")
+    def store_rows(LSE, Dvec, smemf, stage_word, head, q_start, n_q, lane):
+        """lse_i (base 2), D_i into a stage, rows lane, lane + LANES, ..; past Nq lse = +inf, so that P is 0."""
+        for r in range(ROWS_PER_LANE):
+            at = lane + uint64(r) * LANES  # the row, in the tile
+            row = q_start + at
+            inside = row < n_q
+            smemf[stage_word + LSE_IN // FOUR + at] = LSE[head * n_q + row] * LOG2E_ if inside else POS_INF
+            smemf[stage_word + D_IN // FOUR + at] = Dvec[head * n_q + row] if inside else float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def next_tile(head, q_start, q_first, n_q):
+        """The (query head, first row) after (head, q_start): counted, not divided out of the step (a division
+        takes more registers than the dQ writer's 24)."""
+        if q_start + BR < n_q:
+            return head, q_start + BR
+        return head + ONE, q_first // BR * BR
+
+    @cuda.jit(device=True, inline="always")
+    def produce(maps, LSE, Dvec, smemf, base, base_word, lane, kv_head, k_start, heads, q_first, tiles, steps, n_q):
+        """The producer's first warp: K_j, V_j, then each query tile as soon as the consumers have left its stage
+        (lane 0 issues the copies; every lane stores its rows of lse_i and D_i and arrives)."""
+        if lane == ZERO:
+            for m in range(4):
+                tma.prefetch_map(maps, uint64(m))
+                tma.acquire_map(maps, uint64(m))
+            load_kv(maps, base, k_start, kv_head)
+        for step in range(steps):
+            head, q_start = kv_head * heads + step // tiles, (q_first // BR + step % tiles) * BR
+            stage = step % STAGES
+            # the phase in which the consumers released tile step - STAGES (before the first round: completed)
+            tma.wait(base + uint32(EMPTY0 + stage * BAR), uint32((step // STAGES + ONE) % TWO))
+            full, stage_off = base + uint32(FULL0 + stage * BAR), STAGE0 + stage * STAGE
+            if lane == ZERO:
+                load_query_tile(maps, full, base + uint32(stage_off), q_start, head)
+            store_rows(LSE, Dvec, smemf, base_word + stage_off // FOUR, head, q_start, n_q, lane)
+            tma.arrive(full)  # this lane's rows are stored (the arrival releases them to the consumers)
+
+    @cuda.jit(device=True, inline="always")
+    def transposed_scores(s, dp, k_rows, v_rows, stage):
+        """Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ for the warpgroup's 64 keys (rows) and Br queries (columns): two
+        batches; returns when Sᵀ's is done, dPᵀ's still in flight (:func:`score_gradients` waits for it)."""
+        wgmma.fence()
+        for kk in range(K_STEPS):
+            mma_s(s, wgmma.descriptor(k_rows + k_step(kk, BC), K_MAJOR), wgmma.descriptor(stage + k_step(kk, BR), K_MAJOR),
+                  uint32(kk != 0))
+        wgmma.commit_group()
+        wgmma.fence()
+        for kk in range(K_STEPS):
+            mma_s(dp, wgmma.descriptor(v_rows + k_step(kk, BC), K_MAJOR),
+                  wgmma.descriptor(stage + uint32(DO_IN) + k_step(kk, BR), K_MAJOR), uint32(kk != 0))
+        wgmma.commit_group()
+        wait_one()
+        fence_s(s)  # the softmax reads s after the wait, not before
+
+    @cuda.jit(device=True, inline="always")
+    def probabilities(s, smemf, lse_word, lane_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
+        """Pᵀ = exp2(scale · Sᵀ − lse) replaces Sᵀ, 0 where masked (while dPᵀ is multiplied). The lane holds keys
+        lane_key and lane_key + 8 (rows) and queries 8n + 2t (+1) of the tile (columns)."""
+        for n in range(S_TILES):
+            for e in range(4):
+                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)  # the query, in the tile
+                p = math.exp2(s[n, e] * scale_log2 - smemf[lse_word + col])
+                if masked and lane_key + uint64((e // 2) * 8) >= key_stop(q_start + col + ONE, n_q, n_k, causal):
+                    p = float32(0.0)
+                s[n, e] = p
+
+    @cuda.jit(device=True, inline="always")
+    def score_gradients(dp, s, smemf, d_word, t):
+        """Once dPᵀ's batch is done (with DV_FIRST dV's, the newer, may still run): dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces
+        dPᵀ (D per query, per column)."""
+        wait_dp()
+        fence_s(dp)
+        for n in range(S_TILES):
+            for e in range(4):
+                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)
+                dp[n, e] = s[n, e] * (dp[n, e] - smemf[d_word + col])
+
+    @cuda.jit(device=True, inline="always")
+    def pack_a(words, acc):
+        """An accumulator of 64 rows × Br columns as the A words of Br / 16 wgmma's (rows g, g + 8 of the warp's
+        16; columns 16kk + 8h + 2t, +1): the accumulator layout is the A layout, packed to 16-bit pairs."""
+        for kk in range(Q_STEPS):
+            for h in range(2):
+                words[kk, 2 * h] = pack(acc[2 * kk + h, 0], acc[2 * kk + h, 1])
+                words[kk, 2 * h + 1] = pack(acc[2 * kk + h, 2], acc[2 * kk + h, 3])
+
+    @cuda.jit(device=True, inline="always")
+    def store_ds(smem, ds, ds_word, tile_key, t):
+        """The lane's words of dSᵀ into a swizzled dSᵀ buffer (row: the key of the tile; 16-byte chunk n: queries
+        8n ..), rows tile_key and tile_key + 8; ds_word: the buffer's first word."""
+        for kk in range(Q_STEPS):
+            for h in range(2):
+                for half in range(2):
+                    at = wgmma.swizzled_chunk(tile_key + uint64(8 * half), 2 * kk + h, BC) + uint32(t) * uint32(4)
+                    smem[ds_word + uint64(at) // FOUR] = ds[kk, 2 * h + half]
+
+    @cuda.jit(device=True, inline="always")
+    def value_gradients(dv, p, stage):
+        """dV_j += Pᵀ dO_i, issued (the caller commits the batch)."""
+        fence_w(p)
+        fence_o(dv)
+        wgmma.fence()
+        for kk in range(Q_STEPS):
+            mma_kv(dv, p[kk, 0], p[kk, 1], p[kk, 2], p[kk, 3],
+                   wgmma.descriptor(stage + uint32(DO_IN) + uint32(kk) * uint32(STEP_BYTES), ROWS_MN), uint32(1))
+
+    @cuda.jit(device=True, inline="always")
+    def key_gradients(dk, ds, stage):
+        """dK_j += dSᵀ Q_i, issued and committed with what is issued before it, not waited for (the dQ product's
+        wait retires it)."""
+        fence_w(ds)
+        fence_o(dk)
+        wgmma.fence()
+        for kk in range(Q_STEPS):
+            mma_kv(dk, ds[kk, 0], ds[kk, 1], ds[kk, 2], ds[kk, 3],
+                   wgmma.descriptor(stage + uint32(kk) * uint32(STEP_BYTES), ROWS_MN), uint32(1))
+        wgmma.commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def ds_times_k(dq, ds_tile, k_columns):
+        """dQ_i = dS K_j for the warpgroup's 64 rows and DQ_N columns (ds_tile: dSᵀ at the first of its queries;
+        k_columns: K_j at the first of its columns): dS read from dSᵀ, MN-major (its rows are keys, the k of this
+        product), K_j MN-major. Waits for every batch."""
+        wgmma.fence()
+        for kk in range(KEY_STEPS):
+            step = uint32(kk) * uint32(STEP_BYTES)  # keys 16kk ..
+            mma_q(dq, wgmma.descriptor(ds_tile + step, KEYS_MN), wgmma.descriptor(k_columns + step, KEYS_MN),
+                  uint32(kk != 0))
+        wgmma.commit_group()
+        wait_all()
+
+    @cuda.jit(device=True, inline="always")
+    def add_dq(dQ_acc, dq, q_off, dq_row, dq_col, t, n_q):
+        """dQ_acc += the lane's dq (rows dq_row, dq_row + 8; columns dq_col + 8n + 2t, +1), rows below Nq, two
+        neighbouring columns per atomic."""
+        for half in range(2):
+            row = dq_row + uint64(half * 8)
+            if row < n_q:
+                for n in range(DQ_TILES):
+                    ptx.red_add_f32x2(dQ_acc, q_off + row * D_ + dq_col + uint64(n) * EIGHT + TWO * t,
+                                      dq[n, 2 * half], dq[n, 2 * half + 1])
+
+    @cuda.jit(device=True, inline="always")
+    def store_dq(smemf, dq, dq_word, dq_row, dq_col, t):
+        """The lane's dq into dQ_i's swizzled float32 boxes (box: 32 columns; row: 128 bytes of 8 chunks of 4
+        floats, chunk c at c XOR row % 8), rows dq_row, dq_row + 8 of the tile, columns dq_col + 8n + 2t, +1."""
+        for half in range(2):
+            row = dq_row + uint64(half * 8)
+            for n in range(DQ_TILES):
+                col = dq_col + uint64(n) * EIGHT + TWO * t
+                box, chunk = col // uint64(DQ_BOX_COLUMNS), col % uint64(DQ_BOX_COLUMNS) // CHUNK_FLOATS
+                at = (dq_word + box * DQ_BOX_BYTES // FOUR + row * uint64(ROW_BYTES // 4)
+                      + (chunk ^ (row % EIGHT)) * CHUNK_FLOATS + col % CHUNK_FLOATS)
+                smemf[at], smemf[at + ONE] = dq[n, 2 * half], dq[n, 2 * half + 1]
+
+    @cuda.jit(device=True, inline="always")
+    def write_dq(maps, base, lane, kv_head, heads, q_first, steps, n_q):
+        """The producer's second warp: as each tile's dQ_i is stored, lane 0 adds it to the accumulator by TMA
+        reduce-adds (rows past Nq left out); once they have read it, the buffer is free (the last: done)."""
+        if lane == ZERO:
+            tma.prefetch_map(maps, uint64(DQ_MAP))
+            tma.acquire_map(maps, uint64(DQ_MAP))
+        head, q_start = kv_head * heads, q_first // BR * BR  # step 0's
+        for step in range(steps):
+            dq_wait_stored()  # every consumer's dQ_i is in shared memory, visible to the copy engine
+            if lane == ZERO:
+                for b in range(DQ_BOXES):
+                    tma.tma_reduce_add_3d(base + uint32(DQ_OFF + uint64(b) * DQ_BOX_BYTES), maps, uint64(DQ_MAP),
+                                          int32(b * DQ_BOX_COLUMNS), int32(q_start), int32(head))
+                tma.bulk_commit_group()
+                tma.bulk_wait_read()
+            if step + ONE < steps:
+                dq_read()  # the buffer may be written again
+            head, q_start = next_tile(head, q_start, q_first, n_q)
+        if lane == ZERO:
+            tma.bulk_wait()  # the last adds are done before the block ends
+
+    @cuda.jit(device=True, inline="always")
+    def write_dk_dv(dK, dV, dk, dv, kv_off, lane_key, t, n_k, scale):
+        """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the lane's keys below Nk, as 16-bit pairs."""
+        for half in range(2):
+            key = lane_key + uint64(half * 8)
+            if key < n_k:
+                for n in range(O_TILES):
+                    at = kv_off + key * DW + uint64(n) * FOUR + t
+                    dK[at] = pack(dk[n, 2 * half] * scale, dk[n, 2 * half + 1] * scale)
+                    dV[at] = pack(dv[n, 2 * half], dv[n, 2 * half + 1])
+
+    @cuda.jit(device=True, inline="always")
+    def consume(dQ_acc, dK, dV, smem, smemf, base, base_word, tid, kv_head, k_start, heads, q_first, tiles, steps,
+                n_q, n_k, scale, scale_log2, causal):
+        """A consumer thread (``tid`` from the first consumer): its warpgroup's 64 keys of dK_j, dV_j over every
+        query tile as the stages fill, each released once its multiplies are waited for; then dQ_i added."""
+        group, lane = tid // WG, tid % uint64(WARP)  # the warpgroup: 64 keys of the tile
+        warp4, g, t = (tid // uint64(WARP)) % FOUR, lane // FOUR, lane % FOUR  # the warp in its warpgroup
+        tile_key = group * uint64(4 * MMA_M) + warp4 * uint64(MMA_M) + g  # the lane's first key, in the tile
+        k_rows = base + uint32(K_OFF) + uint32(group * WG_KEY_BYTES)  # the warpgroup's rows of K_j, V_j
+        v_rows = base + uint32(V_OFF) + uint32(group * WG_KEY_BYTES)
+        row_group = group % ROW_GROUPS  # the warpgroup's 64 rows of dQ_i: in dSᵀ, that 64-query half
+        dq_row, ds_half = row_group * uint64(4 * MMA_M), uint32(row_group * KV_HALF)
+        dq_col = group // ROW_GROUPS * DQ_N  # its columns of dQ_i: in K_j, their 64-column half, then 2 bytes each
+        k_columns = base + uint32(K_OFF + dq_col // HALF_COLUMNS * KV_HALF + dq_col % HALF_COLUMNS * TWO)
+        s = cuda.local.array((S_TILES, 4), float32)  # the lane's part of Sᵀ, then of Pᵀ
+        dp = cuda.local.array((S_TILES, 4), float32)  # its part of dPᵀ, then of dSᵀ
+        p = cuda.local.array((Q_STEPS, 4), uint32)  # Pᵀ packed: the A words of each 16-query step
+        ds = cuda.local.array((Q_STEPS, 4), uint32)  # dSᵀ packed
+        dk = cuda.local.array((O_TILES, 4), float32)  # its part of dK_j (unscaled)
+        dv = cuda.local.array((O_TILES, 4), float32)  # its part of dV_j
+        dq = cuda.local.array((DQ_TILES, 4), float32)  # its part of dQ_i, one query tile
+        for n in range(O_TILES):
+            for e in range(4):
+                dk[n, e], dv[n, e] = float32(0.0), float32(0.0)
+        if steps > ZERO:
+            tma.wait(base + uint32(KV_FULL), uint32(0))  # K_j, V_j have landed (their barrier's one phase)
+
+        for step in range(steps):
+            head, q_start = kv_head * heads + step // tiles, (q_first // BR + step % tiles) * BR
+            stage_off = STAGE0 + (step % STAGES) * STAGE
+            tma.wait(base + uint32(FULL0 + (step % STAGES) * BAR), uint32((step // STAGES) % TWO))  # Q_i .. landed
+            transposed_scores(s, dp, k_rows, v_rows, base + uint32(stage_off))  # Sᵀ waited for, dPᵀ in flight
+            # a mask where some (key, query) of the tile is not allowed: the ragged last tiles, the diagonal
+            masked = (k_start + BC > n_k or q_start + BR > n_q
+                      or k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal))
+            stage_word = base_word + stage_off // FOUR
+            probabilities(s, smemf, stage_word + LSE_IN // FOUR, k_start + tile_key, q_start, t, n_q, n_k, causal,
+                          masked, scale_log2)
+            if DV_FIRST:  # dV_j += Pᵀ dO_i, a batch in flight while dSᵀ is computed
+                pack_a(p, s)
+                value_gradients(dv, p, base + uint32(stage_off))
+                wgmma.commit_group()
+            score_gradients(dp, s, smemf, stage_word + D_IN // FOUR, t)
+            if not DV_FIRST:  # Pᵀ packed once Sᵀ's registers are free
+                pack_a(p, s)
+            pack_a(ds, dp)
+            ds_off = DS0 + (step % TWO) * DS_BYTES  # dSᵀ's buffer of this tile's parity
+            store_ds(smem, ds, base_word + ds_off // FOUR, tile_key, t)
+            if not DV_FIRST:  # dV_j += Pᵀ dO_i, in dK_j's batch
+                value_gradients(dv, p, base + uint32(stage_off))
+            key_gradients(dk, ds, base + uint32(stage_off))  # dK_j += dSᵀ Q_i, in flight
+            wgmma.fence_proxy_async()  # this thread's dSᵀ is visible to the tensor cores
+            ds_stored()  # every warpgroup's dSᵀ is in its buffer
+            ds_times_k(dq, base + uint32(ds_off) + ds_half, k_columns)  # dQ_i = dS K_j; both batches waited for
+            tma.arrive(base + uint32(EMPTY0 + (step % STAGES) * BAR))  # this thread is done with the stage
+            fence_q(dq)
+            if DQ_BY_TMA:  # into shared memory, once the writer has read the last tile's
+                if step > ZERO:
+                    dq_taken()
+                store_dq(smemf, dq, base_word + DQ_OFF // FOUR, dq_row + warp4 * uint64(MMA_M) + g, dq_col, t)
+                wgmma.fence_proxy_async()  # this thread's dQ_i is visible to the copy engine
+                dq_stored()
+            else:
+                add_dq(dQ_acc, dq, head * n_q * D_, q_start + dq_row + warp4 * uint64(MMA_M) + g, dq_col, t, n_q)
+
+        fence_o(dk)
+        fence_o(dv)
+        write_dk_dv(dK, dV, dk, dv, kv_head * n_k * DW, k_start + tile_key, t, n_k, scale)
+
+    @cuda.jit(fastmath=FAST_MATH, **options)
+    def flash_bwd_ws(LSE, Dvec, dQ_acc, dK, dV, TMAPS, n_q, n_k, scale, scale_log2, causal, kv_group):
+        smem, smemf = shared_words(), shared_floats()  # cfg.smem_layout() from a 1024-byte-aligned base
+        tid = uint64(cuda.threadIdx.x)
+        kv_head, k_start = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.x) * BC
+        n_q, n_k, heads = uint64(n_q), uint64(n_k), uint64(kv_group)
+        raw = ptx.shared_address(smem, ZERO)
+        base = (raw + uint32(ALIGN - ONE)) & ~uint32(ALIGN - ONE)  # the swizzle is of absolute address bits
+        base_word = uint64(base - raw) // FOUR
+        # the query tiles that see this key tile: causal, queries below k_start - (Nk - Nq) see none of its keys
+        q_first = k_start + n_q - n_k if causal and k_start + n_q > n_k else ZERO
+        tiles = (n_q + BR - ONE) // BR - q_first // BR if q_first < n_q else ZERO  # per query head
+        steps = tiles * heads  # (query head, query tile) pairs, head by head
+
+        if tid == ZERO:
+            init_barriers(base)
+        cuda.syncthreads()  # the barriers are initialised before any thread waits on them; the last block barrier
+        if tid < WG:  # the producer warpgroup: few registers, its first warp loads, its second writes dQ_i
+            producer_registers()
+            if tid < LANES and steps > ZERO:
+                produce(TMAPS, LSE, Dvec, smemf, base, base_word, tid, kv_head, k_start, heads, q_first, tiles, steps,
+                        n_q)
+            elif DQ_BY_TMA and tid < LANES + uint64(WARP) and steps > ZERO:
+                write_dq(TMAPS, base, tid - LANES, kv_head, heads, q_first, steps, n_q)
+        else:  # the consumers: the registers the producer gave up
+            consumer_registers()
+            consume(dQ_acc, dK, dV, smem, smemf, base, base_word, tid - WG, kv_head, k_start, heads, q_first, tiles,
+                    steps, n_q, n_k, scale, scale_log2, causal)
+
+    return flash_bwd_ws
+
+
+WHO = "backward kernel v4 (warp-specialised)"
+
+
+def launch(args, prob, *, config: BackwardTmaTiling | None = None, element: str | None = None,
+           deterministic: bool = False) -> None:
+    """Launch v4 on ``args`` (v3's: Q, K, V, dO, dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32);
+    the tensor maps are made from Q, K, V, dO, dQ_acc. ``element`` 'bfloat16' for bfloat16 inputs (None:
+    float16); ``config`` overrides the tiling. v4 has no deterministic mode: ``deterministic=True`` is a
+    ValueError."""
+    refuse_deterministic(deterministic, WHO)
+    require_hopper(WHO)
+    launch_backward_tma(make_kernel, args, prob, config, element, who=WHO)
+
+
+@lru_cache(maxsize=256)
+def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
+                    cfg: BackwardTmaTiling, deterministic: bool = False) -> DriverLaunches:
+    """v3's :class:`DriverLaunches` with v4 as the main kernel (its tensor maps kept by the arrays' addresses),
+    for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use and kept."""
+    refuse_deterministic(deterministic, WHO)
+    launches = sized_driver_launches(driver_kernel(make_kernel(cfg, element), SIGNATURE, cfg.smem_bytes), cfg, n_q,
+                                     n_k, n_heads, kv_group, scale, causal, element)
+    return with_tma_main(launches, cfg, n_q, n_k, n_heads, kv_group)
