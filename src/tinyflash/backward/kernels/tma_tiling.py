@@ -34,7 +34,7 @@ from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
 from ...hardware import current
 from ...warp_tile import WARP
-from ...warpgroup_tile import HEAD_DIMS, WGMMA_M
+from ...warpgroup_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, WGMMA_M
 from .hopper_tiling import BackwardHopperTiling, aligned
 from .tensor_core_tiling import launch_backward_tensor_cores
 
