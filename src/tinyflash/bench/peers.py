@@ -347,6 +347,9 @@ def split_kv_graph() -> Peer:
         out = fn()
         replay = lambda: (graph.launch(), out)[1]  # noqa: E731
         replay.details = fn.details
+        # the graph holds the addresses of fn's arrays (the partials too): they live as long as the replay, or
+        # memory the allocator has handed to another peer (its block table, its lengths) is written at each replay
+        replay.prepared = fn
         return replay
 
     return Peer("split_kv", "CUDA graph", make, ("float16", "float32"))
