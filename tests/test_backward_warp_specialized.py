@@ -61,6 +61,31 @@ def test_grouped_heads_wrap_the_ring_of_stages(rng):
     check(inputs, grads, True, "v4 GQA 3/1")
 
 
+def test_causal_blocks_longest_first(rng):
+    """Causal over two K/V heads of two key tiles: the blocks take (head, key tile) in longest_first's order
+    ((0, 0), (1, 0), (0, 1), (1, 1)), not the grid's; every gradient as the reference's."""
+    inputs, grads = gradients(rng, (2,), (2,), 70, 70, 64, True)
+    check(inputs, grads, True, "v4 causal, 2 K/V heads, longest first")
+
+
+@pytest.mark.parametrize("tiles, kv_heads, head_mib", [(1, 1, 1), (32, 128, 4), (128, 32, 16), (7, 13, 3),
+                                                       (5, 40, 9), (3, 1000, 0), (64, 6, 64)])
+def test_longest_first_is_a_bijection_heavy_tiles_first(tiles, kv_heads, head_mib):
+    """Every (K/V head, key tile) once; in each group of heads all of tile j before any of tile j + 1; the group's
+    Q, dO and dQ within L2_SHARE_BYTES (or one head alone), twice as many heads not."""
+    head_bytes = head_mib * 2**20
+    order = [tuple(int(x) for x in tma_tiling.longest_first(b, tiles, kv_heads, head_bytes))
+             for b in range(tiles * kv_heads)]
+    assert sorted(order) == [(h, j) for h in range(kv_heads) for j in range(tiles)]
+    group = next(i for i, (h, _) in enumerate(order + [(None, None)]) if h is None or h in {g for g, _ in order[:i]})
+    assert group == 1 or group * head_bytes <= tma_tiling.L2_SHARE_BYTES  # the group shares the L2
+    assert group == kv_heads or 2 * group * head_bytes > tma_tiling.L2_SHARE_BYTES  # and is as large as fits
+    for start in range(0, kv_heads, group):
+        blocks = order[start * tiles:(start + group) * tiles]
+        assert [j for _, j in blocks] == sorted(j for _, j in blocks)  # tile 0 of the group's heads first
+        assert {h for h, _ in blocks} == set(range(start, min(start + group, kv_heads)))
+
+
 def test_agrees_with_v3(rng):
     """v3 and v4 issue the same multiplies in the same order (only who loads, and the barriers, differ): dk and dv
     are the same bits; dq, added by atomics, the same within rounding."""

@@ -223,7 +223,8 @@ def backward_stage3_tiling(cfg, pair_atomics: bool = True, kernel: str = "v2") -
     them, with this tiling): the sweep behind ``default_tiling``."""
     label = (f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES} pairs={pair_atomics}"
              if kernel == "v2" else f"{kernel} warpgroups={cfg.WARPGROUPS} BR={cfg.BR} BC={cfg.BC}"
-             + (f" stages={cfg.STAGES} dq_by_tma={cfg.DQ_BY_TMA}" if kernel == "v4" else ""))
+             + (f" stages={cfg.STAGES} dq_by_tma={cfg.DQ_BY_TMA}" if kernel == "v4" else "")
+             + (" grid order" if kernel == "v4" and not cfg.LONGEST_FIRST else ""))
 
     def make(x):
         import torch

@@ -192,7 +192,8 @@ def backward_tensor_core_tile_peers(point) -> list:
     """SDPA's flash backward (the baseline), backward kernel v2 at each tiling, dQ added by paired atomics or
     by scalar ones (``v2_tensor_cores.make_kernel``'s ``pair_atomics``), v3 (wgmma) with 1 and 2 warpgroups, and v4
     (warp-specialised) at its tiling, with 3 stages, with the other query tile (64 or 128 rows, where it fits in
-    shared memory) and with dQ_i added by TMA (DQ_BY_TMA)."""
+    shared memory), with dQ_i added by TMA (DQ_BY_TMA) and, causal, with its blocks in the grid's order rather
+    than the longest first (LONGEST_FIRST)."""
     from ..backward.kernels.hopper_tiling import BackwardHopperTiling
     from ..backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling
     from ..backward.kernels import tma_tiling
@@ -205,6 +206,7 @@ def backward_tensor_core_tile_peers(point) -> list:
     found += [p.backward_stage3_tiling(BackwardHopperTiling(D=point["d"], WARPGROUPS=wg), kernel="v3") for wg in (1, 2)]
     chosen = tma_tiling.default_tiling(point["d"])
     v4 = [chosen, replace(chosen, STAGES=3), replace(chosen, BR=192 - chosen.BR), replace(chosen, DQ_BY_TMA=True)]
+    v4 += [replace(chosen, LONGEST_FIRST=False)] if point["causal"] else []
     return found + [p.backward_stage3_tiling(cfg, kernel="v4") for cfg in v4 if not cfg.problems()]
 
 

@@ -28,7 +28,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from ...gpu.arrays import is_device_array
-from ...gpu.runtime import simulator_enabled
+from ...gpu.runtime import simulator_enabled, u
 from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
 from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
@@ -55,6 +55,7 @@ class BackwardTmaTiling(BackwardHopperTiling):
     STAGES: int = 2
     BR: int = 64  # query rows per tile (v3's are 64)
     DQ_BY_TMA: bool = False  # dQ_i through shared memory and a TMA reduce-add (else paired atomics, v3's)
+    LONGEST_FIRST: bool = True  # causal: blocks in the order of :func:`longest_first` (else key tiles head by head)
     PRODUCER_REGISTERS: int = 24
     CONSUMER_REGISTERS: int = 240
     WHAT = "warp-specialised backward tiling"
@@ -131,6 +132,32 @@ class BackwardTmaTiling(BackwardHopperTiling):
         thread has), a multiple of 8 as setmaxnreg's counts are."""
         cap = min(self.CONSUMER_REGISTERS, current().registers_per_sm // self.NT // 8 * 8)
         return {"launch_bounds": (self.NT, 1), "max_registers": cap}
+
+
+L2_SHARE_BYTES = u(40 * 1024 * 1024)  # what a group of K/V heads may keep in L2 (H100 and H200 have 50 MB)
+HEAD_BYTES_PER_COLUMN = 2 + 2 + 4  # Q, dO (16-bit) and dQ's float32 accumulator, per query row and column
+_ONE, _TWO = u(1), u(2)
+
+
+def longest_first(block, tiles, kv_heads, head_bytes):
+    """(K/V head, key tile) of the ``block``-th block (in launch order) of a causal backward over ``tiles`` key
+    tiles and ``kv_heads`` K/V heads, the longest work first. ``head_bytes``: the Q, dO and dQ of one K/V
+    head's query heads. All unsigned 64-bit (compiled into the kernel: ``v4_warp_specialized``).
+
+    With causal masking key tile j sees the query tiles from j on: tile 0 has the most work, the last the least.
+    Key tiles head by head (the launch's own order) start a heavy block wherever a head begins, up to the very
+    end of the grid, and the last ones leave most SMs idle while they finish. This order (FlashAttention-3's
+    "LPT" scheduler for its causal backward) takes the heads in groups: tile 0 of each head of the group, then
+    tile 1 of each, and so on, so that the light tiles come last; a group has as many heads (a power of 2) as
+    fit their Q, dO and dQ into L2_SHARE_BYTES, so the blocks running at once still read the same few heads.
+    A bijection of 0 .. tiles · kv_heads - 1 onto the pairs (tested on the host)."""
+    group = _ONE
+    while group < kv_heads and _TWO * group * head_bytes <= L2_SHARE_BYTES:
+        group *= _TWO
+    first = block // (group * tiles) * group  # the group's first K/V head
+    in_group = min(group, kv_heads - first)  # the last group may be smaller
+    rest = block - first * tiles
+    return first + rest % in_group, rest // in_group
 
 
 def default_tiling(d: int) -> BackwardTmaTiling:

@@ -25,6 +25,9 @@ What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block bar
 * **dQ_i by TMA** (the tiling's DQ_BY_TMA, off by default): the consumers store dQ_i (float32, swizzled) in
   shared memory, the producer's second warp adds it to the accumulator by TMA reduce-adds, 32 columns each.
 
+* **The longest blocks first** (the tiling's LONGEST_FIRST, causal only): a block takes its (K/V head, key tile)
+  from ``tma_tiling.longest_first``, key tile 0 of a group of heads first, not the grid's own order.
+
 Unchanged from v3: the products, P recomputed from lse, dS = P ∘ (dP − D), the launch over (key tiles, K/V
 heads), the row kernels around it, no deterministic mode. Limits: d = dv ∈ {64, 128}; compute capability 9.0.
 """
@@ -50,8 +53,8 @@ from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
 from .hopper_tiling import require_hopper
 from .rows import FLOATS, WORDS
 from .tensor_core_tiling import DriverLaunches, sized_driver_launches
-from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, K_MAP, LSE_LANES, Q_MAP, V_MAP, BackwardTmaTiling,
-                         launch_backward_tma, refuse_deterministic, with_tma_main)
+from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, HEAD_BYTES_PER_COLUMN, K_MAP, LSE_LANES, Q_MAP, V_MAP,
+                         BackwardTmaTiling, launch_backward_tma, longest_first, refuse_deterministic, with_tma_main)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
@@ -59,6 +62,7 @@ ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's
 STEP_BYTES = u(MMA_K * ROW_BYTES)  # 16 rows of a swizzled tile: one k-step of an MN-major operand
 DS_BARRIER, DQ_FULL, DQ_EMPTY = 1, 2, 3  # the named barriers (0 is __syncthreads's): dSᵀ stored; dQ_i stored, read
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+longest_first = device_function(longest_first)  # the causal order of the blocks (tma_tiling), compiled
 # flash_bwd_ws's argument types: LSE, Dvec, dQ_acc (float32); dK, dV as 16-bit pairs; the tensor maps of Q, K, V,
 # dO; then n_q, n_k, scale, scale·log2(e), causal, kv_group
 SIGNATURE = ((FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.uint64, 1, "C"),)
@@ -76,6 +80,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     """``flash_bwd_ws`` for one tiling and one element type (float16 or bfloat16)."""
     cfg.validate()
     BR, BC, STAGES, N_STAGES = u(cfg.BR), u(cfg.BC), u(cfg.STAGES), cfg.STAGES
+    LONGEST_FIRST, HEAD_BYTES = cfg.LONGEST_FIRST, u(HEAD_BYTES_PER_COLUMN * cfg.D)
     DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
     K_STEPS, Q_STEPS, KEY_STEPS = cfg.D // MMA_K, cfg.BR // MMA_K, cfg.BC // MMA_K  # k-steps: over d, queries, keys
     S_TILES, O_TILES, DQ_TILES = cfg.BR // 8, cfg.D // 8, cfg.DQ_N // 8  # 8-column blocks of the accumulators
@@ -407,8 +412,14 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
     def flash_bwd_ws(LSE, Dvec, dQ_acc, dK, dV, TMAPS, n_q, n_k, scale, scale_log2, causal, kv_group):
         smem, smemf = shared_words(), shared_floats()  # cfg.smem_layout() from a 1024-byte-aligned base
         tid = uint64(cuda.threadIdx.x)
-        kv_head, k_start = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.x) * BC
         n_q, n_k, heads = uint64(n_q), uint64(n_k), uint64(kv_group)
+        key_tiles, kv_heads = uint64(cuda.gridDim.x), uint64(cuda.gridDim.y)
+        if LONGEST_FIRST and causal:  # the heavy key tiles first (tma_tiling.longest_first says why)
+            kv_head, k_tile = longest_first(uint64(cuda.blockIdx.y) * key_tiles + uint64(cuda.blockIdx.x), key_tiles,
+                                            kv_heads, n_q * heads * HEAD_BYTES)
+        else:
+            kv_head, k_tile = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.x)
+        k_start = k_tile * BC
         raw = ptx.shared_address(smem, ZERO)
         base = (raw + uint32(ALIGN - ONE)) & ~uint32(ALIGN - ONE)  # the swizzle is of absolute address bits
         base_word = uint64(base - raw) // FOUR
