@@ -84,7 +84,8 @@ def headlines() -> str:
         f"queued; one call alone, {span([float(r['latency_vs_baseline']) for r in runs])} FlashAttention-2's speed).",
         f"* **Training** (the backward pass): on Hopper's wgmma (backward {BACKWARD_HOPPER_VERSION}) {span(wg_bw)} the speed of "
         f"FlashAttention-2's backward (SDPA flash), on mma.sync (v2) {span(tc_bw)}, float16 and bfloat16, calls "
-        f"queued; a whole training step through `tinyflash.torch` (stage 4's forward, backward v3) {span(step)}; "
+        f"queued; a whole training step through `tinyflash.torch` (stage 4's forward, backward "
+        f"{BACKWARD_HOPPER_VERSION}) {span(step)}; "
         f"on the CUDA cores {span(bw_eff)} of SDPA's "
         f"float32 efficient backward. A small GPT trains with it as with SDPA (docs/results.md).",
         f"* **Decoding** (split-KV, grouped-query heads): {span(per_call)} SDPA flash's speed per prepared call; "
