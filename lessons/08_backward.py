@@ -249,7 +249,7 @@ gains = [float(wgmma_rows[key]["tflops"]) / float(r["tflops"]) for r in atomic
          if (key := tuple(r[c] for c in ("dtype", "d", "causal", "batch", "n_q"))) in wgmma_rows]
 over_flash = [float(r["vs_baseline"]) for r in wgmma_rows.values()]
 print(f"  backward v3 (wgmma): {min(over_flash):.2f}–{max(over_flash):.2f}× FlashAttention-2's backward, "
-      f"{min(gains):.2f}–{max(gains):.2f}× v2's speed ({len(gains)} configurations of the same run)")
+      f"{min(gains):.2f}–{max(gains):.2f}× v2's speed ({len(gains)} configurations, each timed side by side)")
 assert min(gains) > 1  # the warpgroup multiplies pay at every point measured
 # Backward kernel v4 (backward/kernels/v4_warp_specialized.py) is v3 warp-specialised, as the forward's v9 is
 # (lesson 10): a producer warpgroup loads each Q_i, dO_i by TMA into a ring of stages, the consumer warpgroups only
@@ -261,7 +261,7 @@ over_v3 = [float(r["tflops"]) / float(wgmma_rows[key]["tflops"]) for r in v4_row
            if (key := tuple(r[c] for c in ("dtype", "d", "causal", "batch", "n_q"))) in wgmma_rows]
 print(f"  backward v4 (warp-specialised): {min(float(r['vs_baseline']) for r in v4_rows):.2f}–"
       f"{max(float(r['vs_baseline']) for r in v4_rows):.2f}× FlashAttention-2's backward, "
-      f"{min(over_v3):.2f}–{max(over_v3):.2f}× v3's speed ({len(over_v3)} configurations of the same run)")
+      f"{min(over_v3):.2f}–{max(over_v3):.2f}× v3's speed ({len(over_v3)} configurations, each timed side by side)")
 for r in v4_rows:
     print(f"    {r['dtype']:8} d = {r['d']:>3}  causal = {r['causal']:5}  {r['batch']} × {int(r['n_q']):6,}: "
           f"{float(r['vs_baseline']):.2f}×")

@@ -100,6 +100,46 @@ def test_a_training_step_captured_in_a_cuda_graph(rng):
     assert_same_step((static_o.detach(), *(x.grad for x in static)), eager)
 
 
+def test_a_step_whose_attention_inputs_are_made_inside_the_graph(rng):
+    """q, k, v projected inside the capture (a model's activations: tensors of the graph's own memory pool, at
+    addresses no eager call has seen, so stage 4's and backward v4's tensor maps are written into the graph),
+    replayed on a new input: the same step as eager."""
+    import tinyflash.torch as tft
+
+    seed = int(rng.integers(2**31))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(2, 300, 256, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(256, 3 * 256, device="cuda", generator=gen) * 0.05).to(torch.bfloat16).requires_grad_()
+    do = torch.randn(2, 4, 300, 64, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def model_step():
+        w.grad = None
+        q, k, v = (t.view(2, 300, 4, 64).transpose(1, 2).contiguous() for t in (x @ w).split(256, dim=-1))
+        o = tft.attention(q, k, v, causal=True)
+        o.backward(do)
+        return o
+
+    side = torch.cuda.Stream()  # warm up on a side stream (compiles the kernels, sizes the plans)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o = model_step()
+    with torch.no_grad():
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = (static_o.detach().clone(), w.grad.detach().clone())
+    eager_o = model_step()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed[0], eager_o.detach())  # each output row written by one thread block
+    dw, eager_dw = replayed[1].float(), w.grad.float()  # through dq (atomics): within rounding
+    assert float((dw - eager_dw).abs().max()) <= 2.0**-6 * float(eager_dw.abs().max())
+
+
 def test_a_capture_off_the_tensor_cores_is_refused_clearly(rng):
     """float32 runs on the CUDA cores, launched by numba on the default stream, which a capture forbids:
     a RuntimeError that says so, and the process still works after it."""

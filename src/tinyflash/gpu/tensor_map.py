@@ -18,7 +18,10 @@ columns, 128 bytes too; rows past the end of a head are left alone.
 memory again: PyTorch's allocator hands out the same blocks over and over). :class:`MapCache` keeps the maps,
 copied to the GPU, for the last calls' addresses: a call whose addresses it has seen pays a dictionary look-up;
 another encodes its maps (a driver call each, on the host) and copies them to the GPU. FlashAttention-3 encodes
-its maps at every call and passes them as ``__grid_constant__`` parameters, which costs no copy.
+its maps at every call and passes them as ``__grid_constant__`` parameters, which costs no copy. While a stream
+captures a CUDA graph neither an allocation of numba's nor a copy from the host is allowed, and a graph's
+tensors are new ones (from its own memory pool): there, a small kernel writes the new maps into memory of the
+inputs' library, with the words as its parameters, and the graph keeps them (:func:`captured_maps`).
 
 **On numba's simulator** there is no driver and the map's bytes are not documented: :meth:`TensorMap.simulated`
 keeps the map's Python description (this class, and the array itself) and puts its number in the words the
@@ -29,8 +32,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+from numba import cuda
 
 from .runtime import simulator_enabled
 
@@ -136,18 +141,64 @@ def tensor_maps(maps, arrays):
     return cuda.to_device(np.frombuffer(data, np.uint64))  # 256-byte aligned: each map 64-byte aligned
 
 
+def _store_map(dst, at, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15):
+    """One map's 16 words into dst[at .. at + 15], by one thread: the words are the launch's parameters."""
+    if cuda.threadIdx.x == 0:
+        words = (w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
+        for i in range(16):
+            dst[at + i] = words[i]
+
+
+@lru_cache(maxsize=None)
+def _store_map_kernel():
+    """:func:`_store_map` compiled and loaded on this device (a driver kernel; the disk cache keeps it)."""
+    from numba.cuda import types
+
+    from .driver_launch import driver_kernel
+
+    signature = (types.Array(types.int64, 1, "C"), types.int64) + (types.int64,) * MAP_WORDS
+    return driver_kernel(cuda.jit(_store_map), signature)
+
+
+def stream_capturing(stream: int) -> bool:
+    """Whether ``stream`` (a CUstream handle as an int; 0: the default stream) is capturing a CUDA graph."""
+    from cuda.bindings import driver
+
+    err, status = driver.cuStreamIsCapturing(driver.CUstream(int(stream)))
+    return err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def captured_maps(maps, arrays, stream: int):
+    """The maps for ``arrays`` written on ``stream`` while it captures a CUDA graph: in memory of the arrays'
+    library (PyTorch's allocator gives a capture memory of the graph's own pool), by one small kernel per map
+    whose parameters are the map's words, which the graph keeps. No allocation of numba's and no copy from the
+    host, which a capture refuses."""
+    from .arrays import empty
+
+    words = np.frombuffer(b"".join(m.encode(device_address(a)) for m, a in zip(maps, arrays)), np.int64)
+    out = empty(arrays[0], words.size, np.int64)
+    store = _store_map_kernel()
+    for i in range(0, words.size, MAP_WORDS):
+        store(1, 1, 0, out, i, *(int(w) for w in words[i:i + MAP_WORDS]), stream=stream)
+    return out
+
+
 class MapCache:
     """Tensor maps on the GPU for the addresses of the last calls of one launch plan (module docstring): at most
     ``size``; when full, the device is synchronised (a kernel in flight may still read the maps) and it starts
-    again empty."""
+    again empty. A call on a stream that captures a CUDA graph, at addresses not seen before (a graph's tensors
+    come from its own memory pool), gets maps written into the graph (:func:`captured_maps`), not kept."""
 
     def __init__(self, maps, size: int = 64):
         self.maps, self.size, self._found = tuple(maps), size, {}
+        _store_map_kernel()  # loaded now: a capture cannot load a module
 
-    def __call__(self, *arrays):
+    def __call__(self, *arrays, stream: int = 0):
         key = tuple(map(device_address, arrays))
         found = self._found.get(key)
         if found is None:
+            if stream_capturing(stream):
+                return captured_maps(self.maps, arrays, stream)
             if len(self._found) >= self.size:
                 from numba import cuda
 

@@ -219,7 +219,7 @@ class TmaMainLaunch:
     maps: MapCache
 
     def __call__(self, q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream: int = 0) -> None:
-        self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do, dq_acc), stream=stream)
+        self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do, dq_acc, stream=stream), stream=stream)
 
 
 def with_tma_main(launches, cfg: BackwardTmaTiling, n_q: int, n_k: int, n_heads: int, kv_group: int):

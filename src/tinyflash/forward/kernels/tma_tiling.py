@@ -164,7 +164,7 @@ class TmaLaunch:
     maps: MapCache
 
     def __call__(self, q, k, v, o, lse, stream: int = 0) -> None:
-        self.grid(o, lse, self.maps(q, k, v), stream=stream)
+        self.grid(o, lse, self.maps(q, k, v, stream=stream), stream=stream)
 
 
 def sized_tma_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool,
