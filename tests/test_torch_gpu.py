@@ -33,6 +33,21 @@ def assert_same_step(a, b):
     assert float((dq_a - dq_b).abs().max()) <= 2 * float(dq_b.abs().max()) * 2.0**-7  # a bfloat16 rounding each way
 
 
+def captured(training_step):
+    """``training_step()`` (it returns its output) run twice on a side stream (the kernels compiled, the plans
+    sized), then captured in a CUDA graph: (graph, the captured output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            training_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = training_step()
+    return graph, out
+
+
 def test_the_operators_pass_torch_library_opcheck(rng):
     """PyTorch's own checks of a custom operator: its schema, its fake implementation against the real one,
     its autograd registration."""
@@ -78,18 +93,7 @@ def test_a_training_step_captured_in_a_cuda_graph(rng):
         o.backward(static_do)
         return o
 
-    side = torch.cuda.Stream()  # warm up on a side stream (compiles the kernels, sizes the plans)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            captured_step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for x in static:
-        x.grad = None
-    with torch.cuda.graph(graph):
-        static_o = tft.attention(*static, causal=True)
-        static_o.backward(static_do)
+    graph, static_o = captured(captured_step)
     new = leaves(seed + 1)
     with torch.no_grad():
         for x, y in zip((*static, static_do), new):
@@ -119,15 +123,7 @@ def test_a_step_whose_attention_inputs_are_made_inside_the_graph(rng):
         o.backward(do)
         return o
 
-    side = torch.cuda.Stream()  # warm up on a side stream (compiles the kernels, sizes the plans)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            model_step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_o = model_step()
+    graph, static_o = captured(model_step)
     with torch.no_grad():
         x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()
