@@ -103,6 +103,28 @@ def test_tensor_maps_are_checked():
         TensorMap(48, 10, 1, 16, element_bytes=4)
 
 
+def test_map_cache_keeps_maps_by_address_but_not_those_written_into_a_graph(monkeypatch):
+    """MapCache's bookkeeping, with the driver's parts replaced: a call at addresses seen before gets the same
+    maps; on a stream that captures a CUDA graph, every call gets maps written on that stream
+    (``captured_maps``), which are not kept; the map kernel is loaded when the cache is made (a capture cannot
+    load a module). The writes themselves run on a GPU (``test_torch_gpu.py``'s capture tests)."""
+    from tinyflash.gpu import tensor_map
+
+    made, written, loaded = [], [], []
+    monkeypatch.setattr(tensor_map, "_store_map_kernel", lambda: loaded.append(True))
+    monkeypatch.setattr(tensor_map, "tensor_maps", lambda maps, arrays: made.append(arrays) or f"maps {len(made)}")
+    monkeypatch.setattr(tensor_map, "captured_maps", lambda maps, arrays, stream: written.append(stream) or "graph")
+    capturing = {7: True}
+    monkeypatch.setattr(tensor_map, "stream_capturing", lambda stream: capturing.get(stream, False))
+    monkeypatch.setattr(tensor_map, "device_address", lambda a: a)
+    cache = tensor_map.MapCache([TensorMap(64, 10, 1, 16)])
+    assert loaded == [True]
+    assert cache(100, stream=3) == cache(100, stream=3) == "maps 1" and len(made) == 1
+    assert cache(200, stream=7) == "graph" and cache(200, stream=7) == "graph" and written == [7, 7]
+    assert cache(100, stream=7) == "graph" and written == [7, 7, 7]  # seen before: still the graph's own
+    assert cache(200, stream=3) == "maps 2" and len(made) == 2  # the graph's maps were not kept
+
+
 def make_reduce_kernel(box_rows: int, boxes: int):
     """One block of 128 threads: the threads store ``src`` (float32, already in the swizzled order) into shared
     memory; thread 0 adds it, ``boxes`` boxes of 32 columns side by side, to head ``head`` from row ``row`` by TMA

@@ -19,9 +19,10 @@ memory again: PyTorch's allocator hands out the same blocks over and over). :cla
 copied to the GPU, for the last calls' addresses: a call whose addresses it has seen pays a dictionary look-up;
 another encodes its maps (a driver call each, on the host) and copies them to the GPU. FlashAttention-3 encodes
 its maps at every call and passes them as ``__grid_constant__`` parameters, which costs no copy. While a stream
-captures a CUDA graph neither an allocation of numba's nor a copy from the host is allowed, and a graph's
-tensors are new ones (from its own memory pool): there, a small kernel writes the new maps into memory of the
-inputs' library, with the words as its parameters, and the graph keeps them (:func:`captured_maps`).
+captures a CUDA graph neither an allocation of numba's nor a copy from the host is allowed, a graph's tensors
+are new ones (from its own memory pool), and the graph may be replayed long after the cache has dropped a map:
+there, a small kernel writes the maps into memory of the inputs' library, with the words as its parameters,
+and the graph keeps them (:func:`captured_maps`).
 
 **On numba's simulator** there is no driver and the map's bytes are not documented: :meth:`TensorMap.simulated`
 keeps the map's Python description (this class, and the array itself) and puts its number in the words the
@@ -186,19 +187,20 @@ def captured_maps(maps, arrays, stream: int):
 class MapCache:
     """Tensor maps on the GPU for the addresses of the last calls of one launch plan (module docstring): at most
     ``size``; when full, the device is synchronised (a kernel in flight may still read the maps) and it starts
-    again empty. A call on a stream that captures a CUDA graph, at addresses not seen before (a graph's tensors
-    come from its own memory pool), gets maps written into the graph (:func:`captured_maps`), not kept."""
+    again empty. A call on a stream that captures a CUDA graph gets maps written into the graph
+    (:func:`captured_maps`), neither taken from the cache nor kept: a graph's tensors are new ones (from its own
+    memory pool), and a graph may outlive the cache's entries (one query of the driver, about a µs, per call)."""
 
     def __init__(self, maps, size: int = 64):
         self.maps, self.size, self._found = tuple(maps), size, {}
         _store_map_kernel()  # loaded now: a capture cannot load a module
 
     def __call__(self, *arrays, stream: int = 0):
+        if stream_capturing(stream):  # the graph gets maps of its own: kept ones may be freed while it lives
+            return captured_maps(self.maps, arrays, stream)
         key = tuple(map(device_address, arrays))
         found = self._found.get(key)
         if found is None:
-            if stream_capturing(stream):
-                return captured_maps(self.maps, arrays, stream)
             if len(self._found) >= self.size:
                 from numba import cuda
 
