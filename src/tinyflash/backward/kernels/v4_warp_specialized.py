@@ -1,7 +1,6 @@
 """Backward kernel v4: warp specialisation, FlashAttention-3's backward structure. float16 and bfloat16 in,
-float32 accumulation.
-
-What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block barriers per query tile):
+float32 accumulation. What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block barriers per
+query tile):
 
 * **A producer and consumers** (as in forward kernel v9). One more warpgroup, the first, the *producer*: its
   first thread requests K_j, V_j once and then each query tile's Q_i, dO_i by TMA (``tinyflash.gpu.tma``) into
@@ -9,24 +8,20 @@ What changed since v3 (every thread copying Q_i, dO_i by cp.async, two block bar
   them. The *consumers* only multiply (v3's products).
 * **Full and empty barriers per stage.** A consumer waits on a stage's "full" mbarrier (Q_i's and dO_i's bytes
   landed, the lanes that stored lse_i and D_i arrived) and, once the multiplies that read the stage are waited
-  for, arrives on its "empty" one; the producer waits on "empty" before it refills the stage: for tile s,
-  parity (s // STAGES + 1) % 2, which on a fresh barrier counts as completed.
+  for, arrives on its "empty" one, which the producer waits on (tile s: parity (s // STAGES + 1) % 2, completed
+  on a fresh barrier) before it refills the stage.
 * **One barrier per query tile, among the consumers.** dQ_i = dS K_j needs every warpgroup's dSᵀ: the consumers
   meet at a named barrier (the producer runs ahead) after storing theirs. dSᵀ has two buffers, by the tile's
   parity: a warpgroup writes buffer b again two tiles later, after the barrier of the tile in between, which
   the other warpgroup reaches only once its dQ product that read b is waited for (v3 needs a second barrier).
 * **Registers move to the consumers** (``setmaxnreg``: 24 per thread for the producer, 240 for the consumers;
   launch bounds of NT threads and one block per multiprocessor, which it needs).
-* **dV_j's product first, with 64-row query tiles** (the tiling's DV_FIRST, FlashAttention-3's order): issued as
-  soon as Pᵀ is packed, multiplied while the warpgroup computes dSᵀ (with 128-row tiles, with dK_j's, as v3).
-* **Query tiles of 128 rows at d = 64** (``tma_tiling.default_tiling``): m64n128 Sᵀ and dPᵀ; the warpgroups
-  split dQ_i by rows (each its 64 queries, from its half of dSᵀ), not columns; a tile's waits, barrier, lse_i
-  and D_i are spread over twice the multiplies.
-* **dQ_i by TMA** (the tiling's DQ_BY_TMA, off by default): the consumers store dQ_i (float32, swizzled) in
-  shared memory, the producer's second warp adds it to the accumulator by TMA reduce-adds, 32 columns each.
-
-* **The longest blocks first** (the tiling's LONGEST_FIRST, causal only): a block takes its (K/V head, key tile)
-  from ``tma_tiling.longest_first``, key tile 0 of a group of heads first, not the grid's own order.
+* **dV_j's product first, with 64-row query tiles** (the tiling's DV_FIRST, FlashAttention-3's order), multiplied
+  while the warpgroup computes dSᵀ. **Query tiles of 128 rows at d = 64**: m64n128 Sᵀ and dPᵀ, dQ_i split by
+  rows (each warpgroup its 64 queries), a tile's waits, barrier, lse_i and D_i spread over twice the multiplies.
+* **dQ_i by TMA** (DQ_BY_TMA, off by default): the consumers store dQ_i in shared memory, the producer's second
+  warp adds it to the accumulator by TMA reduce-adds. **Causal blocks longest first** (LONGEST_FIRST): a block
+  takes its (K/V head, key tile) from ``tma_tiling.longest_first``, not the grid's order.
 
 Unchanged from v3: the products, P recomputed from lse, dS = P ∘ (dP − D), the launch over (key tiles, K/V
 heads), the row kernels around it, no deterministic mode. Limits: d = dv ∈ {64, 128}; compute capability 9.0.
@@ -142,8 +137,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def load_query_tile(maps, bar, stage, q_start, head):
-        """Q_i and dO_i of ``head`` by TMA into a stage, completing on its "full" barrier ``bar``; rows past Nq
-        land as zeros."""
+        """Q_i, dO_i of ``head`` by TMA into a stage, on its "full" barrier ``bar``; rows past Nq land as zeros."""
         tma.arrive_expect_tx(bar, uint32(Q_BYTES))
         for h in range(HALVES):
             col, half = int32(h * BOX_COLUMNS), uint32(uint64(h) * Q_HALF)
@@ -162,8 +156,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def next_tile(head, q_start, q_first, n_q):
-        """The (query head, first row) after (head, q_start): counted, not divided out of the step (a division
-        takes more registers than the dQ writer's 24)."""
+        """The (query head, first row) after (head, q_start), counted (a division needs more than 24 registers)."""
         if q_start + BR < n_q:
             return head, q_start + BR
         return head + ONE, q_first // BR * BR
@@ -219,8 +212,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def score_gradients(dp, s, smemf, d_word, t):
-        """Once dPᵀ's batch is done (with DV_FIRST dV's, the newer, may still run): dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces
-        dPᵀ (D per query, per column)."""
+        """Once dPᵀ's batch is done (DV_FIRST: dV's may still run): dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ."""
         wait_dp()
         fence_s(dp)
         for n in range(S_TILES):
@@ -259,8 +251,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def key_gradients(dk, ds, stage):
-        """dK_j += dSᵀ Q_i, issued and committed with what is issued before it, not waited for (the dQ product's
-        wait retires it)."""
+        """dK_j += dSᵀ Q_i, issued, committed with what came before, not waited for (dQ's wait retires it)."""
         fence_w(ds)
         fence_o(dk)
         wgmma.fence()
@@ -284,8 +275,7 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 
     @cuda.jit(device=True, inline="always")
     def add_dq(dQ_acc, dq, q_off, dq_row, dq_col, t, n_q):
-        """dQ_acc += the lane's dq (rows dq_row, dq_row + 8; columns dq_col + 8n + 2t, +1), rows below Nq, two
-        neighbouring columns per atomic."""
+        """dQ_acc += the lane's dq (rows dq_row, +8; columns dq_col + 8n + 2t, +1) below Nq, paired atomics."""
         for half in range(2):
             row = dq_row + uint64(half * 8)
             if row < n_q:
@@ -451,10 +441,9 @@ WHO = "backward kernel v4 (warp-specialised)"
 
 def launch(args, prob, *, config: BackwardTmaTiling | None = None, element: str | None = None,
            deterministic: bool = False) -> None:
-    """Launch v4 on ``args`` (v3's: Q, K, V, dO, dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32);
-    the tensor maps are made from Q, K, V, dO, dQ_acc. ``element`` 'bfloat16' for bfloat16 inputs (None:
-    float16); ``config`` overrides the tiling. v4 has no deterministic mode: ``deterministic=True`` is a
-    ValueError."""
+    """Launch v4 on ``args`` (v3's: Q, K, V, dO, dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32),
+    with the tensor maps of Q, K, V, dO, dQ_acc. ``element``: 'bfloat16' or None (float16); ``config`` overrides
+    the tiling. v4 has no deterministic mode: ``deterministic=True`` is a ValueError."""
     refuse_deterministic(deterministic, WHO)
     require_hopper(WHO)
     launch_backward_tma(make_kernel, args, prob, config, element, who=WHO)
