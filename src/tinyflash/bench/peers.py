@@ -245,8 +245,8 @@ def backward_stage3_tiling(cfg, pair_atomics: bool = True, kernel: str = "v2") -
             launches(q, k, v, o, lse, do, dq, dk, dv, D, dq_acc, D, stream=stream)
             return dq, dk, dv
 
-        main = getattr(launches.main, "grid", launches.main).kernel  # a TMA kernel's launch holds its grid's
-        fn.details = {"regs": main.registers, "local_bytes": main.local_bytes, "smem_bytes": cfg.smem_bytes}
+        fn.details = {"regs": launches.main.kernel.registers, "local_bytes": launches.main.kernel.local_bytes,
+                      "smem_bytes": cfg.smem_bytes}
         return fn
 
     return Peer("tinyflash", label, make, ("float16", "bfloat16"))

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 from numba import cuda
+from numba.cuda import types
 
 from .runtime import simulator_enabled
 
@@ -150,15 +150,16 @@ def _store_map(dst, at, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w
             dst[at + i] = words[i]
 
 
-@lru_cache(maxsize=None)
-def _store_map_kernel():
-    """:func:`_store_map` compiled and loaded on this device (a driver kernel; the disk cache keeps it)."""
-    from numba.cuda import types
+_STORE_MAP = cuda.jit(_store_map)
+_STORE_MAP_SIGNATURE = (types.Array(types.int64, 1, "C"), types.int64) + (types.int64,) * MAP_WORDS
 
+
+def _store_map_kernel():
+    """:func:`_store_map` compiled and loaded on the current device (``driver_kernel`` keeps one per device; the
+    disk cache keeps its cubin)."""
     from .driver_launch import driver_kernel
 
-    signature = (types.Array(types.int64, 1, "C"), types.int64) + (types.int64,) * MAP_WORDS
-    return driver_kernel(cuda.jit(_store_map), signature)
+    return driver_kernel(_STORE_MAP, _STORE_MAP_SIGNATURE)
 
 
 def stream_capturing(stream: int) -> bool:

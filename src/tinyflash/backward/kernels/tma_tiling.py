@@ -218,6 +218,10 @@ class TmaMainLaunch:
     grid: object
     maps: MapCache
 
+    @property
+    def kernel(self):  # the driver kernel, as a GridLaunch has it (its registers, its local memory)
+        return self.grid.kernel
+
     def __call__(self, q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream: int = 0) -> None:
         self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do, dq_acc, stream=stream), stream=stream)
 
