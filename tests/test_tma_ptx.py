@@ -125,6 +125,33 @@ def test_map_cache_keeps_maps_by_address_but_not_those_written_into_a_graph(monk
     assert cache(200, stream=3) == "maps 2" and len(made) == 2  # the graph's maps were not kept
 
 
+class _Words:
+    """A device array stand-in (no GPU needed): an address and ``n`` int64 elements."""
+
+    def __init__(self, n, address):
+        self.shape, self.size = (n,), n
+        self.__cuda_array_interface__ = {"shape": (n,), "strides": None, "typestr": "<i8", "data": (address, False),
+                                         "version": 3}
+
+
+def test_maps_written_into_a_graph_take_one_launch_of_one_block_each(monkeypatch):
+    """captured_maps' host side, the driver replaced (a host-only kernel: its launches counted, its grid and
+    parameters packed as for the driver; the maps' encoding): the maps' 16 words each into one int64 array from
+    the inputs' library, one launch of the map-writing kernel per map."""
+    from tinyflash.gpu import arrays, tensor_map
+    from tinyflash.gpu.driver_launch import HostOnlyKernel
+
+    kernel = HostOnlyKernel(tensor_map._STORE_MAP, tensor_map._STORE_MAP_SIGNATURE)
+    monkeypatch.setattr(tensor_map, "_store_map_kernel", lambda: kernel)
+    monkeypatch.setattr(arrays, "empty", lambda like, n, dtype: _Words(n, 1 << 24))
+    monkeypatch.setattr(TensorMap, "encode", lambda self, address: address.to_bytes(8, "little") * 16)  # the driver's
+    maps = [TensorMap(64, 100, 2, 64), TensorMap(64, 100, 2, 32, element_bytes=4)]
+    inputs = [_Words(2 * 100 * 64, 1 << 30), _Words(2 * 100 * 64, 1 << 31)]
+    before = HostOnlyKernel.launches
+    out = tensor_map.captured_maps(maps, inputs, stream=5)
+    assert out.size == 2 * tensor_map.MAP_WORDS and HostOnlyKernel.launches == before + 2
+
+
 def make_reduce_kernel(box_rows: int, boxes: int):
     """One block of 128 threads: the threads store ``src`` (float32, already in the swizzled order) into shared
     memory; thread 0 adds it, ``boxes`` boxes of 32 columns side by side, to head ``head`` from row ``row`` by TMA

@@ -27,7 +27,7 @@ from ..gpu.runtime import compute_capability, require_compute_capability, requir
 from ..warp_tile import MIN_COMPUTE_CAPABILITY, MMA_M
 from .kernels import get as kernel_version
 from .kernels import hopper_tiling, tma_tiling
-from .kernels.rows import ROWS_PER_BLOCK, word_rows
+from .kernels.rows import ROW_DOT_ROWS, ROWS_PER_BLOCK, word_rows
 from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
 
 NAMES = ("q", "k", "v", "o", "lse", "do")
@@ -197,7 +197,7 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
     flat.update({name: numba_flat(x) for name, x in (("dQ", dq), ("dK", dk), ("dV", dv))})
     Lf, Dv, dQa = numba_flat(lse), numba_flat(D), numba_flat(dq_acc)
     if heads > 0 and n_q > 0:
-        launch(row_dot_words, -(-n_q // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0,
+        launch(row_dot_words, -(-n_q // ROW_DOT_ROWS), ROWS_PER_BLOCK, 0,
                LaunchArgs(arrays={"dO": (flat["dO"].view(np.uint32), n_q * d // 2),
                                   "O": (flat["O"].view(np.uint32), n_q * d // 2), "D": (Dv, n_q),
                                   "dQ_acc": (dQa, n_q * d)}, scalars={"n_q": n_q, "d": d}, n_heads=heads))

@@ -139,6 +139,12 @@ class PackedParams:
         return self.address
 
 
+def dims(shape) -> tuple:
+    """A grid or block as cuLaunchKernel takes it, (x, y, z): from an int or a sequence of up to three ints, as
+    numba takes them (missing dims are 1)."""
+    return (int(shape), 1, 1) if isinstance(shape, (int, np.integer)) else (tuple(shape) + (1, 1))[:3]
+
+
 class DriverKernel:
     """``dispatcher`` compiled once for ``signature`` (a tuple of numba types), with ``smem_bytes``
     of dynamic shared memory allowed, launched through ``cuLaunchKernel``.
@@ -207,8 +213,7 @@ class DriverKernel:
             raise RuntimeError(f"{what} failed: {name.decode() if name else err}")
 
     def _launch(self, grid, block, smem_bytes: int, params_address: int, stream: int = 0) -> None:
-        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
+        (gx, gy, gz), (bx, by, bz) = dims(grid), dims(block)
         handle = self._driver.CUstream(int(stream)) if stream else self._stream0
         args = (self.handle, gx, gy, gz, bx, by, bz, smem_bytes, handle, params_address, 0)
         (err,) = self._driver.cuLaunchKernel(*args)  # the driver copies the parameters before it returns

@@ -32,7 +32,8 @@ from ...gpu.driver_launch import GridLaunch, driver_kernel
 from ...gpu.launch import LaunchArgs, Tiling, launch
 from ...gpu.runtime import simulator_enabled
 from ...warp_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
-from .rows import FINISH_DQ_WORDS_SIGNATURE, FLOATS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK, WORDS, word_rows
+from .rows import (FINISH_DQ_WORDS_SIGNATURE, FLOATS, ROW_DOT_ROWS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK, WORDS,
+                   word_rows)
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def sized_driver_launches(main, cfg, n_q: int, n_k: int, n_heads: int, kv_group:
     row_dot, finish_dq = word_rows(element)
     words = n_q * cfg.D // 2  # words of one head's dQ
     return DriverLaunches(
-        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROWS_PER_BLOCK), n_heads),
+        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROW_DOT_ROWS), n_heads),
                          ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
         GridLaunch.sized(main, (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
                          scale=np.float32(scale), scale_log2=np.float32(scale * LOG2E), causal=bool(causal),
