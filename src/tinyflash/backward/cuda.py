@@ -17,7 +17,7 @@ from ..gpu.arrays import bfloat16_bits, empty, is_device_array, numba_flat, resu
 from ..gpu.launch import LaunchArgs, launch
 from ..gpu.runtime import require_gpu
 from . import kernels
-from .kernels.rows import ROWS_PER_BLOCK, element_rows
+from .kernels.rows import ROW_DOT_ROWS, ROWS_PER_BLOCK, element_rows
 
 SUPPORTED = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))  # bfloat16: PyTorch tensors (or ml_dtypes)
 
@@ -74,7 +74,7 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
             row_args = LaunchArgs(arrays={"dO": (dOf, n_q * d_v), "O": (Of, n_q * d_v), "D": (Dv, n_q),
                                           "dQ_acc": (dQa, n_q * d)}, scalars={"n_q": n_q, "d": d, "d_v": d_v},
                                   n_heads=heads)
-            launch(row_dot, -(-n_q // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0, row_args)
+            launch(row_dot, -(-n_q // ROW_DOT_ROWS), ROWS_PER_BLOCK, 0, row_args)
         main_args = LaunchArgs(arrays={"Q": (Qf, n_q * d), "K": (Kf, n_k * d), "V": (Vf, n_k * d_v),
                                        "dO": (dOf, n_q * d_v), "LSE": (Lf, n_q), "Dvec": (Dv, n_q),
                                        "dQ_acc": (dQa, n_q * d), "dK": (numba_flat(dk), n_k * d),

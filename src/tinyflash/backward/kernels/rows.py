@@ -1,18 +1,18 @@
-"""The two small kernels around the main backward kernel, each O(N·d) work, one thread per row or element.
+"""The two small kernels around the main backward kernel, each O(N·d) work.
 
 * ``row_dot`` (before): D_i = rowsum(dO_i ∘ O_i) for every query row, in float32, and the
-  float32 accumulator of dQ set to zero (the main kernel adds into it with atomics).
-* ``finish_dq`` (after): dQ = scale · accumulator, in the dtype of q (the main kernel adds
+  float32 accumulator of dQ set to zero (the main kernel adds into it with atomics); ROW_LANES threads a row.
+* ``finish_dq`` (after): dQ = scale · accumulator, in the dtype of q, one thread per element (the main kernel adds
   dS_ij K_j unscaled, as the scale is the same for every term).
 
-Both are launched over (blocks of ROWS_PER_BLOCK rows or elements, heads) by
+Both are launched over (blocks of ROWS_PER_BLOCK threads, heads) by
 ``tinyflash.gpu.launch.launch``, which finds each head's slice of the flat arrays; :func:`element_rows` makes
 them for an element type (bfloat16: read and written as its 16-bit patterns). :func:`word_rows` gives
 the same two for 16-bit inputs held as words of two values (the tensor-core backward's float16 and
-bfloat16, which NumPy and numba have no type for), its ``row_dot`` with ROW_LANES threads per row.
+bfloat16, which NumPy and numba have no type for). Both ``row_dot`` kernels give a query row ROW_LANES threads.
 
-Why ROW_LANES threads share a row there: with one thread per row, the 32 threads of a warp would read
-32 rows at once, a word of each (32 memory lines per load), and write dQ's accumulator 32 lines per store.
+Why ROW_LANES threads share a row: with one thread per row, the 32 threads of a warp would read
+32 rows at once, an element or word of each (32 memory lines per load), and write dQ's accumulator 32 lines per store.
 With a row's words spread over its lanes, each load and store of a warp covers consecutive words of whole
 rows, and a few shuffles add the lanes' sums. The row kernels move O(N·d) bytes, once; the main kernel
 O(N²·d) work, but on a causal backward at N = 4,096 the row kernels' time is no longer small beside it.
@@ -33,8 +33,8 @@ ROW_DOT_WORDS_SIGNATURE = (WORDS, WORDS, FLOATS, FLOATS, types.int64, types.int6
 FINISH_DQ_WORDS_SIGNATURE = (FLOATS, WORDS, types.int64, types.float32)  # dQ_acc, dQ, n, scale
 
 ROWS_PER_BLOCK = 128  # threads per block of both kernels
-ROW_LANES = 16  # word_rows' row_dot: threads per query row (a power of two, at most a warp)
-ROW_DOT_ROWS = ROWS_PER_BLOCK // ROW_LANES  # query rows per block of word_rows' row_dot
+ROW_LANES = 16  # row_dot: threads per query row (a power of two, at most a warp)
+ROW_DOT_ROWS = ROWS_PER_BLOCK // ROW_LANES  # query rows per block of row_dot
 
 
 @lru_cache(maxsize=None)
@@ -42,21 +42,26 @@ def element_rows(element: str | None = None):
     """``(row_dot, finish_dq)`` for inputs of ``element`` ('bfloat16': arrays of its 16-bit patterns; None:
     float16 or float32), each element read and written through ``gpu.elements``' widen and narrow."""
     widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
+    row_sum = group_sum(ROW_LANES)  # the sum over a row's lanes, to each of them
 
     @cuda.jit
     def row_dot(dO, O, D, dQ_acc, n_q, d, d_v):
-        """One thread per query row: D[row] = Σ_c dO[row, c] · O[row, c]; dQ_acc[row, :] = 0."""
-        bh = uint64(cuda.blockIdx.y)  # which (batch, head)
-        row = uint64(cuda.blockIdx.x) * uint64(cuda.blockDim.x) + uint64(cuda.threadIdx.x)
+        """ROW_LANES threads per query row, ROW_DOT_ROWS rows a block: D[row] = Σ_c dO[row, c] · O[row, c] (the
+        thread adds columns lane, lane + ROW_LANES, ..; a shuffle tree adds the threads' sums); dQ_acc[row, :] = 0."""
+        bh, tid = uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)  # which (batch, head); the thread
+        row = uint64(cuda.blockIdx.x) * uint64(ROW_DOT_ROWS) + tid // uint64(ROW_LANES)
+        lane = tid % uint64(ROW_LANES)
         n_q, d, d_v = uint64(n_q), uint64(d), uint64(d_v)
+        total = float32(0.0)
         if row < n_q:
             o_row = (bh * n_q + row) * d_v  # where this row of dO and O begins
-            total = float32(0.0)
-            for c in range(d_v):
+            for c in range(lane, d_v, uint64(ROW_LANES)):
                 total += widen(dO[o_row + c]) * widen(O[o_row + c])
-            D[bh * n_q + row] = total
-            for c in range(d):
+            for c in range(lane, d, uint64(ROW_LANES)):
                 dQ_acc[(bh * n_q + row) * d + c] = float32(0.0)
+        total = row_sum(total)  # every thread, inside the rows or not: a shuffle takes the whole warp
+        if row < n_q and lane == uint64(0):
+            D[bh * n_q + row] = total
 
     @cuda.jit
     def finish_dq(dQ_acc, dQ, n, scale):
