@@ -266,6 +266,12 @@ for r in v4_rows:
     print(f"    {r['dtype']:8} d = {r['d']:>3}  causal = {r['causal']:5}  {r['batch']} × {int(r['n_q']):6,}: "
           f"{float(r['vs_baseline']):.2f}×")
 assert min(over_v3) > 1  # the producer and the ring pay at every point measured
+# The two row kernels around the main kernel (backward/kernels/rows.py: D = rowsum(dO ∘ O) with dQ's accumulator
+# zeroed, then dQ scaled and rounded) do O(N·d) work against the main kernel's O(N²·d), yet they are not free: they
+# read and write every row of O, dO and dQ's float32 accumulator once. How a warp touches memory decides their
+# time. One thread per row would make each load of a warp touch 32 rows, 32 memory lines for 128 bytes of data;
+# 16 threads per row make it touch 64 consecutive bytes in each of two rows. With the causal mask halving the main
+# kernel, the row kernels' share of a call doubles, which is where the coalesced form shows most.
 # What the tiling and the atomics are worth (figures/data/backward_tensor_core_tiles_h200.csv, float16, one run).
 # The hardware counters of the first version showed L2 busy 80 % of the time and the tensor cores 22 %: its dQ
 # atomics filled half of each 32-byte sector (a lane adds columns 2t and 2t + 1: two requests, each half-used),
