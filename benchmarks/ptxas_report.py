@@ -24,6 +24,7 @@ The kernels, each at the settings a GPU run uses by default:
 * the decode split kernels of ``tinyflash.decode.kernels.VERSIONS`` at their defaults: on the tensor cores
   d in TENSOR_CORE_DIMS (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
+* the tensor-core split kernel that merges its row sets (``merge=True``), d = 64, 128 and 256, float16;
 * the decode combine kernel, float16 and float32 output;
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
 * backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16;
@@ -182,8 +183,8 @@ def decode_jobs() -> list[Job]:
 
     rows = DECODE.fixed["heads"] // DECODE.fixed["kv_heads"] * DECODE.fixed["n_q"]  # packed rows per K/V head
 
-    def split(name, d, dtype, page_size):
-        chosen = VERSIONS[name].split_kernel(Problem(d, d, np.dtype(dtype)), page_size)
+    def split(name, d, dtype, page_size, **options):
+        chosen = VERSIONS[name].split_kernel(Problem(d, d, np.dtype(dtype)), page_size, **options)
         kernel, _ = chosen.build(min(chosen.max_rows, rows))
         return kernel, chosen.signature
 
@@ -195,6 +196,11 @@ def decode_jobs() -> list[Job]:
                        f"{f'pages of {page_size} tokens' if page_size else 'contiguous cache'}")
             found.append(Job("decode split, tensor cores", variant,
                              lambda d=d, page_size=page_size: split("tensor_cores", d, "float16", page_size)))
+    for d in (64, 128, 256):  # the split kernel that merges its row sets (merge=True), contiguous cache
+        cfg = tensor_cores.default_tiling(d)
+        found.append(Job("decode split, tensor cores, merging", f"d={d} float16 BC={cfg.BC} STAGES={cfg.STAGES} "
+                         f"rows={min(tensor_cores.ROWS, rows)} contiguous cache",
+                         lambda d=d: split("tensor_cores", d, "float16", 0, merge=True)))
     from tinyflash.decode.kernels import cuda_cores
 
     for dtype in ("float16", "float32"):

@@ -45,6 +45,49 @@ def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits,
 
 
 @pytest.mark.simulator
+@pytest.mark.parametrize("h, n_q, n_k, d, num_splits, causal, paged", [
+    (4, 1, 40, 64, 3, False, False),  # GQA 2 per K/V head, 3 splits: the last to finish merges
+    (4, 2, 45, 128, 8, True, False),  # causal, 8 splits (the most), some of them empty
+    (4, 3, 21, 64, 1, True, False),  # one split: its block merges alone
+    (18, 1, 30, 64, 2, False, False),  # MQA with 18 query heads: two row sets of 16 and 2 rows
+    (4, 2, 30, 64, 3, True, True),  # a paged cache, ragged lengths
+])
+def test_a_split_kernel_that_merges_its_row_sets(rng, h, n_q, n_k, d, num_splits, causal, paged):
+    """merge=True: no combine kernel; the last block of each row set merges the partials. The result is the
+    combine kernel's up to rounding (the weights are divided by their sum before the sum over the splits, not
+    after it: o may differ in its float16 rounding), and the same twice in a row from one prepared call: the
+    arrival counters are back at zero after each call."""
+    h_kv = 2 if h == 4 else 1
+    q, k, v = decode_inputs(rng, 2, h, h_kv, n_q, n_k, d, np.float16)
+    cfg = tc.DecodeTiling(D=d, BC=16, STAGES=2)
+    if paged:
+        lens = [n_k, 11]
+        cache = to_paged(k, v, lens, page_size=4, rng=rng)
+        prepare = lambda **merge: prepare_paged(q, cache, num_splits=num_splits, causal=causal, tiling=cfg, **merge)
+    else:
+        lens = [n_k, n_k]
+        prepare = lambda **merge: prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, tiling=cfg, **merge)
+    merged = prepare(merge=True)
+    first = run_prepared(merged)
+    second = run_prepared(merged)
+    assert np.array_equal(first[0], second[0]) and np.array_equal(first[1], second[1])
+    apart = run_prepared(prepare())
+    assert_close(first[0], apart[0], 2.0**-10, "merged against combined o")  # float16: 2⁻¹¹ a rounding
+    assert_close(first[1], apart[1], F32_TOL, "merged against combined lse", is_lse=True)
+    for b, n in enumerate(lens):
+        check(first[0][b], first[1][b], q[b], k[b, :, :n], v[b, :, :n], causal, f"merged, sequence {b}")
+
+
+def test_merge_is_refused_past_its_limits(rng):
+    """More splits than the merge takes, or a merge that is not a bool: a clear error before any launch."""
+    q, k, v = decode_inputs(rng, 1, 4, 2, 1, 200, 64, np.float16)
+    with pytest.raises(ValueError, match="merge=True takes at most 8 splits; got 9"):
+        prepare_split_kv(q, k, v, num_splits=9, merge=True)
+    with pytest.raises(TypeError, match="merge must be a bool; got str 'yes'"):
+        prepare_split_kv(q, k, v, num_splits=2, merge="yes")
+
+
+@pytest.mark.simulator
 def test_tensor_core_kernel_row_chunks(rng):
     """MQA with 18 query heads: 18 packed rows, two chunks of the mma's 16 rows (the second with 2)."""
     q, k, v = decode_inputs(rng, 1, 18, 1, 1, 21, 64, np.float16)

@@ -330,12 +330,13 @@ def split_kv(label: str = "", kernel_args: dict | None = None, impl: str = "spli
     return Peer(impl, label, make, ALL_DTYPES)
 
 
-def split_kv_graph() -> Peer:
-    """The prepared split-KV launches captured into a CUDA graph and replayed: the kernels alone."""
+def split_kv_graph(label: str = "CUDA graph", **prepare) -> Peer:
+    """The prepared split-KV launches captured into a CUDA graph and replayed: the kernels alone. ``prepare``: as
+    :func:`split_kv`'s."""
     def make(x):
         import cupy
 
-        fn = split_kv().make(x)
+        fn = split_kv(**prepare).make(x)
         fn()  # compile and load the kernels first: loading cannot be captured
         cupy.cuda.Device().synchronize()
         stream = cupy.cuda.Stream(non_blocking=True)
@@ -353,7 +354,7 @@ def split_kv_graph() -> Peer:
         replay.prepared = fn
         return replay
 
-    return Peer("split_kv", "CUDA graph", make, ("float16", "float32"))
+    return Peer("split_kv", label, make, ("float16", "float32"))
 
 
 def split_kv_whole_call() -> Peer:

@@ -26,7 +26,7 @@ import numpy as np
 from ..core.checks import BFLOAT16, as_array, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import (ArrayLibrary, array_library, bfloat16_bits, dense, empty, is_device_array, library,
-                          numba_flat, result, to_device)
+                          numba_flat, result, to_device, zeros)
 from ..gpu.launch import MAX_GRID_Y, by_name
 from ..gpu.ptx_emulation import fast_barriers
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
@@ -96,12 +96,14 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
 
     ``kernel`` names a split kernel of :data:`tinyflash.decode.kernels.VERSIONS` (None: the first that takes
     the inputs: the tensor cores for 16-bit inputs at their head dims, the CUDA cores otherwise); ``tuning``
-    are that kernel's options (the tensor cores' ``tiling``, a ``DecodeTiling``; the CUDA cores' ``threads``,
+    are that kernel's options (the tensor cores' ``tiling``, a ``DecodeTiling``, and ``merge``: the split kernel
+    merges the partials itself, at most ``combine.MAX_MERGED_SPLITS`` splits; the CUDA cores' ``threads``,
     ``unroll``, ``row_bytes``, ``max_registers``). The benchmark tries a few.
 
-    Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel
-    and does nothing else, so that a benchmark times the kernels, not the checks (on a GPU its
-    arguments are packed once, here).
+    Returns ``(run, o, lse)``: ``run(stream=0)`` launches the split kernel then the combine kernel (with
+    ``merge``, the split kernel alone) and does nothing else, so that a benchmark times the kernels, not the
+    checks (on a GPU its arguments are packed once, here). With ``merge``, ``run`` calls on one stream at a
+    time: each row set's arrival counter is shared by the calls of one prepared ``run``.
     """
     d = prob.d
     split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=n_k, page_size=page_size, num_splits=num_splits,
@@ -119,6 +121,10 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
         return nothing, o, lse
     o_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
+    merged = split_kernel.merged  # the split kernel merges the partials itself: no combine kernel
+    problems = combine_kernel.merge_problems(p["num_splits"], p["rb"], d) if merged else []
+    if problems:
+        raise ValueError("; ".join(problems))
     split, smem = split_kernel.build(p["rb"])
     combine = combine_kernel.make_combine_kernel(str(prob.dtype))
     on_gpu = not simulator_enabled()  # a launch through the driver reads arrays as they are; numba's, flat
@@ -127,6 +133,8 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
                    for x in (table, lens))
     split_args = {"Q": q, "K": k, "V": v, "TABLE": table, "LENS": lens, "O_PART": o_part, "LSE_PART": lse_part,
                   **_split_scalars(prob, n_k, h_kv, max_pages)}
+    if merged:  # one arrival counter per row set, zero between calls (the kernel leaves it so)
+        split_args.update(O=o, LSE=lse, ARRIVED=zeros(like, p["grid"][1] * p["grid"][2], np.uint32))
     nc = combine_kernel.THREADS
     combine_grid = _combine_grid(p, d, batch, h_kv)
     combine_args = {"O_PART": o_part, "LSE_PART": lse_part, "O": o, "LSE": lse, **_combine_scalars(p, d)}
@@ -138,7 +146,8 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
         def run(stream=0):
             with fast_barriers():  # the tensor-core kernel's emulated warp instructions wait at barriers
                 split[p["grid"], split_kernel.threads, 0, smem](*by_name(split, split_args))
-            combine[combine_grid, nc](*by_name(combine, combine_args))
+            if not merged:
+                combine[combine_grid, nc](*by_name(combine, combine_args))
 
         run.plan = p
         return run, o, lse
@@ -149,12 +158,14 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     combine_launch = combine_driver.bind(combine_grid, nc, 0, *combine_driver.arguments(combine_args))
     # the launches hold these addresses: keep every array alive as long as run, the outputs too (a caller that
     # keeps only o must not let lse's memory go to another array that the combine kernel would then overwrite)
-    keep = (q, k, v, table, lens, o_part, lse_part, o, lse)
+    keep = (q, k, v, table, lens, o_part, lse_part, o, lse, split_args.get("ARRIVED"))
 
     def run(stream: int = 0):
-        """Launch the split kernel then the combine kernel on ``stream`` (a CUstream handle; 0: the default)."""
+        """Launch the split kernel then the combine kernel (unless the split kernel merges) on ``stream`` (a
+        CUstream handle; 0: the default)."""
         split_launch(stream)
-        combine_launch(stream)
+        if not merged:
+            combine_launch(stream)
 
     run.arrays, run.plan = keep, p
     return run, o, lse

@@ -39,7 +39,7 @@ class DecodeKernel:
 VERSIONS = {k.name: k for k in (
     DecodeKernel("tensor_cores", "tensor_cores.py", "one warp per block of 16 packed rows: S = Q K_jᵀ and P V_j on the "
                  "tensor cores (mma.sync), K_j, V_j by ldmatrix from a cp.async ring", tensor_cores.split_kernel,
-                 ("tiling",), ("float16", "bfloat16"), tensor_cores.HEAD_DIMS),
+                 ("tiling", "merge"), ("float16", "bfloat16"), tensor_cores.HEAD_DIMS),
     DecodeKernel("cuda_cores", "cuda_cores.py", "key slots of lanes on the CUDA cores, float32 arithmetic, a cp.async "
                  "ring of K/V tiles, the slots' states merged at the end", cuda_cores.split_kernel,
                  ("threads", "unroll", "row_bytes", "max_registers"), ("float16", "bfloat16", "float32")),

@@ -16,6 +16,11 @@ of Σ_s w_s · O_s are independent and each thread keeps UNROLL loads in flight.
 
 One block per (packed row, sequence and K/V head, THREADS columns); one thread per column. Base 2
 inside, as in every kernel (exp2, log2).
+
+:func:`make_merge` is the same merge for one warp, called by the tensor-core split kernel's last block of a row
+set when it runs with ``merge=True`` (``tensor_cores.py``): no second launch. It is written for a few splits (at
+most MAX_MERGED_SPLITS): every load of every split is issued before the first sum, so that the warp waits for
+memory about twice, once for the lse_s and once for the O_s.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ NEG_INF = float32(-np.inf)
 ZERO = u(0)
 THREADS = 128  # threads per block: a power of two (the tree reductions halve it)
 UNROLL = 8  # terms of Σ_s w_s · O_s whose loads a thread issues before it adds them
+MAX_MERGED_SPLITS = 8  # make_merge: splits at most (all their loads in flight at once)
+MAX_MERGED_VALUES = 64  # make_merge: outputs per lane at most (rows × d / 32: its registers)
+WARP = 32
 
 
 def grid(rows: int, d: int, sequences_times_kv_heads: int) -> tuple:
@@ -148,3 +156,65 @@ def combine_signature(dtype) -> tuple:
     rows, d."""
     out = flat_type(np.uint16) if str(dtype) == "bfloat16" else flat_type(dtype)
     return (flat_type(np.float32), flat_type(np.float32), out, flat_type(np.float32)) + (types.int64,) * 3
+
+
+def merge_problems(num_splits: int, rows_per_block: int, d: int) -> list[str]:
+    """Why :func:`make_merge` cannot merge a row set of ``rows_per_block`` rows of ``d`` columns over ``num_splits``
+    splits (empty: it can)."""
+    problems = []
+    if num_splits > MAX_MERGED_SPLITS:
+        problems.append(f"merge=True takes at most {MAX_MERGED_SPLITS} splits; got {num_splits}")
+    if -(-rows_per_block * d // WARP) > MAX_MERGED_VALUES:
+        problems.append(f"merge=True takes at most {MAX_MERGED_VALUES * WARP} values a row set (rows per block × d); "
+                        f"got {rows_per_block} × {d}")
+    return problems
+
+
+@lru_cache(maxsize=None)
+def make_merge(element: str, rows_per_block: int, d: int):
+    """The device function ``merge(O_PART, LSE_PART, O, LSE, weights, bkv, row0, rows, n_splits, lane)``: one warp
+    writes O and lse of the packed rows row0 .. row0 + rows_per_block - 1 (those below ``rows``) of K/V head ``bkv``
+    from the splits' partials (the layouts of the combine kernel), ``n_splits`` <= MAX_MERGED_SPLITS. ``weights``:
+    shared memory of rows_per_block · MAX_MERGED_SPLITS floats. Lane r < rows_per_block computes row r's weights
+    w_s = exp2(lse_s − m) / l and its lse; then lane i adds the outputs i, i + 32, .. (row-major over the row set's
+    rows_per_block × d values), each Σ_s w_s · O_s with the splits past n_splits read at the last split and
+    weighted 0, so that no load waits on a branch."""
+    narrow = elements.narrow(element or None)
+    SPLITS, RPB, D_ = MAX_MERGED_SPLITS, uint64(rows_per_block), uint64(d)
+    VALUES = -(-rows_per_block * d // WARP)  # outputs per lane
+    LAST_ROW, STRIDE = uint64(rows_per_block - 1), uint64(SPLITS)  # weights: row r's w_s at r · STRIDE + s
+
+    @cuda.jit(device=True, inline="always")
+    def merge(O_PART, LSE_PART, O, LSE, weights, bkv, row0, rows, n_splits, lane):
+        if lane < RPB and row0 + lane < rows:  # the weights of row row0 + lane
+            first = bkv * n_splits * rows + row0 + lane  # its lse_s is LSE_PART[first + s · rows]
+            lse2 = cuda.local.array(MAX_MERGED_SPLITS, float32)
+            m = NEG_INF
+            for s in range(SPLITS):
+                at = first + min(uint64(s), n_splits - uint64(1)) * rows
+                lse2[s] = LSE_PART[at] * float32(LOG2E) if uint64(s) < n_splits else NEG_INF
+                m = max(m, lse2[s])
+            l_sum = float32(0.0)
+            for s in range(SPLITS):
+                lse2[s] = math.exp2(lse2[s] - m) if m != NEG_INF else float32(0.0)
+                l_sum += lse2[s]
+            for s in range(SPLITS):
+                weights[lane * STRIDE + uint64(s)] = lse2[s] / l_sum if l_sum != 0 else float32(0.0)
+            LSE[bkv * rows + row0 + lane] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
+        cuda.syncthreads()  # the weights are in shared memory (the block is this warp)
+        out = cuda.local.array(VALUES, float32)
+        for i in range(VALUES):
+            e = lane + uint64(i * WARP)  # the value, row-major in the row set
+            r, c = min(e // D_, LAST_ROW), e % D_
+            row = min(row0 + r, rows - uint64(1))  # a row inside the head (the value is not stored otherwise)
+            total = float32(0.0)
+            for s in range(SPLITS):
+                split = min(uint64(s), n_splits - uint64(1))
+                total += weights[r * STRIDE + uint64(s)] * O_PART[((bkv * n_splits + split) * rows + row) * D_ + c]
+            out[i] = total
+        for i in range(VALUES):
+            e = lane + uint64(i * WARP)
+            if e < RPB * D_ and row0 + e // D_ < rows:
+                O[(bkv * rows + row0 + e // D_) * D_ + e % D_] = narrow(out[i])
+
+    return merge

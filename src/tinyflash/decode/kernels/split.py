@@ -61,3 +61,4 @@ class SplitKernel(NamedTuple):
     blocks_per_sm: int  # resident at once: the split rule counts them
     signature: tuple  # its argument types, for the driver's launch
     word_args: tuple  # the arrays it reads as uint32 words (pairs of 16-bit values, or whole 16-byte pieces)
+    merged: bool = False  # it merges the splits' partials itself (O, LSE, ARRIVED): no combine kernel after it

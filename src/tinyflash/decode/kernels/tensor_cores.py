@@ -26,7 +26,9 @@ epilogue), on the packed rows:
     the partial (O_s, lse_s) of the split's rows, in float32, for the combine kernel (combine.py)
 
 One warp per block: the block's barrier is a warp's, the warp copies exactly the tiles it reads,
-and each warp is its own split (no merge inside the block). Blocks per SM are set by the ring's
+and each warp is its own split (no merge inside the block). With ``merge=True`` the block whose split of a row
+set finishes last (an arrival counter per row set) merges that row set's partials into O and lse itself
+(``combine.make_merge``), and the call launches no combine kernel. Blocks per SM are set by the ring's
 shared memory (:meth:`DecodeTiling.blocks_per_sm`), and the number of splits is chosen for them.
 """
 
@@ -43,11 +45,12 @@ from ...gpu import ptx
 from ...gpu.driver_launch import flat_type
 from ...gpu.launch import Tiling
 from ...gpu.runtime import device_function, u
-from ...gpu.smem import shared_words
+from ...gpu.smem import shared_floats, shared_words
 from ...hardware import current
 from ...gpu.loads import row_passes
 from ...warp_tile import (FAST_MATH, HEAD_DIMS, MMA_M, NEG_INF, PAD_WORDS, WARP, WarpTile, padded_head_dim, tile_problems,
                           warp_tile)
+from .combine import make_merge
 from .split import NO_PAGE, SplitKernel, key_row_offset, split_keys
 
 ROWS = MMA_M  # packed query rows per block: the rows of one mma
@@ -90,15 +93,20 @@ class DecodeTiling(Tiling):
         return problems
 
 
-def split_kernel(prob, page_size: int, tiling: DecodeTiling | None = None) -> SplitKernel:
+def split_kernel(prob, page_size: int, tiling: DecodeTiling | None = None, merge: bool = False) -> SplitKernel:
     """The split kernel for one call (``prob``: the checked problem; ``page_size`` 0 for a contiguous cache), one
-    warp per block of 16 packed rows; ``tiling`` (a :class:`DecodeTiling`) other than the default."""
+    warp per block of 16 packed rows; ``tiling`` (a :class:`DecodeTiling`) other than the default. ``merge``: the
+    last block of each row set to finish merges the splits' partials itself (``combine.make_merge``), and the call
+    launches no combine kernel: at most ``combine.MAX_MERGED_SPLITS`` splits."""
     cfg = (tiling or default_tiling(prob.d)).validate()
     if cfg.D != prob.d:
         raise ValueError(f"tiling {cfg} is for d = {cfg.D}; got d = {prob.d}")
+    if type(merge) is not bool:
+        raise TypeError(f"merge must be a bool; got {type(merge).__name__} {merge!r}")
     element = "bfloat16" if str(prob.dtype) == "bfloat16" else "float16"
-    return SplitKernel(lambda rb: make_split_kernel(cfg, page_size, element), WARP, ROWS, cfg.blocks_per_sm(),
-                       SIGNATURE, ("Q", "K", "V"))
+    return SplitKernel(lambda rb: make_split_kernel(cfg, page_size, element, rb if merge else 0), WARP, ROWS,
+                       cfg.blocks_per_sm(), merged_signature(element) if merge else SIGNATURE, ("Q", "K", "V"),
+                       merged=merge)
 
 
 def default_tiling(d: int) -> DecodeTiling:
@@ -110,10 +118,12 @@ def default_tiling(d: int) -> DecodeTiling:
 
 
 @lru_cache(maxsize=None)
-def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16"):
+def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16", merge_rows: int = 0):
     """The tensor-core split kernel for one tiling, a contiguous cache (``page_size`` 0) or pages of
-    ``page_size`` tokens, and 16-bit ``element`` inputs. Returns ``(kernel, shared memory bytes)``."""
+    ``page_size`` tokens, and 16-bit ``element`` inputs; with ``merge_rows`` (the packed rows of a block) the
+    kernel that also merges its row set (``combine.make_merge``). Returns ``(kernel, shared memory bytes)``."""
     cfg.validate()
+    merge = make_merge(element, merge_rows, cfg.D) if merge_rows else None
     spec = WarpTile(element, cfg.D, cfg.BC, out_packed=False)  # one row tile of 16 packed rows; O_s in float32
     tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue (v6's)
     lane_rows, scores, mask_row = tile.lane_rows, tile.scores, tile.mask_row  # (numba types no namespace)
@@ -172,9 +182,9 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
             ptx.cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
         ptx.cp_async_commit()
 
-    @cuda.jit(fastmath=FAST_MATH)
-    def split_kv_decode_tc(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal,
-                           kv_group):
+    @cuda.jit(device=True, inline="always")
+    def split(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal, kv_group):
+        """One split of one row set: its partial (O_s, lse_s) into O_PART, LSE_PART."""
         smem = shared_words()  # the ring: STAGES × (K_j, V_j); 16-bit pairs, rows padded by 16 bytes
         ring = ptx.shared_address(smem, ZERO)
         lane = uint64(cuda.threadIdx.x)
@@ -246,12 +256,47 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
         # the partial (O_s, lse_s) of the split's rows, float32: O_s = 0 and lse_s = -inf for an empty split
         epilogue(acc, m_i, l_i, O_PART, LSE_PART, (bkv * n_splits + split) * rows * D_,
                       (bkv * n_splits + split) * rows, row0 + g, t, rows)
-        ptx.cp_async_wait_all()  # no copy may still be in flight when the block ends
+        ptx.cp_async_wait_all()  # no copy may still be in flight when the block ends (or the ring is reused)
 
-    return split_kv_decode_tc, cfg.smem_bytes
+    @cuda.jit(fastmath=FAST_MATH)
+    def split_kv_decode_tc(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal,
+                           kv_group):
+        split(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal, kv_group)
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def split_kv_decode_tc_merged(Q, K, V, TABLE, LENS, O_PART, LSE_PART, O, LSE, ARRIVED, n_q, n_k, h_kv, max_pages,
+                                  scale_log2, causal, kv_group):
+        """The split kernel, and the merge of its row set by the block whose split is the last to finish
+        (``ARRIVED``: one counter per row set, zero between calls; each block adds one, wrapping to zero at
+        n_splits, so the block that reads n_splits - 1 knows every partial of its row set is written)."""
+        split(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal, kv_group)
+        smemf = shared_floats()  # the ring, free now: the flag, then the merge's weights
+        lane, n_splits = uint64(cuda.threadIdx.x), uint64(cuda.gridDim.x)
+        row_set = uint64(cuda.blockIdx.y) * uint64(cuda.gridDim.z) + uint64(cuda.blockIdx.z)
+        cuda.threadfence()  # this lane's partial is visible to every block before the arrival is counted
+        cuda.syncthreads()  # every lane's
+        if lane == ZERO:
+            arrived = cuda.atomic.inc(ARRIVED, row_set, uint32(n_splits - ONE))
+            smemf[0] = float32(1.0) if uint64(arrived) == n_splits - ONE else float32(0.0)
+        cuda.syncthreads()
+        if smemf[0] != float32(0.0):  # the last split of the row set: every partial is written
+            cuda.threadfence()  # ... and read after the count that said so
+            cuda.syncthreads()  # every lane has read the flag before the weights overwrite it
+            rows = uint64(kv_group) * uint64(n_q)
+            merge(O_PART, LSE_PART, O, LSE, smemf, uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z) * ROWS_, rows,
+                  n_splits, lane)
+
+    return (split_kv_decode_tc_merged if merge_rows else split_kv_decode_tc), cfg.smem_bytes
 
 
 # split_kv_decode_tc's argument types: Q, K, V as 16-bit pairs; TABLE, LENS; O_PART, LSE_PART; n_q, n_k,
 # h_kv, max_pages; scale·log2(e); causal; kv_group
 SIGNATURE = ((flat_type(np.uint32),) * 3 + (flat_type(np.int32),) * 2 + (flat_type(np.float32),) * 2
              + (types.int64,) * 4 + (types.float32, types.boolean, types.int64))
+
+
+def merged_signature(element: str) -> tuple:
+    """split_kv_decode_tc_merged's argument types: SIGNATURE's arrays, then O (float16, or uint16 bits of bfloat16),
+    LSE (float32) and ARRIVED (uint32), then SIGNATURE's scalars."""
+    out = flat_type(np.uint16) if element == "bfloat16" else flat_type(np.float16)
+    return SIGNATURE[:7] + (out, flat_type(np.float32), flat_type(np.uint32)) + SIGNATURE[7:]
