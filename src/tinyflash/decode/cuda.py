@@ -108,6 +108,10 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     d = prob.d
     split_kernel, p = _split_kernel(prob, batch=batch, h_kv=h_kv, n_k=n_k, page_size=page_size, num_splits=num_splits,
                                     kernel=kernel, **tuning)
+    merged = split_kernel.merged  # the split kernel merges the partials itself: no combine kernel
+    problems = combine_kernel.merge_problems(p["num_splits"], p["rb"], d) if merged else []
+    if problems:
+        raise ValueError("; ".join(problems))
     like = q if on_device else None
     if prob.dtype == BFLOAT16:  # numba has no bfloat16: the kernels take its 16-bit patterns
         q, k, v = (bfloat16_bits(x) for x in (q, k, v))
@@ -121,10 +125,6 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
         return nothing, o, lse
     o_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"] * d, np.float32)  # (B·H_kv, S, rows, d)
     lse_part = empty(like, batch * h_kv * p["num_splits"] * p["rows"], np.float32)  # (B·H_kv, S, rows)
-    merged = split_kernel.merged  # the split kernel merges the partials itself: no combine kernel
-    problems = combine_kernel.merge_problems(p["num_splits"], p["rb"], d) if merged else []
-    if problems:
-        raise ValueError("; ".join(problems))
     split, smem = split_kernel.build(p["rb"])
     combine = combine_kernel.make_combine_kernel(str(prob.dtype))
     on_gpu = not simulator_enabled()  # a launch through the driver reads arrays as they are; numba's, flat
