@@ -142,7 +142,7 @@ def test_tensor_core_decode_bad_settings(rng):
         tc.DecodeTiling(100, 16, 2).validate()
     with pytest.raises(ValueError, match="tiling .* is for d = 128; got d = 64"):
         prepare_split_kv(q, k, v, tiling=tc.DecodeTiling(128, 16, 2))
-    with pytest.raises(ValueError, match=r"the tensor_cores decode kernel takes the options \['tiling'\]; got \['unroll'\]"):
+    with pytest.raises(ValueError, match=r"the tensor_cores decode kernel takes the options \['tiling', 'merge'\]; got \['unroll'\]"):
         prepare_split_kv(q, k, v, unroll=2)
     with pytest.raises(ValueError, match=r"the cuda_cores decode kernel takes the options .*; got \['tiling'\]"):
         prepare_split_kv(q, k, v, kernel="cuda_cores", tiling=tc.DecodeTiling(64, 16, 2))
