@@ -35,6 +35,7 @@ from ...core.online_softmax import LN2, LOG2E
 from ...gpu import elements
 from ...gpu.driver_launch import flat_type
 from ...gpu.runtime import u
+from ...warp_tile import WARP
 
 NEG_INF = float32(-np.inf)
 ZERO = u(0)
@@ -42,7 +43,6 @@ THREADS = 128  # threads per block: a power of two (the tree reductions halve it
 UNROLL = 8  # terms of Σ_s w_s · O_s whose loads a thread issues before it adds them
 MAX_MERGED_SPLITS = 8  # make_merge: splits at most (all their loads in flight at once)
 MAX_MERGED_VALUES = 64  # make_merge: outputs per lane at most (rows × d / 32: its registers)
-WARP = 32
 
 
 def grid(rows: int, d: int, sequences_times_kv_heads: int) -> tuple:
