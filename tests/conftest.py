@@ -7,6 +7,7 @@ one (and NUMBA_ENABLE_CUDASIM is not set), otherwise on numba's CUDA simulator. 
 
 import os
 import secrets
+import sys
 
 import numpy as np
 import pytest
@@ -22,6 +23,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def simulator_threads_done():
+    """After each test, on the simulator: the threads of a simulated kernel that raised have ended, so the
+    next test compiles against numba's real ``cuda`` (``tinyflash.gpu.runtime.join_simulator_threads``)."""
+    yield
+    if not HAS_GPU and "numba.cuda.simulator.kernel" in sys.modules:  # a simulated kernel ran in this process
+        from tinyflash.gpu.runtime import join_simulator_threads
+
+        assert join_simulator_threads(), "a simulated kernel's threads still run 300 s after the test"
 
 
 @pytest.fixture

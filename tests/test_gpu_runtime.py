@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import tqdm
 from conftest import HAS_GPU
+from numba import cuda
 
 import tinyflash as tf
 from tinyflash.gpu import launch as launch_module
@@ -163,3 +165,27 @@ def test_a_gpu_without_the_tensor_core_instructions_is_refused_clearly(monkeypat
                                                           r"tinyflash\.cuda_attention"):
         calls[entry]()
     assert not launched
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the simulator's threads")
+def test_the_threads_of_a_failed_simulated_kernel_are_waited_for():
+    """Thread 0 raises while thread 1 is still in a device function: numba raises at once, and this module's
+    ``cuda`` stays numba's fake one until thread 1 ends; join_simulator_threads waits for it."""
+    @cuda.jit(device=True)
+    def work(seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+
+    @cuda.jit
+    def fails(out):
+        if cuda.threadIdx.x == 0:
+            raise ArithmeticError("thread 0 fails")
+        work(1.0)
+        out[0] = 1.0
+
+    with pytest.raises(ArithmeticError, match="thread 0 fails"):
+        fails[1, 2](np.zeros(1))
+    assert type(globals()["cuda"]).__name__ == "FakeCUDAModule"  # thread 1 still works, in this module
+    assert runtime.join_simulator_threads(timeout=30.0)
+    assert globals()["cuda"] is cuda  # numba's real module is back

@@ -261,12 +261,18 @@ def test_an_arrival_beyond_the_count_is_an_error():
         twice[1, 1, 0, 64](np.zeros(1, np.uint32))
 
 
-@simulator_only
-def test_a_wait_that_never_ends_is_reported(monkeypatch):
-    """Bytes announced that no copy completes: the wait raises after DEADLOCK_SECONDS instead of hanging."""
+@pytest.fixture
+def quick_stall(monkeypatch):
+    """The emulation calls a block deadlocked after 0.5 s of every thread waiting (not 10 s), looking every 0.05 s."""
     from tinyflash.gpu import tma_emulation
 
-    monkeypatch.setattr(tma_emulation, "DEADLOCK_SECONDS", 0.5)
+    monkeypatch.setattr(tma_emulation, "STALL_SECONDS", 0.5)
+    monkeypatch.setattr(tma_emulation, "LOOK_SECONDS", 0.05)
+
+
+@simulator_only
+def test_a_wait_that_never_ends_is_reported(quick_stall):
+    """Bytes announced that no copy completes: the wait raises once the block is stalled instead of hanging."""
 
     @cuda.jit
     def stuck(out):
@@ -278,6 +284,55 @@ def test_a_wait_that_never_ends_is_reported(monkeypatch):
 
     with pytest.raises(RuntimeError, match="a deadlock, a wrong parity"):
         stuck[1, 1, 0, 64](np.zeros(1, np.uint32))
+
+
+@simulator_only
+def test_a_named_barrier_short_of_threads_is_reported(quick_stall):
+    """64 threads meet at a barrier of 96: every thread waits, and the wait raises instead of hanging."""
+    meet = tma.named_barrier(1, 96)
+
+    @cuda.jit
+    def short(out):
+        meet()
+
+    with pytest.raises(RuntimeError, match="named barrier 1 of 96 threads: 64 arrived.*a deadlock"):
+        short[1, 64](np.zeros(1, np.uint32))
+
+
+def slow_arrival_kernel(seconds: float):
+    """Warp 1 waits on an mbarrier, then at a named barrier, while warp 0 works for ``seconds`` before it arrives
+    at both: a slow block, not a stalled one."""
+    import time
+
+    meet = tma.named_barrier(1, 64)
+
+    @cuda.jit
+    def slow(out):
+        smem = shared_words()
+        bar = ptx.shared_address(smem, uint64(0))
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            tma.mbarrier_init(bar, uint32(32))
+        cuda.syncthreads()
+        if tid < 32:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:  # work (the simulator runs kernels as Python)
+                pass
+            tma.arrive(bar)
+        else:
+            tma.wait(bar, uint32(0))
+        meet()
+        out[tid] = tid
+
+    return slow
+
+
+@simulator_only
+def test_a_slow_block_is_not_a_deadlock(quick_stall):
+    """Warp 1 waits four times the stall limit for warp 0, which is working: no error."""
+    out = np.zeros(64, np.uint32)
+    slow_arrival_kernel(2.0)[1, 64](out)
+    assert out.tolist() == list(range(64))
 
 
 @simulator_only

@@ -11,6 +11,11 @@ small conventions.
   Python thread per CUDA thread) when ``NUMBA_ENABLE_CUDASIM=1`` was set before numba was imported.
 * :func:`simulator_cost`: what a launch will cost on the simulator; ``gpu/launch.py`` warns before
   a long one and shows its progress.
+* :func:`join_simulator_threads`: after a simulated kernel raised, wait for its other threads. numba
+  raises the first thread's error at once and lets the others run on to their next barrier; until they
+  end, each module whose device function one of them is in still has numba's fake ``cuda`` in place of
+  the real one, so a kernel compiled there meanwhile fails with "'FakeCUDAModule' object has no
+  attribute 'jit'". The tests call it after each test.
 * :func:`device_function`: compile a plain Python function (the causal rule of
   ``tinyflash.core.masks``, say) as a device function, so that NumPy code and kernels run the
   same lines.
@@ -20,6 +25,9 @@ small conventions.
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 from numba import config, cuda
@@ -117,6 +125,16 @@ def simulator_cost(threads: int, key_tiles: int) -> tuple[int, float]:
     seconds its order of magnitude at :data:`SIMULATOR_SECONDS_PER_THREAD_TILE`."""
     work = int(threads) * max(1, int(key_tiles))
     return work, work * SIMULATOR_SECONDS_PER_THREAD_TILE
+
+
+def join_simulator_threads(timeout: float = 300.0) -> bool:
+    """Wait up to ``timeout`` seconds for the simulator's CUDA threads still running (those of a kernel
+    that raised: see the module docstring); True when none is left. On a GPU: True at once."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "BlockThread":  # numba.cuda.simulator.kernel's thread of one CUDA thread
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(type(t).__name__ == "BlockThread" and t.is_alive() for t in threading.enumerate())
 
 
 def device_function(fn):

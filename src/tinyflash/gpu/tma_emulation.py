@@ -7,8 +7,10 @@ description (``tensor_map.simulated_map``), writes the box into the block's shar
 swizzled (bits 4-6 of each shared address XOR its bits 7-9, as the hardware does), zeros outside the tensor, and
 completes its bytes on the barrier. A waiting thread sleeps on the block's condition variable until an arrival
 or a copy changes a barrier. So a kernel that waits on the wrong parity, announces the wrong number of bytes or
-arrives too few times hangs or reads a stage too early here too: a wait that lasts more than ``DEADLOCK_SECONDS``
-raises, naming the barrier.
+arrives too few times hangs or reads a stage too early here too. A hang is told from a slow kernel (hundreds of
+Python threads on a few cores can take minutes between two arrivals) by looking at the whole block: once every
+live thread of it has waited, at a barrier of this module or at ``syncthreads``, with no barrier changing, for
+``STALL_SECONDS``, none can ever go on, and the wait raises, naming the barrier.
 
 Checked besides: a barrier used before ``mbarrier_init``; more arrivals than a phase expects; a copy whose box
 would land on an mbarrier, or outside shared memory; a destination that is not 128-byte aligned.
@@ -30,7 +32,8 @@ import numpy as np
 
 from .tensor_map import BOX_COLUMNS, MAP_WORDS, simulated_map
 
-DEADLOCK_SECONDS = 120.0
+STALL_SECONDS = 10.0  # every live thread of a block waiting this long, with no barrier changing: a deadlock
+LOOK_SECONDS = 0.5  # how often a block's threads are looked at (by whichever waiting thread comes first)
 ROW_BYTES, CHUNK_BYTES = 128, 16  # a swizzled row; one 16-byte chunk (8 elements)
 
 
@@ -41,6 +44,29 @@ class _Block:
         self.changed = threading.Condition()
         self.barriers = {}  # shared address -> [count, arrivals pending, bytes pending, phase]
         self.named = {}  # id -> [threads arrived, generation]
+        self.changes = 0  # arrivals, completed bytes and barrier generations so far
+        self.looked = (0.0, -1)  # when the block's threads were last looked at, and ``changes`` then
+        self.stalled_since = None  # since when every live thread has been seen waiting, with no change
+
+
+def _waits(thread) -> bool:
+    return "_tinyflash_waiting" in thread.__dict__ or getattr(thread, "syncthreads_blocked", False)
+
+
+def _deadlocked(block: _Block) -> bool:
+    """True once every live thread of the calling thread's block has waited for STALL_SECONDS while no barrier
+    changed (called with ``block.changed`` held; the threads are looked at once per LOOK_SECONDS)."""
+    now, me = time.monotonic(), threading.current_thread()
+    if now - block.looked[0] >= LOOK_SECONDS:
+        manager, key = me._manager, tuple(me.blockIdx)
+        everyone = all(_waits(t) for t in threading.enumerate()
+                       if getattr(t, "_manager", None) is manager and tuple(t.blockIdx) == key)
+        if not everyone or block.changes != block.looked[1]:
+            block.stalled_since = now if everyone else None
+        elif block.stalled_since is None:
+            block.stalled_since = now
+        block.looked = (now, block.changes)
+    return block.stalled_since is not None and now - block.stalled_since > STALL_SECONDS
 
 
 def _block() -> _Block:
@@ -82,6 +108,7 @@ def _arrive(bar, nbytes: int) -> None:
         state[1] -= 1
         state[2] += nbytes
         _settle(state)
+        block.changes += 1
         block.changed.notify_all()
 
 
@@ -97,24 +124,25 @@ def arrive_expect_tx(bar, nbytes):
 
 def try_wait(bar, parity):
     """Emulated ``mbarrier.try_wait.parity``: 1 if the phase of that parity is over; else sleep until a barrier of
-    the block changes (or 50 ms) and answer again; past DEADLOCK_SECONDS of waiting, raise."""
+    the block changes (or 50 ms) and answer again; raise once the whole block is stalled (``_deadlocked``)."""
     block, thread = _block(), threading.current_thread()
     with block.changed:
         state = _barrier(block, bar)
         if state[3] % 2 != int(parity):
             thread.__dict__.pop("_tinyflash_waiting", None)
             return np.uint32(1)
+        thread.__dict__["_tinyflash_waiting"] = True
         block.changed.wait(0.05)
         if state[3] % 2 != int(parity):
             thread.__dict__.pop("_tinyflash_waiting", None)
             return np.uint32(1)
-    since = thread.__dict__.setdefault("_tinyflash_waiting", time.monotonic())
-    if getattr(thread, "abort", False):
-        raise RuntimeError("another thread of the block failed")
-    if time.monotonic() - since > DEADLOCK_SECONDS:
-        raise RuntimeError(f"mbarrier at shared byte {int(bar)}: waited {DEADLOCK_SECONDS:.0f} s for the phase of "
-                           f"parity {int(parity)} (arrivals pending {state[1]} of {state[0]}, bytes pending {state[2]}): "
-                           "a deadlock, a wrong parity, or copies that never complete the bytes announced")
+        if getattr(thread, "abort", False):
+            raise RuntimeError("another thread of the block failed")
+        if _deadlocked(block):
+            raise RuntimeError(f"mbarrier at shared byte {int(bar)}: every thread of the block has waited "
+                               f"{STALL_SECONDS:.0f} s, this one for the phase of parity {int(parity)} (arrivals "
+                               f"pending {state[1]} of {state[0]}, bytes pending {state[2]}): a deadlock, a wrong "
+                               "parity, or copies that never complete the bytes announced")
     return np.uint32(0)
 
 
@@ -146,6 +174,7 @@ def tma_load_3d(dst, maps, index, col, row, head, bar):
         state = _barrier(block, bar)
         state[2] -= tmap.box_bytes
         _settle(state)
+        block.changes += 1
         block.changed.notify_all()
 
 
@@ -204,10 +233,11 @@ def _named_barrier(arrive_only: bool, ident: int, threads: int) -> None:
     """Emulated ``bar.sync`` / ``bar.arrive`` of ``threads`` threads on barrier ``ident``."""
     if not 1 <= ident <= 15:
         raise ValueError(f"a named barrier's id is 1 .. 15 (0 is __syncthreads's); got {ident}")
-    block = _block()
+    block, thread = _block(), threading.current_thread()
     with block.changed:
         state = block.named.setdefault(ident, [0, 0])
         state[0] += 1
+        block.changes += 1
         generation = state[1]
         if state[0] == threads:
             state[0], state[1] = 0, state[1] + 1
@@ -215,14 +245,17 @@ def _named_barrier(arrive_only: bool, ident: int, threads: int) -> None:
             return
         if arrive_only:
             return
-        start = time.monotonic()
-        while state[1] == generation:
-            block.changed.wait(0.05)
-            if getattr(threading.current_thread(), "abort", False):
-                raise RuntimeError("another thread of the block failed")
-            if time.monotonic() - start > DEADLOCK_SECONDS:
-                raise RuntimeError(f"named barrier {ident} of {threads} threads: waited {DEADLOCK_SECONDS:.0f} s "
-                                   f"with {state[0]} arrived")
+        thread.__dict__["_tinyflash_waiting"] = True
+        try:
+            while state[1] == generation:
+                block.changed.wait(0.05)
+                if getattr(thread, "abort", False):
+                    raise RuntimeError("another thread of the block failed")
+                if state[1] == generation and _deadlocked(block):
+                    raise RuntimeError(f"named barrier {ident} of {threads} threads: {state[0]} arrived, and every "
+                                       f"thread of the block has waited {STALL_SECONDS:.0f} s: a deadlock")
+        finally:
+            thread.__dict__.pop("_tinyflash_waiting", None)
 
 
 def make_named_barrier(arrive_only: bool, ident: int, threads: int):
