@@ -7,9 +7,10 @@ the groups run in parallel, since most of a GPU test's time is numba compiling k
 computing float64 references, both on the CPU. Each process writes a JUnit XML report and a log
 (gpu_tests_<first file>.log, beside the CSV, or in ``--log-dir``); from the reports, one row per test
 file: the device, the date, the versions and the commit (``tinyflash.bench.record.environment``), the
-file, its tests, how many passed, failed, were skipped or gave errors, and the seconds they took. A
-group whose pytest stopped without reporting a failing test (a file not found, a crash) gives each of
-its files that ran no test one error. Prints a line per file and the totals; the exit code is 0 when
+file, its tests, how many passed, failed, were skipped or gave errors, and the seconds they took,
+written as each group ends (a run cut short by a time limit keeps the groups that ended). A group
+whose pytest stopped without reporting a failing test (a file not found, a crash) gives each of its
+files that ran no test one error. Prints a line per file and the totals; the exit code is 0 when
 nothing failed or gave an error.
 """
 
@@ -83,8 +84,9 @@ def count_nothing(files: list[str]) -> dict:
             for f in files}
 
 
-def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path) -> list[tuple]:
-    """Start one pytest per group, all at once; wait for them. Returns (files, report path, log path, exit code)."""
+def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path):
+    """Start one pytest per group, all at once. Yields (files, report path, log path, exit code) of each group as
+    it ends, first ended first, so that its rows are written at once: a run stopped by a time limit keeps them."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
            "PYTHONUNBUFFERED": "1"}
     running = []
@@ -96,12 +98,14 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path) -> list
         out = open(log, "w")
         running.append((files, report, log, out, subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
                                                                   stderr=subprocess.STDOUT)))
-    done = []
-    for files, report, log, out, proc in running:
-        code = proc.wait()
-        out.close()
-        done.append((files, report, log, code))
-    return done
+    while running:
+        ended = [group for group in running if group[-1].poll() is not None]
+        for files, report, log, out, proc in ended:
+            out.close()
+            running.remove((files, report, log, out, proc))
+            yield files, report, log, proc.returncode
+        if not ended:
+            time.sleep(0.5)
 
 
 def main(argv=None) -> int:
@@ -125,12 +129,11 @@ def main(argv=None) -> int:
     groups = [group.split() for group in args.groups]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        done = run_groups(groups, log_dir, Path(tmp))
         writer, totals = CsvWriter(csv_path, fields=FIELDS), dict.fromkeys(("tests", "passed", "failed", "skipped",
                                                                              "errors"), 0)
         print(f"{env['device']}  numba-cuda {env['numba_cuda']}  cupy {env['cupy'] or '-'}  torch {env['torch'] or '-'}"
-              f"  commit {env['commit'] or '-'}  {env['date']}")
-        for files, report, log, code in done:
+              f"  commit {env['commit'] or '-'}  {env['date']}", flush=True)
+        for files, report, log, code in run_groups(groups, log_dir, Path(tmp)):
             found = count(report, files) if report.exists() else count_nothing(files)
             if code not in (0, 1, 5) and not any(row["failed"] or row["errors"] for row in found.values()):
                 # pytest stopped without a failing test in its report (a file not found, a crash): the files
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
                 for key in totals:
                     totals[key] += row[key]
                 print(f"{file:42} {row['tests']:4} tests: {row['passed']:4} passed, {row['failed']} failed, "
-                      f"{row['skipped']:3} skipped, {row['errors']} errors  {row['seconds']:7.1f} s")
+                      f"{row['skipped']:3} skipped, {row['errors']} errors  {row['seconds']:7.1f} s", flush=True)
         writer.close()
     print(f"{totals['tests']} tests: {totals['passed']} passed, {totals['failed']} failed, "
           f"{totals['skipped']} skipped, "
