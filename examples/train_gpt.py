@@ -10,7 +10,8 @@ of the model whose attention is SDPA's flash backend, and one of a second SDPA m
 SDPA is from itself); the rest of the models is the same PyTorch code. Their losses may part only by rounding: the two attentions round differently (both are exact
 up to it), and training carries the difference on. The run passes when both curves, each averaged
 over a window of SMOOTH steps, stay within TOLERANCE of each other at every step, and the held-out
-losses, measured every EVAL_EVERY steps on the same batches, too (``tinyflash.bench.training_run``).
+losses, measured every EVAL_EVERY steps on the same batches, too; or, where the two SDPA runs part by
+more, within twice their gap (``tinyflash.bench.training_run`` says why).
 It prints the tokens per second of both, from CUDA events around each step (the host's launches
 included where the GPU waits for them).
 
@@ -225,7 +226,8 @@ def main(argv=None) -> int:
         print(f"SDPA against itself (a second run from the same seed): training loss {result['sdpa_self_train_gap']:.4f}, "
               f"held-out {result['sdpa_self_eval_gap']:.4f}")
     print(f"largest gap: training loss (smoothed over {SMOOTH} steps) {result['max_train_gap']:.4f}, held-out "
-          f"{result['max_eval_gap']:.4f} (tolerance {TOLERANCE}; worst at step {result['worst_step']}): "
+          f"{result['max_eval_gap']:.4f} (allowed {result['allowed_train_gap']:.4f} and {result['allowed_eval_gap']:.4f}: "
+          f"{TOLERANCE} or twice SDPA's own gap; worst at step {result['worst_step']}): "
           f"{'within' if ok else 'BEYOND'}; "
           f"{time.perf_counter() - began:.0f} s", flush=True)
     return 0 if ok else 1
