@@ -30,7 +30,7 @@ def simulator_threads_done():
     """After each test, on the simulator: the threads of a simulated kernel that raised have ended, so the
     next test compiles against numba's real ``cuda`` (``tinyflash.gpu.runtime.join_simulator_threads``)."""
     yield
-    if not HAS_GPU and "numba.cuda.simulator.kernel" in sys.modules:  # a simulated kernel ran in this process
+    if not HAS_GPU and "numba.cuda.simulator.kernel" in sys.modules:  # numba is loaded, on its simulator
         from tinyflash.gpu.runtime import join_simulator_threads
 
         assert join_simulator_threads(), "a simulated kernel's threads still run 300 s after the test"

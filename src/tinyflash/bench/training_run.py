@@ -8,8 +8,9 @@ Where the loss falls steeply (about 0.01 nats a step, around step 150-200 of the
 falls a few steps earlier than another is 0.05-0.1 nats away from it there, and two SDPA runs from one
 seed were measured that far apart. So the allowed gap is TOLERANCE, or twice SDPA's own gap in the same
 run when that is larger (:data:`SELF_FACTOR`, FlashAttention's 2× rule applied to the curves): the curve
-of tinyflash may part from SDPA's by no more than twice what rounding alone does to SDPA. The example, the figure (``python -m tinyflash.plots --only gpt_training``), the docs' numbers and the
-tests use this one reading.
+of tinyflash may part from SDPA's by no more than twice what rounding alone does to SDPA. The example,
+the figure (``python -m tinyflash.plots --only gpt_training``), the docs' numbers and the tests use this
+one reading.
 """
 
 from __future__ import annotations
