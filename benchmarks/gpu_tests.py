@@ -100,9 +100,10 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path):
                                                                   stderr=subprocess.STDOUT)))
     while running:
         ended = [group for group in running if group[-1].poll() is not None]
-        for files, report, log, out, proc in ended:
+        for group in ended:
+            files, report, log, out, proc = group
             out.close()
-            running.remove((files, report, log, out, proc))
+            running.remove(group)
             yield files, report, log, proc.returncode
         if not ended:
             time.sleep(0.5)

@@ -131,10 +131,11 @@ def join_simulator_threads(timeout: float = 300.0) -> bool:
     """Wait up to ``timeout`` seconds for the simulator's CUDA threads still running (those of a kernel
     that raised: see the module docstring); True when none is left. On a GPU: True at once."""
     deadline = time.monotonic() + timeout
-    for thread in threading.enumerate():
-        if type(thread).__name__ == "BlockThread":  # numba.cuda.simulator.kernel's thread of one CUDA thread
-            thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(type(t).__name__ == "BlockThread" and t.is_alive() for t in threading.enumerate())
+    # numba.cuda.simulator.kernel's BlockThread: the thread of one CUDA thread
+    threads = [t for t in threading.enumerate() if type(t).__name__ == "BlockThread"]
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)
 
 
 def device_function(fn):
