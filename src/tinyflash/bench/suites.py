@@ -216,19 +216,16 @@ DECODE_TILINGS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys":
 
 def decode_peers(point) -> list:
     """Split-KV (prepared, replayed from a graph, called whole), one split, the CUDA-core kernel, the paged
-    cache, SDPA with grouped-query heads (and from a graph), a copy; the default tiling without its hints to L2;
-    where the split rule takes few enough splits, the split kernel that merges its row sets itself (merge=True: no
-    combine kernel); at the longest cache, other tilings."""
-    from dataclasses import replace
-
+    cache, SDPA with grouped-query heads (and from a graph), a copy; where the split rule takes few enough splits,
+    the split kernel that merges its row sets itself (merge=True: no combine kernel); at the longest cache, other
+    tilings."""
     from ..decode.kernels.combine import MAX_MERGED_SPLITS
     from ..decode.kernels.tensor_cores import DecodeTiling, default_tiling
     from ..decode.split_kv import choose_num_splits
     from ..hardware import current
 
     found = [p.split_kv(), p.split_kv_graph(), p.split_kv_whole_call(), p.split_kv(impl="no_split", num_splits=1),
-             p.split_kv("CUDA cores", kernel="cuda_cores"), p.paged(),
-             p.split_kv("no L2 hints", tiling=replace(default_tiling(point["d"]), PREFETCH=0, EVICT_FIRST=False))]
+             p.split_kv("CUDA cores", kernel="cuda_cores"), p.paged()]
     splits = choose_num_splits(point["batch"] * point["kv_heads"], point["n_k"], current().sms,
                                default_tiling(point["d"]).blocks_per_sm())  # the rule's, one row set per K/V head
     if splits <= MAX_MERGED_SPLITS:

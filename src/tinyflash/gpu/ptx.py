@@ -117,27 +117,18 @@ def _intrinsics():
 
         return ldmatrix
 
-    def make_cp_async_16(prefetch: int = 0, evict_first: bool = False):
-        hint = ".L2::cache_hint" if evict_first else ""
-        size = f".L2::{prefetch}B" if prefetch else ""
-        policy = "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;" if evict_first else ""
-        text = f"cp.async.cg.shared.global{size} [$0], [$1], 16, $2;"
-        if evict_first:  # a policy register of the copy's own
-            text = f"{{ .reg .b64 pol; {policy} cp.async.cg.shared.global{hint}{size} [$0], [$1], 16, $2, pol; }}"
+    @intrinsic
+    def cp_async_16(typingctx, address, src, index, nbytes):
+        sig = types.void(types.uint32, src, types.uint64, types.uint32)
 
-        @intrinsic
-        def cp_async_16(typingctx, address, src, index, nbytes):
-            sig = types.void(types.uint32, src, types.uint64, types.uint32)
+        def codegen(context, builder, sig, args):
+            array = context.make_array(sig.args[1])(context, builder, value=args[1])
+            pointer = builder.ptrtoint(builder.gep(array.data, [args[2]]), ir.IntType(64))
+            asm(builder, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", ir.VoidType(),
+                [args[0], pointer, args[3]], True)
+            return context.get_dummy_value()
 
-            def codegen(context, builder, sig, args):
-                array = context.make_array(sig.args[1])(context, builder, value=args[1])
-                pointer = builder.ptrtoint(builder.gep(array.data, [args[2]]), ir.IntType(64))
-                asm(builder, text, "r,l,r,~{memory}", ir.VoidType(), [args[0], pointer, args[3]], True)
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        return cp_async_16
+        return sig, codegen
 
     @intrinsic
     def red_add_f32x2(typingctx, array, index, a, b):
@@ -169,7 +160,7 @@ def _intrinsics():
 
     return SimpleNamespace(make_mma=make_mma, make_pack=make_pack, make_unpack=make_unpack, shared_address=shared_address,
                            ldmatrix_x4=make_ldmatrix(""), ldmatrix_x4_trans=make_ldmatrix(".trans"),
-                           cp_async_16=make_cp_async_16(), make_cp_async_16=make_cp_async_16, red_add_f32x2=red_add_f32x2, cp_async_commit=make_void("cp.async.commit_group;"),
+                           cp_async_16=cp_async_16, red_add_f32x2=red_add_f32x2, cp_async_commit=make_void("cp.async.commit_group;"),
                            cp_async_wait_all=make_void("cp.async.wait_group 0;"), shfl_xor=shfl_xor,
                            make_cp_async_wait_group=lambda n: make_void(f"cp.async.wait_group {int(n)};"))
 
@@ -285,18 +276,6 @@ PTX: ``cp.async.cg.shared.global [address], [src + 4·index], 16, nbytes;`` (.cg
 only). PTX ISA: "Data Movement and Conversion Instructions: cp.async". One lane, asynchronous:
 the copy is in flight until a :data:`cp_async_wait_all` of its group.
 """
-
-def make_cp_async_16(prefetch: int = 0, evict_first: bool = False):
-    """:data:`cp_async_16` with hints to L2: ``prefetch`` (0, 64, 128 or 256) bytes around each copy are brought
-    into L2 (``.L2::128B``...), and ``evict_first`` marks the copied lines as the first to leave L2 (a stream read
-    once, as a decode step reads K and V). The hints change no result; the simulator ignores them.
-
-    PTX: ``cp.async.cg.shared.global.L2::cache_hint.L2::128B [address], [src], 16, nbytes, policy;`` with
-    ``createpolicy.fractional.L2::evict_first.b64 policy, 1.0;``. PTX ISA: "cp.async", "createpolicy"."""
-    if prefetch not in (0, 64, 128, 256):
-        raise ValueError(f"prefetch must be 0, 64, 128 or 256 bytes; got {prefetch!r}")
-    return _impl.make_cp_async_16(int(prefetch), bool(evict_first))
-
 
 cp_async_commit = _impl.cp_async_commit
 """cp_async_commit(): close the group of cp.async copies issued so far by this thread.

@@ -239,11 +239,6 @@ def cp_async_16(address, src, index, nbytes):
         smem[start + i] = src[int(index) + i] if i < words else 0
 
 
-def make_cp_async_16(prefetch: int = 0, evict_first: bool = False):
-    """Emulated ``cp.async.cg.shared.global`` with L2 hints: the hints change no result, so :func:`cp_async_16`."""
-    return cp_async_16
-
-
 def red_add_f32x2(array, index, a, b):
     """Emulated ``red.global.add.v2.f32``: both additions under the simulator's lock of ``cuda.atomic.add``."""
     from numba.cuda.simulator.kernelapi import addlock

@@ -25,9 +25,6 @@ epilogue), on the packed rows:
         acc += P_ij V_j           P_ij packed from S's accumulators (the A layout), V_j by ldmatrix.trans
     the partial (O_s, lse_s) of the split's rows, in float32, for the combine kernel (combine.py)
 
-The ring's copies carry two hints to L2 (:class:`DecodeTiling`): fetch 128 bytes from HBM around each copy,
-and evict K's and V's lines first, since a decode step reads them once.
-
 One warp per block: the block's barrier is a warp's, the warp copies exactly the tiles it reads,
 and each warp is its own split (no merge inside the block). With ``merge=True`` the block whose split of a row
 set finishes last (an arrival counter per row set) merges that row set's partials into O and lse itself
@@ -63,24 +60,13 @@ key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks,
 
 @dataclass(frozen=True)
 class DecodeTiling(Tiling):
-    """Keys per tile (BC, a multiple of 16) and tiles in the ring (STAGES, at least 2), head dim D; the ring's
-    copies' hints to L2 (:func:`tinyflash.gpu.ptx.make_cp_async_16`): PREFETCH bytes (0, 64, 128 or 256) and
-    EVICT_FIRST.
-
-    Why the hints: a decode step reads each byte of K and V once, so nothing is gained by keeping their lines in
-    L2, and its speed is HBM's. On the H200 (H = 32/8, d = 128) the copies with ``.L2::128B`` and
-    ``evict_first`` made decoding 3-6% faster than plain copies at every size tried (B = 1 and 8, Nk = 4,096 to
-    131,072), also when each call read K and V that the call before had not read (so the gain is not L2 keeping
-    them between calls); ``.L2::256B`` gained less. The decode benchmark times the ring without hints beside
-    the default (figures/data/decode_h200.csv); the sweeps are in docs/notes/2026-12-03-decode-l2-hints.md."""
+    """Keys per tile (BC, a multiple of 16) and tiles in the ring (STAGES, at least 2), head dim D."""
 
     WHAT = "decode tiling"
 
     D: int
     BC: int = 32
     STAGES: int = 4
-    PREFETCH: int = 128  # bytes L2 fetches from HBM around each copy's 16 (the .L2::128B qualifier)
-    EVICT_FIRST: bool = True  # the copied lines of K and V are the first L2 evicts (an evict_first policy)
 
     @property
     def DP(self) -> int:  # the head dim of a row in shared memory: D padded with zero columns (tinyflash.warp_tile)
@@ -104,8 +90,6 @@ class DecodeTiling(Tiling):
             problems.append("BC (keys per tile) must be a positive multiple of 16")
         if self.STAGES < 2:
             problems.append("STAGES must be at least 2")
-        if self.PREFETCH not in (0, 64, 128, 256):
-            problems.append("PREFETCH must be 0, 64, 128 or 256 bytes")
         return problems
 
 
@@ -162,7 +146,6 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
     PAGE_ALIGNED = page_size > 0 and (BC % page_size == 0 or page_size % BC == 0) and page_size % RPP == 0
     TILE_PAGES = max(1, BC // page_size) if PAGE_ALIGNED else 1
     tile_landed = ptx.cp_async_wait_group(STAGES - 2)  # all but the STAGES - 2 newest groups: tile j
-    cp_async_16 = ptx.make_cp_async_16(cfg.PREFETCH, cfg.EVICT_FIRST)  # with the tiling's hints to L2
 
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, TABLE, b, bkv, kv_head, k0, seq_len, stage, lane, n_k, h_kv, max_pages, seen, page_base):
@@ -195,8 +178,8 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
                 src = row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, D_, seen) // TWO
             nbytes = uint32(16) if inside else uint32(0)
             dst = stage + (r * uint32(RW) + uint32(col)) * uint32(4)
-            cp_async_16(dst, K, src + src_col, nbytes)
-            cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
+            ptx.cp_async_16(dst, K, src + src_col, nbytes)
+            ptx.cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, inline="always")
