@@ -39,7 +39,9 @@ ptxas's ``-maxrregcount``). The signature is the kernel module's own where it ha
 decode kernels' signatures); for v5 and backward v1 it is built from the kernel's parameter names
 (:data:`PARAMETER_TYPES`). Per kernel: what ``ptxas -v -arch=sm_90`` reports for its entry function
 (registers, spill stores and loads, stack frame, in bytes per thread), the PTX instructions numba wrote,
-and with ``--nvdisasm`` the machine (SASS) instructions of the cubin, NOPs (alignment padding) left out.
+and with ``--nvdisasm`` the machine (SASS) instructions of the cubin, NOPs (alignment padding) left out, and a
+check of the SASS: a kernel whose ``cp.async`` copies (``LDGSTS``) read a uniform register no instruction writes
+(:func:`unwritten_uniform_registers`) is reported under its line and makes the run fail.
 These are ptxas's numbers for numba's PTX; the kernel a GPU runs is compiled by numba when it is first
 launched, and its registers and spilled bytes are the ``regs`` and ``local_bytes`` columns of the
 benchmark rows that record them.
@@ -318,6 +320,38 @@ def sass_instructions(listing: str) -> int:
     return sum(1 for i in found if re.sub(r"^@!?U?P\w+\s+", "", i.strip()).split()[0] != "NOP")
 
 
+# opcodes whose first operand is read, not written: stores, copies into shared memory, reductions, barriers, branches
+READS_FIRST = ("ST", "LDGSTS", "RED", "BAR", "BRA", "BRX", "CALL", "EXIT", "RET", "SYNCS", "UTMA", "UBLKCP", "WARPSYNC",
+               "DEPBAR", "ARRIVES", "MEMBAR", "CCTL", "ERRBAR", "FENCE", "YIELD", "NOP", "BSYNC", "BSSY")
+
+
+def unwritten_uniform_registers(listing: str) -> list[str]:
+    """The uniform registers (URn) that a ``cp.async`` of ``nvdisasm -c``'s listing (``LDGSTS``) reads and no
+    instruction writes.
+
+    Why: ptxas can encode a ``cp.async`` that has a cache policy as ``LDGSTS [Rx+UR0], desc[UR1][…]`` with uniform
+    registers that nothing sets (seen at d = 32 and at d = 64 with 16-key tiles in decode's split kernel, ptxas
+    13.0 and 13.2: docs/notes/2026-12-03-decode-l2-hints.md); the H200 stops such a kernel with
+    CUDA_ERROR_ILLEGAL_INSTRUCTION. An instruction writes its first operand unless its opcode is one of
+    READS_FIRST; an opcode with ``.64`` or ``.WIDE`` writes a pair, and ``desc[URn]`` reads one (URn, URn+1).
+    Only the copies' reads are checked: other instructions name registers they do not read (``HGMMA``'s
+    ``gdesc[URn]`` names four, of which it reads two when A is in registers)."""
+    written, read = set(), set()
+    for text in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", listing):
+        text = re.sub(r"^@!?U?P\w+\s+", "", text.strip())
+        opcode, _, operands = text.partition(" ")
+        first, _, rest = operands.partition(",")
+        target = re.fullmatch(r"\s*UR(\d+)\s*", first)
+        if target and not opcode.startswith(READS_FIRST):
+            n = int(target.group(1))
+            written.update({n, n + 1} if (".64" in opcode or ".WIDE" in opcode) else {n})
+        if opcode.startswith("LDGSTS"):
+            for pair in re.findall(r"desc\[UR(\d+)\]", operands):
+                read.update({int(pair), int(pair) + 1})
+            read.update(int(n) for n in re.findall(r"\bUR(\d+)\b", re.sub(r"desc\[UR\d+\]", "", operands)))
+    return [f"UR{n}" for n in sorted(read - written)]
+
+
 def file_name(job: Job) -> str:
     """<kernel>__<variant>.ptx, with only letters, digits and ``=.-`` kept (the rest become '_')."""
     slug = lambda s: re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9=.-]", "_", s)).strip("_")  # noqa: E731
@@ -346,6 +380,10 @@ def compile_job(job: Job, ptx_dir: str | None, nvdisasm: str | None) -> dict:
         if nvdisasm:
             listing = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
             row["sass_instructions"] = sass_instructions(listing)
+            unwritten = unwritten_uniform_registers(listing)
+            if unwritten:  # a kernel the GPU stops with an illegal instruction: the run fails
+                row["notes"].append(f"SASS reads uniform registers that no instruction writes: {', '.join(unwritten)} "
+                                    "(in a cp.async: LDGSTS)")
     if ptx_dir:
         (Path(ptx_dir) / file_name(job)).write_text(stable_names(ptx))
     return row
@@ -403,6 +441,7 @@ def main(argv=None) -> int:
                 print(f"{job.kernel:28} {job.variant}: FAILED ({error.splitlines()[0][:200]})", flush=True)
                 continue
             notes = row.pop("notes")
+            failed += [f"{job.kernel}, {job.variant}: {note}" for note in notes if note.startswith("SASS reads")]
             writer.write({**fixed, "kernel": job.kernel, "variant": job.variant, **row})
             sass = f", {row['sass_instructions']} SASS" if row["sass_instructions"] != "" else ""
             print(f"{job.kernel:28} {job.variant}: {row['registers']} registers, spills {row['spill_stores']}/"
@@ -410,7 +449,8 @@ def main(argv=None) -> int:
                   *[f"\n    {note[:300]}" for note in notes], flush=True)
     writer.close()
     if failed:
-        print(f"\n{len(failed)} of {len(tasks)} kernels did not compile:", *failed, sep="\n", file=sys.stderr)
+        print(f"\n{len(failed)} of {len(tasks)} kernels did not compile, or compiled to SASS that reads uniform "
+              "registers nothing writes:", *failed, sep="\n", file=sys.stderr)
         return 1
     return 0
 

@@ -82,3 +82,33 @@ def test_the_gpu_session_runs_every_file_with_gpu_tests():
     marked = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py") if "mark.gpu" in p.read_text()}
     assert marked <= grouped, sorted(marked - grouped)
     assert all((root / f).exists() for f in grouped)
+
+
+def test_the_ptxas_report_finds_uniform_registers_that_nothing_writes(monkeypatch):
+    """The SASS check of benchmarks/ptxas_report.py, on listings in nvdisasm's form: ptxas 13.0's cp.async with a
+    cache policy (decode's split kernel at d = 32) reads UR0 and the descriptor pair UR1, UR2 that no instruction
+    writes; the same copy after UMOV and ULDC.64 writes is clean; a store's first operand is read, not written,
+    and only the copies' reads are checked."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("ptxas_report", root / "benchmarks" / "ptxas_report.py")
+    report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ptxas_report", report)  # its dataclasses look their module up
+    spec.loader.exec_module(report)
+    broken = """
+        /*2ca0*/                   UIMAD UR8, UR6, 0x1400, URZ ;
+        /*2d30*/                   UMOV UR6, URZ ;
+        /*2d90*/                   UMOV UR6, UR8 ;
+        /*2f20*/                   LDGSTS.E.BYPASS.LTC128B.128 [R79+UR0], desc[UR1][R48.64], !P5 ;
+    """
+    clean = """
+        /*0040*/                   ULDC.64 UR10, c[0x0][0x208] ;
+        /*0760*/              @P0  S2UR UR4, SR_CgaCtaId ;
+        /*0b10*/                   LDGSTS.E.BYPASS.LTC128B.128 [R33+UR4], desc[UR10][R18.64], !P3 ;
+        /*0b20*/                   STS [UR4+0x10], R2 ;
+    """
+    assert report.unwritten_uniform_registers(broken) == ["UR0", "UR1", "UR2"]
+    assert report.unwritten_uniform_registers(clean) == []
+    assert report.unwritten_uniform_registers(clean.replace("ULDC.64", "ULDC")) == ["UR11"]  # half the pair
+    assert report.unwritten_uniform_registers("        /*0010*/   STS [UR5], R1 ;\n") == []  # only copies are checked
