@@ -320,6 +320,7 @@ def sass_instructions(listing: str) -> int:
     return sum(1 for i in found if re.sub(r"^@!?U?P\w+\s+", "", i.strip()).split()[0] != "NOP")
 
 
+UNWRITTEN = "SASS reads uniform registers that no instruction writes"  # the note of a kernel the check flags
 # opcodes whose first operand is read, not written: stores, copies into shared memory, reductions, barriers, branches
 READS_FIRST = ("ST", "LDGSTS", "RED", "BAR", "BRA", "BRX", "CALL", "EXIT", "RET", "SYNCS", "UTMA", "UBLKCP", "WARPSYNC",
                "DEPBAR", "ARRIVES", "MEMBAR", "CCTL", "ERRBAR", "FENCE", "YIELD", "NOP", "BSYNC", "BSSY")
@@ -382,8 +383,7 @@ def compile_job(job: Job, ptx_dir: str | None, nvdisasm: str | None) -> dict:
             row["sass_instructions"] = sass_instructions(listing)
             unwritten = unwritten_uniform_registers(listing)
             if unwritten:  # a kernel the GPU stops with an illegal instruction: the run fails
-                row["notes"].append(f"SASS reads uniform registers that no instruction writes: {', '.join(unwritten)} "
-                                    "(in a cp.async: LDGSTS)")
+                row["notes"].append(f"{UNWRITTEN}: {', '.join(unwritten)} (in a cp.async: LDGSTS)")
     if ptx_dir:
         (Path(ptx_dir) / file_name(job)).write_text(stable_names(ptx))
     return row
@@ -441,7 +441,7 @@ def main(argv=None) -> int:
                 print(f"{job.kernel:28} {job.variant}: FAILED ({error.splitlines()[0][:200]})", flush=True)
                 continue
             notes = row.pop("notes")
-            failed += [f"{job.kernel}, {job.variant}: {note}" for note in notes if note.startswith("SASS reads")]
+            failed += [f"{job.kernel}, {job.variant}: {note}" for note in notes if note.startswith(UNWRITTEN)]
             writer.write({**fixed, "kernel": job.kernel, "variant": job.variant, **row})
             sass = f", {row['sass_instructions']} SASS" if row["sass_instructions"] != "" else ""
             print(f"{job.kernel:28} {job.variant}: {row['registers']} registers, spills {row['spill_stores']}/"
