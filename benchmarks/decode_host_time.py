@@ -42,7 +42,8 @@ def no_op_launches(on_cpu: bool):
     from tinyflash.gpu import arrays, runtime
     from tinyflash.gpu.driver_launch import Bytes, HostOnlyKernel
 
-    saved = {name: getattr(decode_cuda, name) for name in ("driver_kernel", "require_compute_capability", "to_device")}
+    saved = {name: getattr(decode_cuda, name) for name in ("driver_kernel", "require_compute_capability", "to_device",
+                                                            "compute_capability")}
     saved_library, saved_seen = arrays._ARRAY_LIBRARIES["torch"], runtime._gpu_seen
     decode_cuda.driver_kernel = HostOnlyKernel
     if on_cpu:
@@ -55,6 +56,7 @@ def no_op_launches(on_cpu: bool):
         arrays._ARRAY_LIBRARIES["torch"] = arrays.ArrayLibrary(key, real.empty, real.address, lambda device: 0,
                                                                lambda: 0, real.contiguous, real.dtypes)
         decode_cuda.require_compute_capability = lambda *args: None
+        decode_cuda.compute_capability = lambda: (9, 0)  # the H200's path: the combine launched to overlap
         decode_cuda.to_device = lambda x, like=None: Bytes(x.nbytes)  # the block table and lengths: never read
         runtime._gpu_seen = True
     decode_cuda._PLANS.clear()

@@ -25,7 +25,8 @@ The kernels, each at the settings a GPU run uses by default:
   d in TENSOR_CORE_DIMS (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
 * the tensor-core split kernel that merges its row sets (``merge=True``), d = 64, 128 and 256, float16;
-* the decode combine kernel, float16 and float32 output;
+* the decode combine kernel as Hopper launches it (waiting for the split kernel inside: ``after_split``), float16
+  and float32 output;
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
 * backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16;
 * backward v3 (``v3_wgmma``) and v4 (``v4_warp_specialized``) at their default tilings, d = 64 and 128, float16
@@ -211,7 +212,7 @@ def decode_jobs() -> list[Job]:
         found.append(Job("decode split, CUDA cores", variant, lambda dtype=dtype: split("cuda_cores", 128, dtype, 0)))
     for dtype in ("float16", "float32"):
         found.append(Job("decode combine", f"{dtype} output", lambda dtype=dtype: (
-            combine.make_combine_kernel(), combine.combine_signature(np.dtype(dtype)))))
+            combine.make_combine_kernel("", True), combine.combine_signature(np.dtype(dtype)))))
     return found
 
 

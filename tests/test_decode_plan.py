@@ -59,6 +59,7 @@ def planned(monkeypatch):
     monkeypatch.setitem(arrays._LIBRARY_OF_TYPE, FakeArray, "fake")
     monkeypatch.setitem(arrays._ARRAY_LIBRARIES, "fake", fake_library())
     monkeypatch.setattr(decode_cuda, "simulator_enabled", lambda: False)
+    monkeypatch.setattr(decode_cuda, "compute_capability", lambda: (9, 0))  # a Hopper GPU
     monkeypatch.setattr(decode_cuda, "driver_kernel", HostOnlyKernel)
     monkeypatch.setattr(decode_cuda, "to_device", lambda x, like=None: Bytes(x.nbytes))  # the simulator's have no
     # __cuda_array_interface__: the block table and lengths as their sizes (the host-only kernels read nothing)
@@ -160,3 +161,28 @@ def test_strided_or_misaligned_inputs_are_copied(planned, monkeypatch, options):
     plan = next(iter(planned.values()))
     assert plan.gather == ("contiguous" in options)
     assert len(copies) == 1 and packed(plan)[0][:3] == [copies[0].address, k.address, v.address]
+
+
+@pytest.mark.parametrize("capability, overlap", [((8, 0), False), ((9, 0), True), ((10, 0), True)])
+def test_on_hopper_the_combine_kernel_is_launched_to_overlap_the_split_kernel(planned, monkeypatch, capability,
+                                                                              overlap):
+    """Compute capability 9.0 on: the plan launches the combine kernel with programmatic stream serialization (the
+    kernel that waits for the split kernel's partials); before it, with a plain launch."""
+    monkeypatch.setattr(decode_cuda, "compute_capability", lambda: capability)
+    launches, after = HostOnlyKernel.launches, HostOnlyKernel.after_previous
+    tf.cuda_split_kv_attention(*inputs())
+    plan = next(iter(planned.values()))
+    assert (plan.split.config is None) and (plan.combine.config is not None) == overlap
+    assert HostOnlyKernel.launches == launches + 2 and HostOnlyKernel.after_previous == after + overlap
+
+
+def test_overlap_combine_is_a_bool_that_the_gpu_must_have(monkeypatch):
+    monkeypatch.setattr(decode_cuda, "simulator_enabled", lambda: False)
+    monkeypatch.setattr(decode_cuda, "compute_capability", lambda: (8, 0))
+    assert decode_cuda.overlaps_combine() is False and decode_cuda.overlaps_combine(False) is False
+    with pytest.raises(ValueError, match=r"overlap_combine=True needs compute capability 9\.0 or more; this GPU has 8\.0"):
+        decode_cuda.overlaps_combine(True)
+    with pytest.raises(TypeError, match="overlap_combine must be None or a bool; got int 1"):
+        decode_cuda.overlaps_combine(1)
+    monkeypatch.setattr(decode_cuda, "compute_capability", lambda: (9, 0))
+    assert decode_cuda.overlaps_combine() is True and decode_cuda.overlaps_combine(False) is False

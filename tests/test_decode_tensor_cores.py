@@ -138,6 +138,8 @@ def test_tensor_core_decode_bad_settings(rng):
         tc.DecodeTiling(64, 24, 2).validate()
     with pytest.raises(ValueError, match="STAGES must be at least 2"):
         tc.DecodeTiling(64, 16, 1).validate()
+    with pytest.raises(ValueError, match="PREFETCH must be 0, 64, 128 or 256 bytes"):
+        tc.DecodeTiling(64, 16, 2, PREFETCH=32).validate()
     with pytest.raises(ValueError, match="D must be a multiple of 8 up to 256"):
         tc.DecodeTiling(100, 16, 2).validate()
     with pytest.raises(ValueError, match="tiling .* is for d = 128; got d = 64"):
@@ -162,11 +164,12 @@ def test_blocks_per_sm():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiling", [(16, 4), (16, 3), (32, 3), (32, 4), (64, 2)])
+@pytest.mark.parametrize("tiling", [(16, 4), (16, 3), (32, 3), (32, 4), (64, 2), (32, 4, 0), (32, 4, 256)])
 @pytest.mark.parametrize("d", [64, 128])
 def test_tensor_core_tilings_on_the_gpu(rng, tiling, d):
-    """Every tiling the benchmark times (and d = 64), Nq = 1 and 3 (causal), a ragged Nk."""
-    cfg = tc.DecodeTiling(D=d, BC=tiling[0], STAGES=tiling[1])
+    """Every tiling the benchmark times (and d = 64), with each prefetch to L2 (the default's 128 bytes, none, 256),
+    Nq = 1 and 3 (causal), a ragged Nk."""
+    cfg = tc.DecodeTiling(d, *tiling)
     for n_q, causal in ((1, False), (3, True)):
         q, k, v = decode_inputs(rng, 2, 32, 8, n_q, 9_001, d, np.float16)
         o, lse, _ = run_prepared(prepare_split_kv(q, k, v, causal=causal, tiling=cfg))
@@ -208,6 +211,32 @@ def test_tensor_core_paged_kernel_with_device_pages(rng, batch, n_k):
     for b in sorted({0, batch - 1}):
         check(cupy.asnumpy(o[b]), cupy.asnumpy(lse[b]), q[b], k[b], v[b], False, f"device pages, sequence {b}")
     assert_close(cupy.asnumpy(lse), cupy.asnumpy(lse_c), F32_TOL, "paged vs contiguous lse", is_lse=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, batch", [("tensor_cores", 8), ("tensor_cores", 1), ("cuda_cores", 8)])
+def test_the_overlapping_combine_reads_the_finished_partials(rng, kernel, batch):
+    """The combine kernel launched to overlap the split kernel's end (programmatic dependent launch, on Hopper)
+    against the plain launch, on the same inputs: 50 calls queued back to back without a synchronisation, and each
+    one's output copied after it on the stream, equal to the plain launch's bit for bit (the same sums in the same
+    order; a block that read a partial before it was written would differ)."""
+    import cupy
+
+    from tinyflash.decode.cuda import overlaps_combine
+
+    if not overlaps_combine():
+        pytest.skip("the GPU has no programmatic dependent launch (compute capability 9.0 on)")
+    q, k, v = (cupy.asarray(x) for x in decode_inputs(rng, batch, 32, 8, 1, 4_099, 128, np.float16))
+    plain, o_plain, _, _ = prepare_split_kv(q, k, v, kernel=kernel, overlap_combine=False)
+    plain()
+    expected = cupy.asnumpy(o_plain)
+    run, o, _, _ = prepare_split_kv(q, k, v, kernel=kernel, overlap_combine=True)
+    copies = cupy.empty((50,) + o.shape, o.dtype)  # (50, B·H·d)
+    for i in range(50):
+        run()
+        copies[i] = o  # on the same (default) stream, after the combine kernel
+    got = cupy.asnumpy(copies)
+    assert all(np.array_equal(got[i], expected) for i in range(50)), "an overlapped call differs from the plain one"
 
 
 @pytest.mark.gpu

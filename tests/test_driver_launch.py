@@ -112,6 +112,33 @@ def test_packed_launch_writes_only_the_addresses():
     assert dl.HostOnlyKernel.launches == launches + 1
 
 
+@pytest.mark.parametrize("after_previous", [False, True])
+def test_a_launch_after_the_previous_one_goes_through_cuLaunchKernelEx(after_previous):
+    """after_previous: the launch asks the driver for programmatic stream serialization (cuLaunchKernelEx with that
+    attribute, grid and block as given); else a plain cuLaunchKernel, as before."""
+    from tinyflash.decode.kernels import combine
+
+    kernel = dl.HostOnlyKernel(combine.make_combine_kernel("float16", after_previous),
+                               combine.combine_signature("float16"))
+    sizes = {"O_PART": dl.Bytes(3 * 5 * 64 * 4), "LSE_PART": dl.Bytes(3 * 5 * 4), "O": dl.Bytes(5 * 64 * 2),
+             "LSE": dl.Bytes(5 * 4)}
+    launch = dl.PackedLaunch(kernel, (5, 2, 1), 128, 0, {**sizes, "n_splits": 3, "rows": 5, "d": 64},
+                             moving=tuple(sizes), after_previous=after_previous)
+    bound = kernel.bind((5, 2, 1), 128, 0, *(_DeviceArrayStandIn((4,), (i + 1) << 20) for i in range(4)), 3, 5, 64,
+                        after_previous=after_previous)
+    launches, after = dl.HostOnlyKernel.launches, dl.HostOnlyKernel.after_previous
+    launch.launch(stream=7)
+    bound(7)
+    assert dl.HostOnlyKernel.launches == launches + 2
+    assert dl.HostOnlyKernel.after_previous == after + (2 if after_previous else 0)
+    if after_previous:
+        c = launch.config.config
+        assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ) == (5, 2, 1, 128, 1, 1)
+        assert c.numAttrs == 1 and c.hStream == 7
+    else:
+        assert launch.config is None
+
+
 @pytest.mark.gpu
 def test_driver_launch_equals_numbas():
     """The same kernel through numba and through the driver (now, and bound with its arguments

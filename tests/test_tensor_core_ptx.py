@@ -129,13 +129,17 @@ def test_ldmatrix_and_trans(rng):
             assert transposed[lane, i] == int(m[2 * t, g]) | int(m[2 * t + 1, g]) << 16
 
 
-def test_cp_async_zero_fills_past_nbytes():
+@pytest.mark.parametrize("prefetch", [None, 0, 64, 128, 256])
+def test_cp_async_zero_fills_past_nbytes(prefetch):
+    """cp.async, and with each prefetch size to L2 (None: the plain ptx.cp_async_16): the same bytes land."""
+    copy = ptx.cp_async_16 if prefetch is None else ptx.make_cp_async_16(prefetch)
+
     @cuda.jit
     def kernel(src, out):
         smem = cuda.shared.array(0, uint32)
         base = ptx.shared_address(smem, np.uint64(0))
         lane = cuda.threadIdx.x
-        ptx.cp_async_16(base + uint32(16 * lane), src, np.uint64(4 * lane), uint32(16 if lane % 2 == 0 else 0))
+        copy(base + uint32(16 * lane), src, np.uint64(4 * lane), uint32(16 if lane % 2 == 0 else 0))
         ptx.cp_async_commit()
         ptx.cp_async_wait_all()
         cuda.syncthreads()  # the copies have landed before they are read
@@ -147,6 +151,28 @@ def test_cp_async_zero_fills_past_nbytes():
     kernel[1, 32, 0, 512](src, out)
     even = (np.arange(128) // 4) % 2 == 0  # lanes 0, 2, 4, ...: 16 bytes read; odd lanes: zeros
     assert np.array_equal(out[even], src[even]) and not out[~even].any()
+
+
+@pytest.mark.parametrize("prefetch", [32, 512, -128, "128"])
+def test_cp_async_prefetch_sizes_are_those_of_ptx(prefetch):
+    with pytest.raises(ValueError, match=r"prefetch must be 0, 64, 128 or 256 bytes; got"):
+        ptx.make_cp_async_16(prefetch)
+
+
+def test_waiting_for_prior_grids_in_a_kernel_launched_the_ordinary_way_returns():
+    """griddepcontrol.wait in a kernel with no programmatic dependency: it returns at once, and the kernel's work
+    is done (the decode GPU tests launch the combine kernel that waits this way after the split kernel)."""
+    @cuda.jit
+    def kernel(x, out):
+        ptx.wait_for_prior_grids()
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = 2 * x[i]
+
+    x = np.random.default_rng().random(100).astype(np.float32) + 1  # (100,) never zero
+    out = np.zeros(100, np.float32)
+    kernel[1, 128](x, out)
+    assert np.array_equal(out, 2 * x)
 
 
 def test_shfl_xor():

@@ -39,6 +39,7 @@ import math
 import struct
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -236,14 +237,20 @@ class DriverKernel:
         with self._lock:
             self._launch(grid, block, smem_bytes, self._params.pack(values), stream)
 
-    def bind(self, grid, block, smem_bytes: int, *args):
+    def bind(self, grid, block, smem_bytes: int, *args, after_previous: bool = False):
         """``launch(stream=0)``: this kernel on ``args`` (packed now, once), on ``stream`` (a CUstream
-        handle as an int, e.g. CuPy's ``stream.ptr``; 0 is the default stream)."""
+        handle as an int, e.g. CuPy's ``stream.ptr``; 0 is the default stream); ``after_previous``: launched
+        with programmatic stream serialization (:class:`LaunchConfig`)."""
         params = PackedParams(self.format)
         address = params.pack(param_values(self.argument_types, args))
+        if after_previous:
+            config = LaunchConfig(self, grid, block, smem_bytes)
 
-        def launch(stream: int = 0) -> None:
-            self._launch(grid, block, smem_bytes, address, stream)
+            def launch(stream: int = 0) -> None:
+                config.launch(address, stream)
+        else:
+            def launch(stream: int = 0) -> None:
+                self._launch(grid, block, smem_bytes, address, stream)
 
         launch.params = params  # keeps the packed parameters alive as long as the function
         return launch
@@ -292,6 +299,42 @@ class GridLaunch:
         self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars, stream=stream)
 
 
+class LaunchConfig:
+    """A launch of ``kernel`` through ``cuLaunchKernelEx`` with programmatic stream serialization: the kernel may
+    start before the kernel launched before it on the same stream has ended (once that kernel's blocks have
+    ended, or called ``griddepcontrol.launch_dependents``), so that the driver's work for the launch and the start
+    of its blocks overlap the end of the kernel before. The kernel must wait (``ptx.wait_for_prior_grids``)
+    before it reads what that kernel writes. Compute capability 9.0 on. The ``CUlaunchConfig`` is made once;
+    :meth:`launch` sets the stream and launches."""
+
+    def __init__(self, kernel: "DriverKernel", grid, block, smem_bytes: int):
+        driver = kernel._driver
+        self.kernel, self.driver = kernel, driver
+        after = driver.CUlaunchAttribute()
+        after.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        after.value.programmaticStreamSerializationAllowed = 1
+        c = driver.CUlaunchConfig()
+        (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ) = dims(grid), dims(block)
+        c.sharedMemBytes = int(smem_bytes)
+        c.attrs, c.numAttrs = [after], 1
+        self.config, self.what = c, f"grid {grid}, block {block}, {smem_bytes} bytes of shared memory"
+
+    def launch(self, params_address: int, stream: int = 0) -> None:
+        """Launch with the parameters at ``params_address`` on ``stream`` (a CUstream handle as an int; 0: the
+        default stream); a failed launch is a RuntimeError."""
+        driver, c = self.driver, self.config
+        c.hStream = driver.CUstream(int(stream))
+        (err,) = driver.cuLaunchKernelEx(c, self.kernel.handle, params_address, 0)
+        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
+            from numba import cuda
+
+            cuda.current_context()
+            (err,) = driver.cuLaunchKernelEx(c, self.kernel.handle, params_address, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            _, name = driver.cuGetErrorName(err)
+            raise RuntimeError(f"cuLaunchKernelEx failed: {name.decode() if name else err} ({self.what})")
+
+
 class PackedLaunch:
     """A :class:`DriverKernel` with every parameter packed once but the addresses of its arrays named in
     ``moving``: grid, threads, shared memory, scalars, and the size of every array (fixed by a problem's shape).
@@ -300,9 +343,11 @@ class PackedLaunch:
 
     ``args`` maps each parameter to its value; an array in ``moving`` may be a :class:`Bytes` (its size
     only). The slots are shared: a caller writes them and launches under one lock (the driver copies the
-    parameters before ``cuLaunchKernel`` returns, so the next call may write them again at once)."""
+    parameters before ``cuLaunchKernel`` returns, so the next call may write them again at once).
+    ``after_previous``: launched with programmatic stream serialization (:class:`LaunchConfig`)."""
 
-    def __init__(self, kernel: DriverKernel, grid, threads: int, smem_bytes: int, args: dict, moving: tuple):
+    def __init__(self, kernel: DriverKernel, grid, threads: int, smem_bytes: int, args: dict, moving: tuple,
+                 after_previous: bool = False):
         self.kernel = kernel
         names = parameters(kernel.dispatcher)
         self.params = PackedParams(kernel.format)
@@ -315,10 +360,13 @@ class PackedLaunch:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         self.head = (kernel.handle, gx, gy, gz, threads, 1, 1, smem_bytes)  # cuLaunchKernel's leading arguments
         self.grid, self.threads, self.smem_bytes = tuple(grid), threads, smem_bytes
+        self.config = LaunchConfig(kernel, grid, threads, smem_bytes) if after_previous else None
 
     def launch(self, stream: int = 0):
         """Launch with the slots as they are, on ``stream`` (a CUstream handle as an int; 0: the default
         stream); a failed launch is a RuntimeError."""
+        if self.config is not None:
+            return self.config.launch(self.params.address, stream)
         driver = self.kernel._driver
         (err,) = driver.cuLaunchKernel(*self.head, driver.CUstream(stream), self.params.address, 0)
         if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
@@ -345,6 +393,7 @@ class HostOnlyKernel(DriverKernel):
     part of a call, timed or tested without a GPU (``benchmarks/decode_host_time.py``, the plan tests)."""
 
     launches = 0  # launches made by every host-only kernel
+    after_previous = 0  # of them, launches with programmatic stream serialization
 
     def __init__(self, dispatcher, signature: tuple, smem_bytes: int = 0):
         self._driver = _NoDriver
@@ -364,11 +413,25 @@ class _NoDriver:
     class CUresult:
         CUDA_SUCCESS, CUDA_ERROR_INVALID_CONTEXT = 0, 201
 
+    class CUlaunchAttributeID:
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 3
+
+    class CUlaunchAttribute:
+        def __init__(self):
+            self.id, self.value = 0, SimpleNamespace(programmaticStreamSerializationAllowed=0)
+
+    CUlaunchConfig = SimpleNamespace
     CUstream = int
 
     @staticmethod
     def cuLaunchKernel(*args):
         HostOnlyKernel.launches += 1
+        return (0,)
+
+    @staticmethod
+    def cuLaunchKernelEx(config, *args):
+        HostOnlyKernel.launches += 1
+        HostOnlyKernel.after_previous += config.attrs[0].value.programmaticStreamSerializationAllowed
         return (0,)
 
 

@@ -117,18 +117,23 @@ def _intrinsics():
 
         return ldmatrix
 
-    @intrinsic
-    def cp_async_16(typingctx, address, src, index, nbytes):
-        sig = types.void(types.uint32, src, types.uint64, types.uint32)
+    def make_cp_async_16(prefetch: int = 0):
+        size = f".L2::{prefetch}B" if prefetch else ""
+        text = f"cp.async.cg.shared.global{size} [$0], [$1], 16, $2;"
 
-        def codegen(context, builder, sig, args):
-            array = context.make_array(sig.args[1])(context, builder, value=args[1])
-            pointer = builder.ptrtoint(builder.gep(array.data, [args[2]]), ir.IntType(64))
-            asm(builder, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", ir.VoidType(),
-                [args[0], pointer, args[3]], True)
-            return context.get_dummy_value()
+        @intrinsic
+        def cp_async_16(typingctx, address, src, index, nbytes):
+            sig = types.void(types.uint32, src, types.uint64, types.uint32)
 
-        return sig, codegen
+            def codegen(context, builder, sig, args):
+                array = context.make_array(sig.args[1])(context, builder, value=args[1])
+                pointer = builder.ptrtoint(builder.gep(array.data, [args[2]]), ir.IntType(64))
+                asm(builder, text, "r,l,r,~{memory}", ir.VoidType(), [args[0], pointer, args[3]], True)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return cp_async_16
 
     @intrinsic
     def red_add_f32x2(typingctx, array, index, a, b):
@@ -160,9 +165,11 @@ def _intrinsics():
 
     return SimpleNamespace(make_mma=make_mma, make_pack=make_pack, make_unpack=make_unpack, shared_address=shared_address,
                            ldmatrix_x4=make_ldmatrix(""), ldmatrix_x4_trans=make_ldmatrix(".trans"),
-                           cp_async_16=cp_async_16, red_add_f32x2=red_add_f32x2, cp_async_commit=make_void("cp.async.commit_group;"),
+                           cp_async_16=make_cp_async_16(), make_cp_async_16=make_cp_async_16,
+                           red_add_f32x2=red_add_f32x2, cp_async_commit=make_void("cp.async.commit_group;"),
                            cp_async_wait_all=make_void("cp.async.wait_group 0;"), shfl_xor=shfl_xor,
-                           make_cp_async_wait_group=lambda n: make_void(f"cp.async.wait_group {int(n)};"))
+                           make_cp_async_wait_group=lambda n: make_void(f"cp.async.wait_group {int(n)};"),
+                           wait_for_prior_grids=make_void("griddepcontrol.wait;"))
 
 
 def _implementation():
@@ -277,6 +284,17 @@ only). PTX ISA: "Data Movement and Conversion Instructions: cp.async". One lane,
 the copy is in flight until a :data:`cp_async_wait_all` of its group.
 """
 
+
+def make_cp_async_16(prefetch: int = 0):
+    """:data:`cp_async_16` that also has L2 fetch ``prefetch`` bytes (0, 64, 128 or 256) around each copy's 16
+    (``.L2::128B``...). The hint changes no result; the simulator ignores it.
+
+    PTX: ``cp.async.cg.shared.global.L2::128B [address], [src], 16, nbytes;``. PTX ISA: "cp.async"."""
+    if prefetch not in (0, 64, 128, 256):
+        raise ValueError(f"prefetch must be 0, 64, 128 or 256 bytes; got {prefetch!r}")
+    return _impl.make_cp_async_16(int(prefetch))
+
+
 cp_async_commit = _impl.cp_async_commit
 """cp_async_commit(): close the group of cp.async copies issued so far by this thread.
 
@@ -323,5 +341,17 @@ Movement and Conversion Instructions: shfl.sync". With lane masks 1 and 2 the fo
 group (one row of an mma accumulator) exchange their values.
 """
 
+wait_for_prior_grids = _impl.wait_for_prior_grids
+"""wait_for_prior_grids(): wait until the grids this one depends on have finished and their memory is visible.
+
+A kernel launched with programmatic stream serialization (``gpu.driver_launch.LaunchConfig``: programmatic dependent
+launch) may start while the kernel before it on the stream is still running; its blocks must call this before they
+read what that kernel writes. In a kernel launched the ordinary way it returns at once.
+
+PTX: ``griddepcontrol.wait;`` PTX ISA: "Parallel Synchronization and Communication Instructions:
+griddepcontrol" (compute capability 9.0 on).
+"""
+
 __all__ = ["cp_async_16", "cp_async_commit", "cp_async_wait_all", "cp_async_wait_group", "ldmatrix_x4", "ldmatrix_x4_trans",
-           "mma_m16n8k16", "pack", "red_add_f32x2", "shared_address", "shfl_xor", "unpack"]
+           "make_cp_async_16", "mma_m16n8k16", "pack", "red_add_f32x2", "shared_address", "shfl_xor", "unpack",
+           "wait_for_prior_grids"]

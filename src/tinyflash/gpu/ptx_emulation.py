@@ -239,6 +239,11 @@ def cp_async_16(address, src, index, nbytes):
         smem[start + i] = src[int(index) + i] if i < words else 0
 
 
+def make_cp_async_16(prefetch: int = 0):
+    """Emulated ``cp.async.cg.shared.global.L2::128B``: the hint changes no result, so :func:`cp_async_16`."""
+    return cp_async_16
+
+
 def red_add_f32x2(array, index, a, b):
     """Emulated ``red.global.add.v2.f32``: both additions under the simulator's lock of ``cuda.atomic.add``."""
     from numba.cuda.simulator.kernelapi import addlock
@@ -263,6 +268,10 @@ def make_cp_async_wait_group(pending: int):
         pass
 
     return wait
+
+
+def wait_for_prior_grids():
+    """Emulated ``griddepcontrol.wait``: the simulator runs one grid after another, so the grid before has ended."""
 
 
 def shfl_xor(value, lane_mask):

@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, float32, types, uint64
 
 from ...core.online_softmax import LN2, LOG2E
-from ...gpu import elements
+from ...gpu import elements, ptx
 from ...gpu.driver_launch import flat_type
 from ...gpu.runtime import u
 from ...warp_tile import WARP
@@ -86,10 +86,14 @@ block_max, block_sum = block_reduction(larger, "largest"), block_reduction(plus,
 
 
 @lru_cache(maxsize=None)
-def make_combine_kernel(element: str = ""):
+def make_combine_kernel(element: str = "", after_split: bool = False):
     """The combine kernel: O and lse from the splits' partials (module docstring). O is written in its array's
     type (float16, float32); for ``element`` 'bfloat16' O is a uint16 array of bfloat16 bits, each rounded to
-    nearest even (``gpu.elements.narrow``). Launched on :func:`grid` with THREADS threads a block."""
+    nearest even (``gpu.elements.narrow``). Launched on :func:`grid` with THREADS threads a block.
+
+    ``after_split`` (compute capability 9.0 on): the kernel that may be launched while the split kernel still runs
+    (programmatic stream serialization), so that its launch and its blocks' start overlap the split kernel's last
+    blocks; each block waits for the split kernel's partials (``ptx.wait_for_prior_grids``) before it reads them."""
     narrow = elements.narrow(element or None)
 
     @cuda.jit(device=True, inline="always")
@@ -100,6 +104,8 @@ def make_combine_kernel(element: str = ""):
     def combine_splits(O_PART, LSE_PART, O, LSE, n_splits, rows, d):
         red = cuda.shared.array(THREADS, float32)  # the reductions, then one chunk's weights w_s
         part = cuda.local.array(UNROLL, float32)  # UNROLL running sums of w_s · O_s
+        if after_split:
+            ptx.wait_for_prior_grids()  # the split kernel has ended and its partials are visible
         r, bkv, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
         n_splits, rows, d = uint64(n_splits), uint64(rows), uint64(d)
         c = uint64(cuda.blockIdx.z) * uint64(THREADS) + t  # this thread's column

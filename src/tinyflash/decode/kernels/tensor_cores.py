@@ -18,7 +18,7 @@ epilogue), on the packed rows:
     one thread block = one warp, per (split, K/V head of one sequence, chunk of 16 packed rows)
     Q (16 packed rows × d) -> A operands in registers, loaded once straight from HBM (zeros past the real rows)
     the split's keys in tiles of BC keys; a ring of STAGES tiles of (K_j, V_j) in shared memory,
-    filled by cp.async, STAGES - 1 tiles in flight while one is computed:
+    filled by cp.async (L2 fetching 128 bytes around each copy), STAGES - 1 tiles in flight while one is computed:
         S_ij = Q K_jᵀ            mma.sync, B operands by ldmatrix         (16 × BC, in registers)
         mask                      keys past the split or the sequence, or after the diagonal: -inf
         m, alpha, P_ij, l         the online softmax; a row lives in 4 lanes (two shuffles)
@@ -60,13 +60,21 @@ key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks,
 
 @dataclass(frozen=True)
 class DecodeTiling(Tiling):
-    """Keys per tile (BC, a multiple of 16) and tiles in the ring (STAGES, at least 2), head dim D."""
+    """Keys per tile (BC, a multiple of 16) and tiles in the ring (STAGES, at least 2), head dim D; PREFETCH: the
+    bytes (0, 64, 128 or 256) that L2 fetches from HBM around each 16-byte copy of the ring
+    (:func:`tinyflash.gpu.ptx.make_cp_async_16`).
+
+    Why 128 by default: a tile's row is read by 16-byte copies from several lanes, and with ``.L2::128B`` the
+    first copy of a 128-byte run brings the whole run into L2, so HBM serves fewer, longer requests. On the H200
+    (H = 32/8, d = 128, B = 8) it made the split kernel 2-3% faster at Nk = 4,096 and 32,768, in float16 and
+    bfloat16 (docs/notes/2026-12-03-decode-overlap-prefetch.md)."""
 
     WHAT = "decode tiling"
 
     D: int
     BC: int = 32
     STAGES: int = 4
+    PREFETCH: int = 128  # bytes L2 fetches from HBM around each copy's 16 (the .L2::128B qualifier)
 
     @property
     def DP(self) -> int:  # the head dim of a row in shared memory: D padded with zero columns (tinyflash.warp_tile)
@@ -90,6 +98,8 @@ class DecodeTiling(Tiling):
             problems.append("BC (keys per tile) must be a positive multiple of 16")
         if self.STAGES < 2:
             problems.append("STAGES must be at least 2")
+        if self.PREFETCH not in (0, 64, 128, 256):
+            problems.append("PREFETCH must be 0, 64, 128 or 256 bytes")
         return problems
 
 
@@ -146,6 +156,7 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
     PAGE_ALIGNED = page_size > 0 and (BC % page_size == 0 or page_size % BC == 0) and page_size % RPP == 0
     TILE_PAGES = max(1, BC // page_size) if PAGE_ALIGNED else 1
     tile_landed = ptx.cp_async_wait_group(STAGES - 2)  # all but the STAGES - 2 newest groups: tile j
+    cp_async_16 = ptx.make_cp_async_16(cfg.PREFETCH)  # with the tiling's hint to L2
 
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, TABLE, b, bkv, kv_head, k0, seq_len, stage, lane, n_k, h_kv, max_pages, seen, page_base):
@@ -178,8 +189,8 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
                 src = row_offset(TABLE, b, bkv, kv_head, key, n_k, h_kv, max_pages, D_, seen) // TWO
             nbytes = uint32(16) if inside else uint32(0)
             dst = stage + (r * uint32(RW) + uint32(col)) * uint32(4)
-            ptx.cp_async_16(dst, K, src + src_col, nbytes)
-            ptx.cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
+            cp_async_16(dst, K, src + src_col, nbytes)
+            cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, inline="always")
