@@ -18,7 +18,8 @@ the shape: checks, sizing, kernels packed), then ``--calls`` calls in a row are 
 
 Then the steps of one planned call, each timed alone. Without a GPU (or with ``--host-only``) only the no-op
 rows are measured, on CPU tensors: the planned path is taken as for CUDA tensors (device 0, stream 0), the
-compute-capability check is skipped and the plan's block table and lengths are not made. A CPU tensor's
+compute-capability check is skipped, the GPU taken as an H200's (compute capability 9.0: the combine kernel
+launched through cuLaunchKernelEx, to overlap), and the plan's block table and lengths are not made. A CPU tensor's
 allocation may cost a little less than one from PyTorch's CUDA caching allocator. Needs PyTorch.
 """
 

@@ -27,6 +27,9 @@ Launches go to stream 0, as numba's do, unless the call names another (the host 
 caller's library's current stream, ``gpu.arrays.current_stream``). Only for a GPU:
 on numba's simulator, launch the dispatcher.
 
+A launch that must overlap the end of the kernel before it on the stream (programmatic dependent launch, Hopper
+on: decode's combine kernel) goes through ``cuLaunchKernelEx`` with that attribute instead (:class:`LaunchConfig`).
+
 The kernel's code comes from the disk cache (``gpu/kernel_cache.py``) when a process before compiled
 it, else from numba, which compiles it (seconds for the tensor-core kernels) and the cache keeps it;
 either way it is loaded as a module of its own (``cuModuleLoadData``) and launched by its handle.
