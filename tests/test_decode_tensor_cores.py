@@ -213,30 +213,41 @@ def test_tensor_core_paged_kernel_with_device_pages(rng, batch, n_k):
     assert_close(cupy.asnumpy(lse), cupy.asnumpy(lse_c), F32_TOL, "paged vs contiguous lse", is_lse=True)
 
 
+def overlapped_calls_equal_the_plain_one(rng, kernel, batch, heads, kv_heads, n_k, d, calls):
+    """The combine kernel launched to overlap the split kernel's end (programmatic dependent launch, on Hopper)
+    against the plain launch, on the same inputs. Before each of ``calls`` calls the splits' partials (and the
+    output) are set to NaN, so that a combine block that read one before the split kernel wrote it would give a NaN;
+    each call's output must equal the plain launch's bit for bit (the same sums in the same order)."""
+    q, k, v = decode_inputs(rng, batch, heads, kv_heads, 1, n_k, d, np.float16)
+    plain, o_plain, _, _ = prepare_split_kv(q, k, v, kernel=kernel, overlap_combine=False)
+    plain()
+    expected = o_plain.copy_to_host()
+    assert np.isfinite(expected).all()
+    run, o, _, _ = prepare_split_kv(q, k, v, kernel=kernel, overlap_combine=True)
+    o_part, lse_part = run.arrays[5], run.arrays[6]  # (B·H_kv·S·rows·d,), (B·H_kv·S·rows,) float32
+    for i in range(calls):
+        o_part.copy_to_device(np.full(o_part.shape, np.nan, np.float32))
+        lse_part.copy_to_device(np.full(lse_part.shape, np.nan, np.float32))
+        o.copy_to_device(np.full(o.shape, np.nan, np.float16))  # and the output: this call must write all of it
+        run()
+        assert np.array_equal(o.copy_to_host(), expected), f"call {i}: the overlapped call differs from the plain one"
+
+
+@pytest.mark.simulator
+def test_the_overlapping_combine_on_the_simulator(rng):
+    """The kernel that waits for the split kernel (its wait emulated: the simulator runs one grid after another)."""
+    overlapped_calls_equal_the_plain_one(rng, "tensor_cores", 1, 4, 2, 70, 64, 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel, batch", [("tensor_cores", 8), ("tensor_cores", 1), ("cuda_cores", 8)])
 def test_the_overlapping_combine_reads_the_finished_partials(rng, kernel, batch):
-    """The combine kernel launched to overlap the split kernel's end (programmatic dependent launch, on Hopper)
-    against the plain launch, on the same inputs: 50 calls queued back to back without a synchronisation, and each
-    one's output copied after it on the stream, equal to the plain launch's bit for bit (the same sums in the same
-    order; a block that read a partial before it was written would differ)."""
-    import cupy
-
+    """On the GPU, where the combine kernel may start before the split kernel ends: 50 calls."""
     from tinyflash.decode.cuda import overlaps_combine
 
     if not overlaps_combine():
         pytest.skip("the GPU has no programmatic dependent launch (compute capability 9.0 on)")
-    q, k, v = (cupy.asarray(x) for x in decode_inputs(rng, batch, 32, 8, 1, 4_099, 128, np.float16))
-    plain, o_plain, _, _ = prepare_split_kv(q, k, v, kernel=kernel, overlap_combine=False)
-    plain()
-    expected = cupy.asnumpy(o_plain)
-    run, o, _, _ = prepare_split_kv(q, k, v, kernel=kernel, overlap_combine=True)
-    copies = cupy.empty((50,) + o.shape, o.dtype)  # (50, B·H·d)
-    for i in range(50):
-        run()
-        copies[i] = o  # on the same (default) stream, after the combine kernel
-    got = cupy.asnumpy(copies)
-    assert all(np.array_equal(got[i], expected) for i in range(50)), "an overlapped call differs from the plain one"
+    overlapped_calls_equal_the_plain_one(rng, kernel, batch, 32, 8, 4_099, 128, 50)
 
 
 @pytest.mark.gpu

@@ -157,6 +157,9 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
                   **_split_scalars(prob, n_k, h_kv, max_pages)}
     if merged:  # one arrival counter per row set, zero between calls (the kernel leaves it so)
         split_args.update(O=o, LSE=lse, ARRIVED=zeros(like, p["grid"][1] * p["grid"][2], np.uint32))
+    # run.arrays: the launches hold these addresses, so every array lives as long as run, the outputs too (a caller
+    # that keeps only o must not let lse's memory go to another array that the combine kernel would then overwrite)
+    keep = (q, k, v, table, lens, o_part, lse_part, o, lse, split_args.get("ARRIVED"))
     nc = combine_kernel.THREADS
     combine_grid = _combine_grid(p, d, batch, h_kv)
     combine_args = {"O_PART": o_part, "LSE_PART": lse_part, "O": o, "LSE": lse, **_combine_scalars(p, d)}
@@ -171,7 +174,7 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
             if not merged:
                 combine[combine_grid, nc](*by_name(combine, combine_args))
 
-        run.plan = p
+        run.arrays, run.plan = keep, p
         return run, o, lse
     # on a GPU, through the driver, the arguments packed once (gpu/driver_launch.py): a few µs per launch
     split_driver = driver_kernel(split, split_kernel.signature, smem)
@@ -179,9 +182,6 @@ def _prepare(q, k, v, table, lens, prob, *, batch, h_kv, n_k, max_pages, page_si
     combine_driver = driver_kernel(combine, combine_kernel.combine_signature(prob.dtype))
     combine_launch = combine_driver.bind(combine_grid, nc, 0, *combine_driver.arguments(combine_args),
                                          after_previous=overlap)
-    # the launches hold these addresses: keep every array alive as long as run, the outputs too (a caller that
-    # keeps only o must not let lse's memory go to another array that the combine kernel would then overwrite)
-    keep = (q, k, v, table, lens, o_part, lse_part, o, lse, split_args.get("ARRIVED"))
 
     def run(stream: int = 0):
         """Launch the split kernel then the combine kernel (unless the split kernel merges) on ``stream`` (a
