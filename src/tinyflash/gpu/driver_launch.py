@@ -220,16 +220,7 @@ class DriverKernel:
         (gx, gy, gz), (bx, by, bz) = dims(grid), dims(block)
         handle = self._driver.CUstream(int(stream)) if stream else self._stream0
         args = (self.handle, gx, gy, gz, bx, by, bz, smem_bytes, handle, params_address, 0)
-        (err,) = self._driver.cuLaunchKernel(*args)  # the driver copies the parameters before it returns
-        if err == self._driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
-            from numba import cuda
-
-            cuda.current_context()
-            (err,) = self._driver.cuLaunchKernel(*args)
-        if err != self._driver.CUresult.CUDA_SUCCESS:
-            _, name = self._driver.cuGetErrorName(err)
-            raise RuntimeError(f"cuLaunchKernel failed: {name.decode() if name else err} (grid {grid}, block {block}, "
-                               f"{smem_bytes} bytes of shared memory)")
+        checked_launch(self._driver, "cuLaunchKernel", args, grid, block, smem_bytes)
 
     def arguments(self, values: dict) -> tuple:
         """The kernel's arguments in the order of its parameters, taken from ``values`` by name."""
@@ -302,6 +293,23 @@ class GridLaunch:
         self.kernel(self.grid, self.threads, self.smem_bytes, *arrays, *self.scalars, stream=stream)
 
 
+def checked_launch(driver, function: str, args: tuple, grid, block, smem_bytes: int) -> None:
+    """``driver.<function>(*args)`` (cuLaunchKernel or cuLaunchKernelEx; the driver copies the parameters before it
+    returns), made again once numba's context is current where the thread had none; a failure is a RuntimeError
+    naming the driver's error and the launch's grid, block and shared memory."""
+    launch = getattr(driver, function)
+    (err,) = launch(*args)
+    if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
+        from numba import cuda
+
+        cuda.current_context()
+        (err,) = launch(*args)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise RuntimeError(f"{function} failed: {name.decode() if name else err} (grid {grid}, block {block}, "
+                           f"{smem_bytes} bytes of shared memory)")
+
+
 class LaunchConfig:
     """A launch of ``kernel`` through ``cuLaunchKernelEx`` with programmatic stream serialization: the kernel may
     start before the kernel launched before it on the same stream has ended (once that kernel's blocks have
@@ -320,22 +328,14 @@ class LaunchConfig:
         (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ) = dims(grid), dims(block)
         c.sharedMemBytes = int(smem_bytes)
         c.attrs, c.numAttrs = [after], 1
-        self.config, self.what = c, f"grid {grid}, block {block}, {smem_bytes} bytes of shared memory"
+        self.config, self.shape = c, (grid, block, smem_bytes)
 
     def launch(self, params_address: int, stream: int = 0) -> None:
         """Launch with the parameters at ``params_address`` on ``stream`` (a CUstream handle as an int; 0: the
         default stream); a failed launch is a RuntimeError."""
-        driver, c = self.driver, self.config
-        c.hStream = driver.CUstream(int(stream))
-        (err,) = driver.cuLaunchKernelEx(c, self.kernel.handle, params_address, 0)
-        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
-            from numba import cuda
-
-            cuda.current_context()
-            (err,) = driver.cuLaunchKernelEx(c, self.kernel.handle, params_address, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            _, name = driver.cuGetErrorName(err)
-            raise RuntimeError(f"cuLaunchKernelEx failed: {name.decode() if name else err} ({self.what})")
+        c = self.config
+        c.hStream = self.driver.CUstream(int(stream))
+        checked_launch(self.driver, "cuLaunchKernelEx", (c, self.kernel.handle, params_address, 0), *self.shape)
 
 
 class PackedLaunch:
@@ -371,16 +371,8 @@ class PackedLaunch:
         if self.config is not None:
             return self.config.launch(self.params.address, stream)
         driver = self.kernel._driver
-        (err,) = driver.cuLaunchKernel(*self.head, driver.CUstream(stream), self.params.address, 0)
-        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread where numba made no context current
-            from numba import cuda
-
-            cuda.current_context()
-            (err,) = driver.cuLaunchKernel(*self.head, driver.CUstream(stream), self.params.address, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            _, name = driver.cuGetErrorName(err)
-            raise RuntimeError(f"cuLaunchKernel failed: {name.decode() if name else err} (grid {self.grid}, block "
-                               f"{self.threads}, {self.smem_bytes} bytes of shared memory)")
+        checked_launch(driver, "cuLaunchKernel", (*self.head, driver.CUstream(stream), self.params.address, 0),
+                       self.grid, self.threads, self.smem_bytes)
 
 
 class Bytes:
