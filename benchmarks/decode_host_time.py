@@ -42,6 +42,7 @@ def no_op_launches(on_cpu: bool):
     from tinyflash.decode import cuda as decode_cuda
     from tinyflash.gpu import arrays, runtime
     from tinyflash.gpu.driver_launch import Bytes, HostOnlyKernel
+    from tinyflash.host.plans import PLANS
 
     saved = {name: getattr(decode_cuda, name) for name in ("driver_kernel", "require_compute_capability", "to_device",
                                                             "compute_capability")}
@@ -60,11 +61,11 @@ def no_op_launches(on_cpu: bool):
         decode_cuda.compute_capability = lambda: (9, 0)  # the H200's path: the combine launched to overlap
         decode_cuda.to_device = lambda x, like=None: Bytes(x.nbytes)  # the block table and lengths: never read
         runtime._gpu_seen = True
-    decode_cuda._PLANS.clear()
+    PLANS.clear()
     try:
         yield
     finally:
-        decode_cuda._PLANS.clear()
+        PLANS.clear()
         for name, value in saved.items():
             setattr(decode_cuda, name, value)
         arrays._ARRAY_LIBRARIES["torch"], runtime._gpu_seen = saved_library, saved_seen
@@ -102,14 +103,15 @@ def steps(q, k, v) -> dict:
     of 2,000)."""
     from tinyflash.decode import cuda as decode_cuda
     from tinyflash.gpu.arrays import array_library, library
+    from tinyflash.host.plans import PLANS, decode_key
 
     decode_cuda.cuda_split_kv_attention(q, k, v)  # makes the plan
     lib = array_library("torch")
-    key = decode_cuda.plan_key("torch", lib, q, k, v, None, False, None)
-    plan = decode_cuda._PLANS[key]
+    key = ("cuda_split_kv_attention", *decode_key("torch", lib, q, k, v, None, False, None))
+    plan = PLANS.get(key)
     table = {"library(q) x3, array_library": lambda: (library(q), library(k), library(v), array_library("torch")),
-             "plan_key": lambda: decode_cuda.plan_key("torch", lib, q, k, v, None, False, None),
-             "plan lookup (dict)": lambda: decode_cuda._PLANS.get(key),
+             "decode_key": lambda: decode_key("torch", lib, q, k, v, None, False, None),
+             "plan lookup (PLANS.get)": lambda: PLANS.get(key),
              "lib.device()": lib.device,
              "address x3": lambda: (lib.address(q), lib.address(k), lib.address(v)),
              "empty: o": lambda: lib.empty(q, plan.out_shape, None),

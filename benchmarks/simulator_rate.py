@@ -29,7 +29,7 @@ def measure(sizes=SIZES, kernels=("v1", "v5")) -> list[dict]:
     import numpy as np
 
     from tinyflash.forward.cuda import cuda_attention
-    from tinyflash.forward.kernels import tiling, v1_row_per_thread
+    from tinyflash.forward.kernels import VERSIONS, tiling
     from tinyflash.gpu.runtime import simulator_enabled
 
     if not simulator_enabled():
@@ -44,7 +44,8 @@ def measure(sizes=SIZES, kernels=("v1", "v5")) -> list[dict]:
             cuda_attention(q, k, v, kernel=kernel)
             seconds = time.perf_counter() - start
             if kernel == "v1":
-                br, bc, _, _ = v1_row_per_thread.tiling(d, d)
+                v1 = VERSIONS["v1"].code.tiling(d, d)  # v1's tiling on the simulator
+                br, bc = v1.BR, v1.BC
                 threads = -(-n_q // br) * br  # one thread per row of each query tile
             else:
                 cfg = tiling.simulator_config(d, d)

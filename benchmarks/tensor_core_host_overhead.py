@@ -48,20 +48,22 @@ def host_steps(q, k, v) -> dict:
     from tinyflash.forward import tensor_cores as tc
     from tinyflash.gpu.arrays import dense, empty
     from tinyflash.gpu.driver_launch import param_values
+    from tinyflash.host.inputs import FLOAT32
+    from tinyflash.host.plans import PLANS, call_key
 
     tc.tensor_core_attention(q, k, v)  # makes and keeps the call's plan
-    key = tc.call_key(q, k, v, False, None)
-    plan = tc._PLANS[key]
+    key = ("tensor_core_attention", None, None, *call_key(q, k, v, False, None))  # as host.forward keys it
+    plan = PLANS.get(key)
     prob, launch = plan.prob, plan.launch  # launch: v6's GridLaunch, sized for these shapes
-    o, lse = empty(q, prob.out_shape), empty(q, prob.lse_shape, tc.FLOAT32)
+    o, lse = empty(q, prob.out_shape), empty(q, prob.lse_shape, FLOAT32)
     kernel, arrays = launch.kernel, (q, k, v, o, lse)
     values = param_values(kernel.argument_types, (*arrays, *launch.scalars), kernel._sizes)
     address = kernel._params.pack(values)
-    steps = {"call_key": lambda: tc.call_key(q, k, v, False, None),
-             "plan lookup (dict)": lambda: tc._PLANS.get(key),
+    steps = {"call_key": lambda: call_key(q, k, v, False, None),
+             "plan lookup (PLANS.get)": lambda: PLANS.get(key),
              "dense(q)": lambda: dense(q),
              "empty(q, out_shape)": lambda: empty(q, prob.out_shape),
-             "empty(q, lse_shape, float32)": lambda: empty(q, prob.lse_shape, tc.FLOAT32),
+             "empty(q, lse_shape, float32)": lambda: empty(q, prob.lse_shape, FLOAT32),
              "torch.empty_like(q)": lambda: torch.empty_like(q),
              f"param_values ({len(arrays)} arrays, {len(launch.scalars)} scalars)":
                  lambda: param_values(kernel.argument_types, (*arrays, *launch.scalars), kernel._sizes),
@@ -86,9 +88,10 @@ def peers(q, k, v, causal: bool) -> tuple[dict, tuple]:
 
     from tinyflash.bench.peers import sdpa_backend
     from tinyflash.forward import tensor_cores as tc
+    from tinyflash.host.forward import plan_call
 
     o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
-    launch = tc.plan_call(q, k, v, causal, None).launch  # the GridLaunch a call of these shapes makes
+    launch = plan_call(tc.TENSOR_CORES, q, k, v, causal, None).launch  # the GridLaunch a call of these shapes makes
     # GridLaunch's call passes the arrays, then its scalars: packed here once instead of at every call
     bare = launch.kernel.bind(launch.grid, launch.threads, launch.smem_bytes, q, k, v, o, lse, *launch.scalars)
     flash = sdpa_backend("flash")

@@ -33,8 +33,7 @@ import numpy as np  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
-from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, version_table  # noqa: E402
-from tinyflash.forward.kernels import v1_row_per_thread, v5_branch_free  # noqa: E402, I001
+from tinyflash.forward.kernels import VERSIONS, tiling  # noqa: E402
 from tinyflash.hardware import H200, STATIC_SMEM_PER_BLOCK  # noqa: E402
 from lib import excerpt, lesson_rng, num, record, show  # noqa: E402
 from tinyflash.cost.traffic import HBMCounter  # noqa: E402
@@ -59,7 +58,8 @@ rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others)
 #
 # The kernels live in src/tinyflash/forward/kernels/, one file per version, each registered once.
 # Each one is a complete kernel; the next one changes one thing, which the table says:
-print("\n" + version_table())
+print("\n" + VERSIONS.table())
+LATEST = VERSIONS.default("cuda_attention").name  # the registry's rule: what a call that names no kernel runs
 print(f"cuda_attention runs {LATEST} unless told otherwise (kernel='v1' ... '{LATEST}')")
 CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 16, 16)]  # v6 (lesson 07): 16-bit only
 assert CUDA_CORES[-1] == LATEST
@@ -73,11 +73,11 @@ show("stage 1, tinyflash.blocked_attention (NumPy): the key/value loop of one qu
 # shared memory together, then each thread runs stage 1's lines for its own row: scores, mask,
 # row max, rescale (alpha), P·V. m_i, l_i and acc are that row's, in registers.
 show("kernel v1 (forward/kernels/v1_row_per_thread.py): the same loop, one thread per row",
-     excerpt(v1_row_per_thread.make_kernel, "for k_start in range", "m_i = m_new"))
+     excerpt(VERSIONS["v1"].code.make_kernel, "for k_start in range", "m_i = m_new"))
 # v5, the fast kernel: the same loop, each phase a device function named after stage 1's steps;
 # a block's threads share the work of every phase (register tiling, below).
 show(f"kernel {LATEST} (forward/kernels/{VERSIONS[LATEST].module}): the loop as phases",
-     excerpt(v5_branch_free.make_kernel, "for k_start in range", "pv_product("))
+     excerpt(VERSIONS[LATEST].code.make_kernel, "for k_start in range", "pv_product("))
 print("  phases: load_kv (K_j, V_j into shared memory) -> scores (S_ij = scale·Q_i K_jᵀ) -> mask -> row_max "
       "(m_new) -> rescale (alpha, l_i, acc) -> store_p (P_ij) -> pv_product (acc += P_ij V_j)")
 
@@ -140,7 +140,8 @@ assert small.smem_bytes <= STATIC_SMEM_PER_BLOCK
 # Sizes that no tile launched here divides, so every version meets a ragged last query tile and a
 # ragged last key tile (and, causal, a diagonal that cuts through tiles).
 lead, n_q, n_k = ((2,), 21, 19) if not HAS_GPU else ((2, 4), 1000, 777)
-v1_br, v1_bc, _, _ = v1_row_per_thread.tiling(d_check, d_check)
+v1_tiling = VERSIONS["v1"].code.tiling(d_check, d_check)  # where this run launches v1
+v1_br, v1_bc = v1_tiling.BR, v1_tiling.BC
 print(f"\nq (..., Nq, d) = {(*lead, n_q, d_check)}, k and v {(*lead, n_k, d_check)}, float32; no tile launched here "
       "divides Nq or Nk:")
 for name, (br, bc) in (("v1", (v1_br, v1_bc)), ("v2-v5", (cfg.BR, cfg.BC))):

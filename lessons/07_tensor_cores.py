@@ -161,7 +161,7 @@ print(f"v6's GPU tilings rescale lazily: d = 128 {lazy[128, False]}; d = 64 caus
 # room; if a head's longest block is among the last started, the others sit idle while it finishes.
 # v6 orders its blocks (block_work) by groups of heads: within a group, every head's last (longest)
 # tile, then every head's next-to-last, ...; the heads of a group are those whose K, V fit in
-# L2_KV_BYTES together (tct.head_group). A model of it: blocks as long as their keys (plus one for
+# L2_KV_BYTES together (TensorCoreTiling.head_group). A model of it: blocks as long as their keys (plus one for
 # loading Q_i and writing O_i), started in order, each on the first free slot.
 import heapq  # noqa: E402
 
@@ -178,7 +178,7 @@ cfg_c = tct.default_tiling(128, causal=True, n_q=4096)
 n_tiles, heads = 4096 // cfg_c.BR, 32
 slots = 132 * 2  # the H200's 132 multiprocessors, 2 blocks each (128 threads × 255 registers, 102 KiB smem)
 length = [1 + (i + 1) * cfg_c.BR / cfg_c.BC for i in range(n_tiles)]  # key tiles of query tile i, + 1
-group = tct.head_group(cfg_c, 4096, heads, 1, True)
+group = cfg_c.head_group(4096, heads, 1, True)
 by_head = [length[i] for h in range(heads) for i in reversed(range(n_tiles))]  # one head after another
 by_group = [length[i] for g in range(0, heads, group) for i in reversed(range(n_tiles)) for h in range(group)]
 print(f"\ncausal, N = 4,096, H = {heads}, Br = {cfg_c.BR}: {n_tiles * heads} blocks on {slots} slots; busy "

@@ -39,7 +39,7 @@ from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # no
 from tinyflash.decode import split_kv  # noqa: E402
 from tinyflash.decode.cache_memory import attention_intensity, kv_cache_bytes  # noqa: E402
 from tinyflash.decode.paged import to_paged  # noqa: E402
-from tinyflash.decode.kernels.tensor_cores import default_tiling as default_decode_tiling  # noqa: E402
+from tinyflash.decode.kernels import VERSIONS as DECODE_KERNELS  # noqa: E402
 from tinyflash.cost.memory import format_bytes  # noqa: E402
 from lib import lesson_rng, record  # noqa: E402
 from tinyflash.hardware import H200  # noqa: E402
@@ -70,7 +70,7 @@ assert decode_mha < 1.01 and 3.9 < decode_gqa < 4.01 and prefill > balance > 50 
 # runs a few such blocks on each at once: the "slots" of one wave. How many fit is the split kernel's
 # own fact: its shared memory (and registers) per block. The tensor-core kernel that decodes float16 at
 # d = 128 (the H200 measurements below) holds a ring of K/V tiles of 68 KB: 3 blocks per SM.
-per_sm = default_decode_tiling(128).blocks_per_sm()
+per_sm = DECODE_KERNELS["tensor_cores"].code.default_tiling(128).blocks_per_sm()
 slots = H200.sms * per_sm
 print(f"\n{H200.sms} SMs × {per_sm} resident blocks of the tensor-core split kernel = {slots} slots per wave")
 print("  B   Nk       blocks unsplit  busy     splits (rule)  blocks  busy")

@@ -38,9 +38,7 @@ import numpy as np  # noqa: E402
 
 import tinyflash as tf  # noqa: E402
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule  # noqa: E402
-from tinyflash.forward import hopper  # noqa: E402
-from tinyflash.forward.kernels import tma_tiling  # noqa: E402
-from tinyflash.forward.kernels import v9_warp_specialized, v10_ping_pong  # noqa: E402, I001
+from tinyflash.forward.kernels import VERSIONS, tma_tiling  # noqa: E402
 from tinyflash.gpu import wgmma  # noqa: E402
 from tinyflash.gpu.runtime import compute_capability  # noqa: E402
 from tinyflash.warpgroup_tile import k_step_offset, warpgroup_tile  # noqa: E402
@@ -145,9 +143,9 @@ print("  start of k-step kk (bytes from the tile):",
 
 # %% [6] Code: TMA and the mbarrier: one thread, one request per 64 columns, bytes counted
 show("kernels/v9_warp_specialized.py: K_j and V_j requested by one thread",
-     excerpt(v9_warp_specialized.make_kernel, "def load_kv", "    bar)"))  # to the V copy's last line
+     excerpt(VERSIONS["v9"].code.make_kernel, "def load_kv", "    bar)"))  # to the V copy's last line
 stage_bytes = 2 * cfg.BC * cfg.D * 2  # K_j and V_j, 16-bit
-v7_threads = hopper.TILINGS["v7"](cfg.D).NT  # v7 on a GPU: every thread of the block copies
+v7_threads = VERSIONS["v7"].tilings[0](cfg.D).NT  # v7 on a GPU: every thread of the block copies
 print(f"a stage's 'full' barrier expects {stage_bytes:,} bytes (K_j and V_j, {cfg.BC} keys × d = {cfg.D}); "
       f"in v7 each of {v7_threads} threads issues {stage_bytes // 16 // v7_threads} cp.async of 16 bytes for it")
 # A barrier completes a phase when its arrivals and its bytes are all in; its parity bit then flips.
@@ -162,9 +160,9 @@ print("  producer waits 'empty' parity" + " ".join(f"{(j // S + 1) % 2:2d}" for 
 
 # %% [7] Code: warp specialisation: who does what, and the registers moved to who needs them
 show("kernels/v9_warp_specialized.py: one kernel, two roles",
-     excerpt(v9_warp_specialized.make_kernel, "if tid < WG:", "consume(O, LSE, base, tid - WG"))
-show("the producer's loop", excerpt(v9_warp_specialized.make_kernel, "for j in range(n_tiles):", "load_kv(maps"))
-show("the consumers' loop", excerpt(v9_warp_specialized.make_kernel, "tma.wait(base + uint32(Q_FULL)",
+     excerpt(VERSIONS["v9"].code.make_kernel, "if tid < WG:", "consume(O, LSE, base, tid - WG"))
+show("the producer's loop", excerpt(VERSIONS["v9"].code.make_kernel, "for j in range(n_tiles):", "load_kv(maps"))
+show("the consumers' loop", excerpt(VERSIONS["v9"].code.make_kernel, "tma.wait(base + uint32(Q_FULL)",
                                     "tma.arrive(base"))
 even = tma_tiling.REGISTERS // cfg.NT // 8 * 8  # what every thread gets without setmaxnreg (a multiple of 8)
 moved = wgmma.WARPGROUP * (cfg.PRODUCER_REGISTERS + cfg.WARPGROUPS * cfg.CONSUMER_REGISTERS)
@@ -182,8 +180,8 @@ for causal in ([False, True] if ON_HOPPER else []):
     ref_o, ref_lse = tf.reference_attention(q, k, v, causal=causal)
     naive_o = tf.naive_attention(q, k, v, causal=causal)[0]  # the same float16 inputs, float16 arithmetic
     for version in ("v7", "v8", "v9", "v10"):
-        if version == hopper.VERSION:
-            o, lse = tf.hopper_attention(q, k, v, causal=causal)  # the entry point runs hopper.VERSION
+        if version == VERSIONS.default("hopper_attention").name:
+            o, lse = tf.hopper_attention(q, k, v, causal=causal)  # the registry's rule: what the entry point runs
         else:
             o, lse = tf.cuda_attention(q, k, v, causal=causal, kernel=version)
         rule = assert_fa_rule(o, naive_o, ref_o, np.float16, what=f"{version} o")
@@ -247,7 +245,7 @@ assert min(over_flash) > 1 and max(over_cudnn) < 1  # past FlashAttention-2 ever
 # Inside a warpgroup, the softmax of tile j runs while its own P_i,j-1 V_j-1 is multiplied; between
 # the warpgroups, the turns (named barriers 1 and 2 of 256 threads, tinyflash.gpu.tma.named_barrier_by_id)
 # put one warpgroup's softmax under the other's products. Warpgroup 0 lets itself go first.
-show("kernels/v10_ping_pong.py: a consumer's step", excerpt(v10_ping_pong.make_kernel, "for j in range(ONE, n_tiles):",
+show("kernels/v10_ping_pong.py: a consumer's step", excerpt(VERSIONS["v10"].code.make_kernel, "for j in range(ONE, n_tiles):",
                                                              "rescale_acc(acc, alpha)"))
 # The products are warpgroup_tile's issue and wait halves (issue_scores, issue_p_times_v, scores_ready,
 # products_ready); the softmax is warp_tile's, split so that acc is rescaled only after P·V's wait

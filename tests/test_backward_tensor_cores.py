@@ -13,6 +13,7 @@ from conftest import make_qkv
 
 import tinyflash as tf
 from tinyflash.backward.kernels import VERSIONS
+from tinyflash.host.launch import launch_backward_tensor_cores
 from tinyflash.backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling, default_tiling
 from tinyflash.core.checks import check_attention_inputs
 from tinyflash.core.tolerance import assert_fa_rule
@@ -82,10 +83,10 @@ def check_bfloat16(rng, kernel, n_q, n_k, causal):
     D = (do.astype(np.float64) * o).sum(-1).astype(np.float32)  # rowsum(dO ∘ O)
     args = LaunchArgs(arrays={**{name: (x, x.size) for name, x in bits.items()},
                               "LSE": (lse.astype(np.float32), n_q), "Dvec": (D, n_q), "dQ_acc": (dq_acc, q.size),
-                              "dK": (dk, k.size), "dV": (dv, v.size)},
+                              "dK": (dk, k.size), "dV": (dv, v.size), "dQ_turn": (np.zeros(1, np.int32), 0)},
                       scalars={"n_q": n_q, "n_k": n_k, "scale": np.float32(prob.scale),
                                "scale_log2": np.float32(prob.scale * np.log2(np.e)), "causal": causal}, n_heads=1)
-    VERSIONS[kernel].launch(args, prob, element="bfloat16")
+    launch_backward_tensor_cores(VERSIONS[kernel], args, prob, element="bfloat16", who=f"backward kernel {kernel}")
     grads = [dq_acc.reshape(q.shape) * prob.scale] + [from_bits(x, "bfloat16").reshape(k.shape) for x in (dk, dv)]
     ref = tf.reference_attention_backward(q, k, v, do, causal=causal)
     naive = [from_bits(to_bits(x, "bfloat16"), "bfloat16")

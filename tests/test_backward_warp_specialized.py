@@ -19,7 +19,6 @@ from conftest import make_qkv
 from test_backward_tensor_cores import check, check_bfloat16
 
 import tinyflash as tf
-from tinyflash.backward import tensor_cores
 from tinyflash.backward.kernels import VERSIONS
 from tinyflash.backward.kernels import tma_tiling
 from tinyflash.backward.kernels.tma_tiling import BackwardTmaTiling, default_tiling
@@ -139,8 +138,8 @@ def test_deterministic_mode_is_refused(rng):
 
 
 def test_registry_and_tilings():
-    assert VERSIONS["v4"].driver_launches is not None and VERSIONS["v4"].head_dims == (64, 128)
-    assert tensor_cores.TILINGS["v4"](128) == default_tiling(128)
+    assert VERSIONS["v4"].signature is not None and VERSIONS["v4"].head_dims == (64, 128)
+    assert VERSIONS["v4"].tilings[0](128) == default_tiling(128)
     for d in (64, 128):
         cfg = default_tiling(d)
         assert cfg.smem_bytes <= 227 * 1024 and (cfg.BC, cfg.NT, cfg.STAGES) == (128, 384, 2)

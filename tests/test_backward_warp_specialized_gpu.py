@@ -78,11 +78,13 @@ def test_dk_dv_are_v3s_at_d_128(rng, causal):
 def dq_by_tma(monkeypatch):
     """tensor_core_attention_backward(kernel='v4') at v4's tiling with DQ_BY_TMA: dQ_i through shared memory and
     TMA reduce-adds by the producer's second warp (plans made afresh)."""
-    from tinyflash.backward import tensor_cores
-    from tinyflash.backward.kernels import tma_tiling
+    from tinyflash.backward.kernels import VERSIONS, tma_tiling
+    from tinyflash.host.plans import PLANS
 
-    monkeypatch.setitem(tensor_cores.TILINGS, "v4", lambda d: replace(tma_tiling.default_tiling(d), DQ_BY_TMA=True))
-    monkeypatch.setattr(tensor_cores, "_PLANS", {})
+    v4 = VERSIONS["v4"]
+    tilings = (lambda d: replace(tma_tiling.default_tiling(d), DQ_BY_TMA=True), *v4.tilings[1:])
+    monkeypatch.setitem(VERSIONS.versions, "v4", replace(v4, tilings=tilings))
+    monkeypatch.setattr(PLANS, "plans", {})
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -71,12 +71,15 @@ def test_numpy_float16_in_numpy_out(rng):
 
 
 def test_torch_autograd_runs_v3_where_it_is_the_version(rng, monkeypatch):
-    """tinyflash.torch.attention with ``backward.tensor_cores.VERSION`` set to v3: the same dk and dv, bit for bit,
-    as v3 called directly (bfloat16, 4 query heads per K/V head)."""
+    """tinyflash.torch.attention with the registry's rule set to v3: the same dk and dv, bit for bit, as v3 called
+    directly (bfloat16, 4 query heads per K/V head)."""
     import tinyflash.torch as tft
-    from tinyflash.backward import tensor_cores
+    from tinyflash.backward.kernels import VERSIONS
+    from tinyflash.host.plans import PLANS
+    from tinyflash.host.registry import Default
 
-    monkeypatch.setattr(tensor_cores, "VERSION", "v3")
+    monkeypatch.setattr(VERSIONS, "defaults", (Default("tensor_core_attention_backward", "v3"), *VERSIONS.defaults))
+    monkeypatch.setattr(PLANS, "plans", {})
     q, k, v, do = inputs(int(rng.integers(2**31)), 8, 2, 700, 64, "bfloat16")
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     tft.attention(*leaves, causal=True).backward(do)

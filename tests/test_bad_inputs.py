@@ -154,7 +154,7 @@ def test_gpu_tensors_whose_dtype_numpy_does_not_know():
     """PyTorch tensors' dtypes are read from their interface; bfloat16, which NumPy lacks, is taken by name where a
     stage takes it and refused elsewhere with the functions that take it; a type no stage takes says so."""
     from tinyflash.core.checks import SUPPORTED_DTYPES, check_attention_inputs
-    from tinyflash.forward.cuda import SUPPORTED
+    from tinyflash.host.inputs import CUDA_CORES as SUPPORTED
 
     f32 = [FakeTorchTensor((2, 5, 8), "torch.float32", "<f4") for _ in range(3)]
     prob = check_attention_inputs(*f32, causal=False, scale=None, allowed=SUPPORTED)

@@ -390,7 +390,7 @@ def test_a_benchmark_may_fix_sizes_per_sequence_length():
 def test_hopper_tables():
     """The hopper benchmark's table: each step over flash, and hopper_attention's kernel against flash (TFLOP/s, one
     call alone) and against cuDNN by time; the tilings'."""
-    from tinyflash.forward.hopper import VERSION
+    VERSION = VERSIONS.default("hopper_attention").name
 
     times = {("tinyflash", VERSION): 8.0, ("tinyflash", "v6"): 12.0, ("torch_flash", ""): 10.0, ("torch_cudnn", ""): 6.0}
     rows = [row("hopper", impl, variant, n_q=16384, time_ms=ms, tflops=round(440 / ms, 1), vs_baseline=10.0 / ms,
@@ -408,7 +408,7 @@ def test_hopper_tables():
 def test_head_dim_table_with_and_without_stage_4():
     """The head-dims table: v6, its fastest tiling, SDPA flash; hopper_attention's kernel in two more columns where
     the record has its rows (on Hopper, at d = 256), '–' at a d it did not run."""
-    from tinyflash.forward.hopper import VERSION
+    VERSION = VERSIONS.default("hopper_attention").name
 
     times = {("tinyflash", "v6"): 12.0, ("tinyflash", "v6 warps=8 BC=64 group=1"): 11.0, ("torch_flash", ""): 10.0,
              ("tinyflash", VERSION): 8.0}

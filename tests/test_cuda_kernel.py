@@ -15,7 +15,7 @@ from conftest import HAS_GPU, make_qkv
 import tinyflash as tf
 import tinyflash.gpu
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
-from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, v1_row_per_thread, v5_branch_free
+from tinyflash.forward.kernels import VERSIONS, tiling, v1_row_per_thread, v5_branch_free
 from tinyflash.gpu import arrays, launch, runtime
 from tinyflash.hardware import STATIC_SMEM_PER_BLOCK
 
@@ -177,7 +177,7 @@ def test_more_heads_than_one_grid_column_holds(rng, monkeypatch):
     lowered to 2 so that 7 heads take 4 launches (the GPU tests run 70,000 real heads)."""
     monkeypatch.setattr(launch, "MAX_GRID_Y", 2)
     q, k, v = make_qkv(rng, (7,), 10, 9, d=8, d_v=5, dtype=np.float32)
-    for kernel in ("v1", LATEST):
+    for kernel in ("v1", VERSIONS.default("cuda_attention").name):
         o, lse = tf.cuda_attention(q, k, v, causal=True, kernel=kernel)
         check_against_stages(o, lse, q, k, v, True, f"{kernel}, 7 heads in slices of 2")
 
@@ -258,15 +258,21 @@ def test_vector_width():
 
 
 def test_registry():
-    """Every version is registered once, in order, with a file, a line on what changed and a launch."""
-    from tinyflash.forward import kernels
-
+    """Every version is registered once, in order, with a file, a line on what changed, what it builds and how it is
+    sized; each entry point's default is the rule's, and a name outside the registry is refused with the names."""
     assert list(VERSIONS) == [f"v{i}" for i in range(1, len(VERSIONS) + 1)]
-    assert LATEST == CUDA_CORES[-1]  # cuda_attention's default: the latest version that takes every input
+    # cuda_attention's default: the latest version on the CUDA cores (every input)
+    assert VERSIONS.default("cuda_attention").name == CUDA_CORES[-1]
+    assert VERSIONS.default("tensor_core_attention").name == "v6" and VERSIONS.default("hopper_attention").name == "v10"
     for name, version in VERSIONS.items():
-        assert version.module.startswith(name + "_") and version.changed and callable(version.launch)
-    assert kernels.get() is VERSIONS[LATEST] and kernels.get("v1") is VERSIONS["v1"]
-    table = kernels.version_table().splitlines()
+        assert version.module.startswith(name + "_") and version.changed and callable(version.build)
+        assert len(version.tilings) >= 2 and all(map(callable, version.tilings))
+        assert f"def {version.build.__name__}(" in version.source()  # its file says what it builds
+    assert VERSIONS.choose(None, "cuda_attention") is VERSIONS[CUDA_CORES[-1]] and VERSIONS.choose("v1") is VERSIONS["v1"]
+    with pytest.raises(ValueError, match=r"kernel must be one of v1, v2, .*v10 \(None: v5\); got 'v0'"):
+        tf.cuda_attention(np.ones((4, 8), np.float32), np.ones((4, 8), np.float32), np.ones((4, 8), np.float32),
+                          kernel="v0")
+    table = VERSIONS.table().splitlines()
     assert len(table) == 2 + len(VERSIONS) and all(f"| {name} |" in " ".join(table) for name in VERSIONS)
 
 

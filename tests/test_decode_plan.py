@@ -17,6 +17,7 @@ import tinyflash as tf
 from tinyflash.decode import cuda as decode_cuda
 from tinyflash.gpu import arrays
 from tinyflash.gpu.driver_launch import Bytes, HostOnlyKernel
+from tinyflash.host.plans import PLANS
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 _addresses = itertools.count(1 << 20)
@@ -65,8 +66,8 @@ def planned(monkeypatch):
     # __cuda_array_interface__: the block table and lengths as their sizes (the host-only kernels read nothing)
     monkeypatch.setattr(Fake, "current", 0)
     monkeypatch.setattr(Fake, "streams", [])
-    monkeypatch.setattr(decode_cuda, "_PLANS", {})
-    return decode_cuda._PLANS
+    monkeypatch.setattr(PLANS, "plans", {})
+    return PLANS.plans
 
 
 def inputs(batch=2, heads=8, kv_heads=2, n_q=1, n_k=301, d=64, dtype=F16, device=0, **options):

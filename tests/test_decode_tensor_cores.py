@@ -12,7 +12,8 @@ import tinyflash as tf
 from tinyflash.core.checks import check_attention_inputs
 from tinyflash.core.tolerance import F32_TOL, assert_close
 from tinyflash.decode import kernels
-from tinyflash.decode.cuda import SUPPORTED as F16_F32, prepare_paged, prepare_split_kv
+from tinyflash.decode.cuda import prepare_paged, prepare_split_kv
+from tinyflash.host.inputs import CUDA_CORES as F16_F32
 from tinyflash.decode.kernels import tensor_cores as tc
 from tinyflash.decode.paged import to_paged
 from tinyflash.gpu import arrays

@@ -8,6 +8,7 @@ import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
 from tinyflash.decode import cuda as decode_cuda
 from tinyflash.decode.paged import PagedKVCache
+from tinyflash.host.plans import PLANS
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -94,9 +95,9 @@ def test_the_whole_call_is_planned_once_per_shape(rng):
     """The second call of a shape reuses its DecodePlan; both calls give the prepared run's o, bit for bit."""
     q, k, v = decode_tensors(int(rng.integers(2**31)), 8, 32, 8, 1, 32_768, 128, torch.float16)
     first = tf.cuda_split_kv_attention(q, k, v)
-    count = len(decode_cuda._PLANS)
+    count = len(PLANS)
     second = tf.cuda_split_kv_attention(q, k, v)
-    assert len(decode_cuda._PLANS) == count and torch.equal(first[0], second[0])
+    assert len(PLANS) == count and torch.equal(first[0], second[0])
     run, o, lse, prob = decode_cuda.prepare_split_kv(q, k, v)
     run()
     torch.cuda.synchronize()

@@ -129,7 +129,8 @@ def test_simulator_rate_counts_the_work_launch_counts():
     spec.loader.exec_module(simulator_rate)
 
     (row,) = simulator_rate.measure(sizes=((5, 20, 8),), kernels=("v1",))
-    br, bc, _, _ = v1_row_per_thread.tiling(8, 8)
+    tiling = v1_row_per_thread.tiling(8, 8)
+    br, bc = tiling.BR, tiling.BC
     assert br >= 5 and row["work"] == br * -(-20 // bc)  # one query tile of BR threads × the key tiles of 20 keys
     assert row["seconds"] > 0 and row["seconds_per_thread_tile"] == row["seconds"] / row["work"]
 

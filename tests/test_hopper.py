@@ -17,7 +17,6 @@ from test_tensor_core import bf16_attention, bf16_inputs, check_bf16
 
 import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
-from tinyflash.forward import hopper
 from tinyflash.forward.kernels import VERSIONS
 from tinyflash.forward.kernels.hopper_tiling import HopperTiling
 from tinyflash.forward.kernels.tma_tiling import TmaTiling
@@ -25,7 +24,7 @@ from tinyflash.gpu.runtime import simulator_enabled
 
 pytestmark = pytest.mark.simulator
 HOPPER = [name for name in VERSIONS if int(name[1:]) >= 7]  # the wgmma kernels
-ENTRY = hopper.VERSION  # what hopper_attention runs
+ENTRY = VERSIONS.default("hopper_attention").name  # what hopper_attention runs
 
 
 def attention(version, q, k, v, **options):
@@ -224,9 +223,9 @@ def test_the_gpu_tilings_fit_every_head_dim(version):
     """Each kernel's tiling on a GPU at each d it takes passes its checks and fits the 227 KiB a block may have
     on an H200; at d = 256, FlashAttention-3's 128 × 80 in two stages (three of 80 keys would not fit)."""
     for d in VERSIONS[version].head_dims:
-        cfg = hopper.TILINGS[version](d)  # validated
+        cfg = VERSIONS[version].tilings[0](d)  # validated
         assert cfg.D == d and cfg.smem_bytes <= 227 * 1024, cfg
-    big = hopper.TILINGS[version](256)
+    big = VERSIONS[version].tilings[0](256)
     assert (big.BR, big.BC, getattr(big, "STAGES", 2)) == (128, 80, 2)
 
 

@@ -24,9 +24,7 @@ HOPPER = [name for name in __import__("tinyflash.forward.kernels", fromlist=["VE
 
 def attention(version, q, k, v, causal):
     """hopper_attention's call path (checks, plan, launch through the driver for device arrays) with ``version``."""
-    from tinyflash.forward.hopper import TILINGS, Entry, attention_call, require_hopper
-
-    return attention_call(q, k, v, causal, None, Entry("hopper_attention", version, require_hopper, TILINGS[version]))
+    return tf.hopper_attention(q, k, v, causal=causal, kernel=version)
 
 
 def on_hopper() -> bool:

@@ -23,7 +23,7 @@ FINGERPRINT = """
     from tinyflash.forward.kernels import v6_tensor_cores as v6
     from tinyflash.forward.kernels.tensor_core_tiling import default_tiling as v6_tiling
     from tinyflash.gpu import kernel_cache as kc
-    kernels = [v2.make_kernel(default_tiling(128), "bfloat16"), v6.kernel_for(v6_tiling(64, True, 4096), "float16", 2)]
+    kernels = [v2.make_kernel(default_tiling(128), "bfloat16"), v6.build(v6_tiling(64, True, 4096), "float16", 2)]
     print(kc.source_hash())
     for k in kernels:
         print(kc.fingerprint(k), kc.fingerprint(dict(k.targetoptions)))

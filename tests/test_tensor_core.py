@@ -17,6 +17,7 @@ from tinyflash.core.tolerance import F32_TOL, RuleCheck, assert_close, assert_fa
 from tinyflash.forward.kernels import VERSIONS
 from tinyflash.forward.kernels import tensor_core_tiling as tct
 from tinyflash.gpu.launch import LaunchArgs
+from tinyflash.host.launch import launch_tensor_cores
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 from tinyflash.warp_tile import RESCALE_LOG2
 
@@ -156,7 +157,7 @@ def bf16_attention(q, k, v, causal, config=None, version="v6"):
                               "LSE": (lse, lse.size)},
                       scalars={"n_q": prob.n_q, "n_k": prob.n_k, "scale_log2": np.float32(prob.scale * LOG2E),
                                "causal": causal, "kv_group": 1}, n_heads=1)
-    VERSIONS[version].launch(args, prob, element="bfloat16", config=config)
+    launch_tensor_cores(VERSIONS[version], args, prob, config, "bfloat16", who=f"kernel {version}")
     return from_bits(o, "bfloat16").reshape(prob.n_q, prob.d), lse
 
 
@@ -239,13 +240,13 @@ def test_head_group_rule():
     (kv_group query heads each), at most all of them; HEAD_GROUP overrides the rule."""
     cfg = tct.default_tiling(128, True, 4096)
     kv_bytes = 2 * 4096 * 128 * 2
-    assert tct.head_group(cfg, 4096, 32, 1, False) == 1
-    assert tct.head_group(cfg, 4096, 64, 1, True) == tct.L2_KV_BYTES // kv_bytes > 1
-    assert tct.head_group(cfg, 4096, 64, 4, True) == min(64, 4 * (tct.L2_KV_BYTES // kv_bytes))
-    assert tct.head_group(cfg, 4096, 3, 1, True) == 3  # fewer heads than the rule's
-    assert tct.head_group(cfg, 10**7, 32, 2, True) == 2  # K, V larger than L2: still one K/V head
+    assert cfg.head_group(4096, 32, 1, False) == 1
+    assert cfg.head_group(4096, 64, 1, True) == tct.L2_KV_BYTES // kv_bytes > 1
+    assert cfg.head_group(4096, 64, 4, True) == min(64, 4 * (tct.L2_KV_BYTES // kv_bytes))
+    assert cfg.head_group(4096, 3, 1, True) == 3  # fewer heads than the rule's
+    assert cfg.head_group(10**7, 32, 2, True) == 2  # K, V larger than L2: still one K/V head
     forced = tct.TensorCoreTiling(D=128, WARPS=4, BC=64, ROW_TILES=2, HEAD_GROUP=5)
-    assert tct.head_group(forced, 4096, 32, 1, False) == 5 and tct.head_group(forced, 4096, 3, 1, True) == 3
+    assert forced.head_group(4096, 32, 1, False) == 5 and forced.head_group(4096, 3, 1, True) == 3
     with pytest.raises(ValueError, match="HEAD_GROUP"):
         tct.TensorCoreTiling(D=64, WARPS=1, BC=16, HEAD_GROUP=0).validate()
 
@@ -277,7 +278,7 @@ def test_tiling_rules():
 def test_call_key(rng):
     """What a call's plan is kept by: CuPy and PyTorch CUDA arrays only, and only a bool causal and a float or
     None scale (causal=1 hashes like True, but must still be refused by the checks)."""
-    from tinyflash.forward.tensor_cores import call_key
+    from tinyflash.host.plans import call_key
 
     fake = type("ndarray", (), {"__module__": "cupy._core.core", "shape": (2, 9, 64), "dtype": np.dtype(np.float16),
                                 "device": type("Device", (), {"id": 1})()})

@@ -41,11 +41,10 @@ from .backward.tensor_cores import tensor_core_attention_backward
 from .forward.cuda import cuda_attention
 from .forward.hopper import hopper_attention
 from .forward.kernels.hopper_tiling import COMPUTE_CAPABILITY as HOPPER
-from .forward.kernels.tensor_core_tiling import HEAD_DIMS
 from .forward.tensor_cores import tensor_core_attention
 from .gpu.runtime import compute_capability
 from .warpgroup_tile import HEAD_DIMS as HOPPER_HEAD_DIMS
-from .warp_tile import BACKWARD_HEAD_DIMS, head_dims_text
+from .warp_tile import BACKWARD_HEAD_DIMS, HEAD_DIMS, head_dims_text
 
 Tensor = torch.Tensor
 

@@ -11,15 +11,15 @@ import math
 
 import numpy as np
 
-from ..core.checks import BFLOAT16, as_array, check_attention_inputs, check_backward_inputs
+from ..core.checks import BFLOAT16, check_attention_inputs, check_backward_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import bfloat16_bits, empty, is_device_array, numba_flat, result
+from ..gpu.arrays import empty, numba_flat, result
 from ..gpu.launch import LaunchArgs, launch
 from ..gpu.runtime import require_gpu
-from . import kernels
+from ..host.inputs import CUDA_CORES, bits, placed
+from ..host.launch import launch_backward_tensor_cores, launch_cuda_cores
+from .kernels import VERSIONS
 from .kernels.rows import ROW_DOT_ROWS, ROWS_PER_BLOCK, element_rows
-
-SUPPORTED = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))  # bfloat16: PyTorch tensors (or ml_dtypes)
 
 
 def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
@@ -30,21 +30,17 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
     (computed in float32; bfloat16 as PyTorch tensors, NumPy has no bfloat16), lse float32 as
     :func:`tinyflash.cuda_attention` returns it, head dims up to 256. NumPy in, NumPy out; device arrays (CuPy, numba, PyTorch) in, the same library's
     out. dk and dv are bitwise reproducible; dq, added by atomics, only up to rounding.
-    ``kernel`` names a version of :data:`tinyflash.backward.kernels.VERSIONS`; ``options`` are its
-    (``config``: a :class:`~tinyflash.backward.kernels.tiling.BackwardTileConfig`; ``vector``: 1 or 4).
+    ``kernel`` names a version of :data:`tinyflash.backward.kernels.VERSIONS` (None: the registry's rule, v1; the
+    tensor cores' main kernels, v2 on, take their 16-bit inputs and head dims); ``options`` are its (``config``: its
+    tiling, a :class:`~tinyflash.backward.kernels.tiling.BackwardTileConfig` for v1; ``vector``: 1 or 4;
+    ``deterministic``).
     """
-    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
-    # 1. check the inputs
-    names = ("q", "k", "v", "o", "lse", "do")
-    arrays = (q, k, v, o, lse, do)
-    on_device = is_device_array(q)
-    if any(is_device_array(x) != on_device for x in arrays):
-        raise TypeError(f"{', '.join(names)} must all be device arrays or all host arrays; got a mix")
-    if not on_device:
-        q, k, v, o, lse, do = (as_array(x, n) for x, n in zip(arrays, names))
-    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    # 1. check the inputs and choose the version
+    found, on_device = placed({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do})
+    q, k, v, o, lse, do = found.values()
+    prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=CUDA_CORES)
     check_backward_inputs(prob, do, o, lse)
-    version = kernels.get(kernel)
+    version = VERSIONS.choose(kernel, "cuda_attention_backward")
     for name, dim in (("d (head dim of q and k)", prob.d), ("dv (head dim of v)", prob.d_v)):
         if dim > version.max_head_dim:
             raise ValueError(f"cuda_attention_backward supports head dims up to {version.max_head_dim}; got "
@@ -52,6 +48,9 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
     unknown = sorted(set(options) - set(version.options))
     if unknown:
         raise TypeError(f"kernel {version.name} takes the options {list(version.options)}; got {unknown}")
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
+    if version.requirement:
+        version.requirement(f"backward kernel {version.name}")  # the GPU has its instructions
 
     # 2. allocate the outputs and the O(N) scratch (for device inputs, in the caller's array library)
     heads, n_q, n_k, d, d_v = math.prod(prob.lead), prob.n_q, prob.n_k, prob.d, prob.d_v
@@ -63,8 +62,7 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
     dq_acc = empty(like, heads * n_q * d, np.float32)  # (BH·Nq·d,) dQ before its scale, added by atomics
     grads, shapes = (dq, dk, dv), (q.shape, k.shape, v.shape)  # what the caller gets: dq, dk, dv as q, k, v
     bits_as = q.dtype if prob.dtype == BFLOAT16 and not on_device else None  # host bfloat16 (ml_dtypes)
-    if prob.dtype == BFLOAT16:  # numba has no bfloat16: the kernels read and write its 16-bit patterns
-        q, k, v, o, do, dq, dk, dv = (bfloat16_bits(x) for x in (q, k, v, o, do, dq, dk, dv))
+    q, k, v, o, do, dq, dk, dv = (bits(x, prob.dtype) for x in (q, k, v, o, do, dq, dk, dv))  # bfloat16: patterns
     row_dot, finish_dq = element_rows(BFLOAT16 if prob.dtype == BFLOAT16 else None)
 
     # 3. size the grids and launch the three kernels
@@ -82,7 +80,11 @@ def cuda_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale:
                                scalars={"n_q": n_q, "n_k": n_k, "d": d, "d_v": d_v, "scale": np.float32(prob.scale),
                                         "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal},
                                n_heads=heads, kv_arrays=("K", "V", "dK", "dV"))
-        version.launch(main_args, prob, **options)
+        if version.arguments == "elements":  # the CUDA cores: one block per key tile and head
+            launch_cuda_cores(version, main_args, prob, over_keys=True, **options)
+        else:  # a main kernel on the tensor cores, on 16-bit arrays; deterministic mode's counters unread here
+            main_args.arrays["dQ_turn"] = (numba_flat(np.zeros(1, np.int32)), 0)
+            launch_backward_tensor_cores(version, main_args, prob, who=f"backward kernel {version.name}", **options)
         if n_q > 0:
             finish_args = LaunchArgs(arrays={"dQ_acc": (dQa, n_q * d), "dQ": (numba_flat(dq), n_q * d)},
                                      scalars={"n": n_q * d, "scale": np.float32(prob.scale)}, n_heads=heads)

@@ -1,14 +1,14 @@
 """The backward pass on the tensor cores — the host wrapper of backward kernels v2, v3 and v4.
 
-:func:`tensor_core_attention_backward` does what :func:`tinyflash.cuda_attention_backward` does (check,
-allocate, launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with
-float32 accumulation, d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads
-of a group, K and V never repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator
-set to zero (``kernels/rows.py``), the main kernel (v3 on Hopper, v2 elsewhere, or the one a call names: v2,
-``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4,
-``kernels/v4_warp_specialized.py``, v3 warp-specialised with TMA), dQ scaled and
-rounded. The 16-bit arrays travel as uint32 words of two values, whatever their format: only the tensor
-cores and the conversions know which.
+:func:`tensor_core_attention_backward` does what :func:`tinyflash.cuda_attention_backward` does (check, allocate,
+launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with float32 accumulation,
+d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads of a group, K and V never
+repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator set to zero (``kernels/rows.py``),
+the main kernel (the registry's rule: v4 on Hopper, v2 elsewhere and in deterministic mode; or the one a call names:
+v2, ``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4,
+``kernels/v4_warp_specialized.py``, v3 warp-specialised with TMA), dQ scaled and rounded. The 16-bit arrays travel
+as uint32 words of two values, whatever their format: only the tensor cores and the conversions know which. The
+checks, the plans and the launches of the main kernel are the host layer's (``tinyflash.host``).
 """
 
 from __future__ import annotations
@@ -18,117 +18,115 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.checks import AttentionProblem, as_array, check_attention_inputs, check_backward_inputs
+from ..core.checks import AttentionProblem, check_attention_inputs, check_backward_inputs
 from ..core.online_softmax import LOG2E
-from ..forward.tensor_cores import FLOAT16, FLOAT32, call_key, flat16, shape_only, sixteen_bit
-from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result, zeros
+from ..gpu.arrays import current_stream, dense, empty, library, numba_flat, result, zeros
+from ..gpu.driver_launch import GridLaunch, driver_kernel
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
-from ..gpu.runtime import compute_capability, require_compute_capability, require_gpu, simulator_enabled
-from ..warp_tile import MIN_COMPUTE_CAPABILITY, MMA_M
-from .kernels import get as kernel_version
-from .kernels import hopper_tiling, tma_tiling
-from .kernels.rows import ROW_DOT_ROWS, ROWS_PER_BLOCK, word_rows
-from .kernels.tensor_core_tiling import HEAD_DIMS, default_tiling
+from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
+from ..host.inputs import FLOAT16, FLOAT32, flat16, placed, shape_only, sixteen_bit
+from ..host.launch import launch_backward_tensor_cores
+from ..host.plans import PLANS, backward_key
+from ..host.registry import KernelVersion
+from ..host.sized import sized_backward
+from ..warp_tile import BACKWARD_HEAD_DIMS, MIN_COMPUTE_CAPABILITY, MMA_M
+from .kernels import VERSIONS
+from .kernels.rows import (FINISH_DQ_WORDS_SIGNATURE, ROW_DOT_ROWS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK,
+                           word_rows)
 
+WHO = "tensor_core_attention_backward"
 NAMES = ("q", "k", "v", "o", "lse", "do")
-TILINGS = {"v2": default_tiling, "v3": hopper_tiling.default_tiling,  # each main kernel's tiling on a GPU, d -> tiling
-           "v4": tma_tiling.default_tiling}
-VERSION = "v2"  # the main kernel a call runs unless it names one (any key of TILINGS), off Hopper
-HOPPER_VERSION = "v4"  # on a Hopper GPU: faster than v2 and v3 at every point of backward-tensor-cores
+MAIN_KERNELS = [name for name, version in VERSIONS.items() if version.arguments in ("words", "maps")]  # v2, v3, v4
 
 
-def _flat(x):
-    """A flat numba or CuPy device array of ``x``'s 16-bit elements (bfloat16 seen as int16)."""
-    return numba_flat(flat16(x))
+@dataclass(frozen=True)
+class DriverLaunches:
+    """The backward's three kernels sized for one problem, launched through the driver (``gpu/driver_launch.py``):
+    D = rowsum(dO ∘ O) with dQ's accumulator zeroed, the main kernel (``host.sized.sized_backward``), dQ scaled and
+    rounded. A call passes C-contiguous device arrays of any library (16-bit ones as they are: the kernels read them
+    as words)."""
+
+    row_dot: GridLaunch
+    main: object
+    finish_dq: GridLaunch
+
+    def __call__(self, q, k, v, o, lse, do, dq, dk, dv, D, dq_acc, dq_turn, *, stream: int = 0) -> None:
+        """``dq_turn``: deterministic mode's counters, int32, one per query tile and query head, zero (else
+        any device array: the kernel does not read it)."""
+        self.row_dot(do, o, D, dq_acc, stream=stream)
+        self.main(q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream=stream)
+        self.finish_dq(dq_acc, dq, stream=stream)
+
+
+def driver_launches(version: KernelVersion, n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float,
+                    causal: bool, element: str, cfg, **options) -> DriverLaunches:
+    """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1: ``version``'s main
+    kernel at the tiling ``cfg`` (``options``: its build's), and the two row kernels, one launch each."""
+    row_dot, finish_dq = word_rows(element)
+    words = n_q * cfg.D // 2  # words of one head's dQ
+    return DriverLaunches(
+        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROW_DOT_ROWS), n_heads),
+                         ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
+        sized_backward(version, n_q, n_k, n_heads, kv_group, scale, causal, element, cfg, **options),
+        GridLaunch.sized(driver_kernel(finish_dq, FINISH_DQ_WORDS_SIGNATURE), (-(-words // ROWS_PER_BLOCK), n_heads),
+                         ROWS_PER_BLOCK, 0, n=words, scale=np.float32(scale)))
 
 
 @dataclass(frozen=True)
 class BackwardPlan:
-    """What :func:`tensor_core_attention_backward` learns from its inputs' shapes, dtypes and library, ``causal``
-    and ``scale``: the checked problem, the 16-bit type, and, for PyTorch or CuPy arrays on a GPU, the three
-    kernels sized for them (None: the general path through numba's launches)."""
+    """What :func:`tensor_core_attention_backward` learns from its inputs' shapes, dtypes and library, ``causal``,
+    ``scale``, ``deterministic`` and ``kernel``: the checked problem, the 16-bit type, the main kernel, and, for
+    PyTorch or CuPy arrays on a GPU, the three kernels sized for them (None: the general path through numba's
+    launches)."""
 
     prob: AttentionProblem
     element: str  # 'float16' or 'bfloat16'
-    launches: object | None  # DriverLaunches: launches(q, k, v, o, lse, do, dq, dk, dv, D, dQ_acc, turns, stream=)
+    version: KernelVersion  # the main kernel
+    config: object | None  # its tiling, where the call gave one (None: the version's own)
+    launches: DriverLaunches | None
     turns: int = 0  # deterministic mode on the driver's path: dQ's counters, one per query tile and query head
-    kernel: str = VERSION  # the main kernel, a key of TILINGS
 
 
-_PLANS: dict = {}  # backward_key(...) -> BackwardPlan, for calls that take the driver's path
-MAX_PLANS = 1024
-
-
-def backward_key(arrays, causal, scale, deterministic=False, kernel=VERSION):
-    """What a :class:`BackwardPlan` depends on, as a dict key (None: check at every call): the forward's key of
-    q, k, v, and the shapes and dtypes of o, lse and do, all of q's library and on the GPU; the main kernel."""
-    q, k, v, o, lse, do = arrays
-    key = call_key(q, k, v, causal, scale)
-    if key is None or type(deterministic) is not bool:
-        return None
-    lib = key[0]
-    for x in (o, lse, do):
-        if library(x) != lib or (lib == "torch" and not x.is_cuda):
-            return None
-    return key + (o.shape, o.dtype, lse.shape, lse.dtype, do.shape, do.dtype, deterministic, kernel)
-
-
-def check_kernel(kernel, deterministic) -> str:
-    """The main kernel's name, checked: a key of :data:`TILINGS`, and v3 or v4 not asked for deterministic mode
-    (they have none). None: :data:`HOPPER_VERSION` on a GPU of compute capability 9.0, else :data:`VERSION`; v2 where
-    ``deterministic`` (v2 keeps the deterministic mode)."""
-    if kernel is None:
-        if deterministic is True:
-            kernel = "v2"
-        elif not simulator_enabled() and compute_capability() == hopper_tiling.COMPUTE_CAPABILITY:
-            kernel = HOPPER_VERSION
-        else:
-            kernel = VERSION
-    if kernel not in TILINGS:
-        raise ValueError(f"kernel must be one of {', '.join(TILINGS)} (None: {VERSION}); got {kernel!r}")
-    if kernel in ("v3", "v4") and deterministic is True:
-        raise ValueError(f"deterministic=True needs kernel v2: backward kernel {kernel} (wgmma) adds dq by atomics in "
-                         "any order and has no deterministic mode")
-    return kernel
-
-
-def plan_backward(arrays, causal, scale, deterministic=False, kernel=VERSION) -> BackwardPlan:
+def plan_backward(arrays, causal, scale, deterministic=False, kernel=None, config=None) -> BackwardPlan:
     """Check the inputs (every rule of :func:`check_attention_inputs` and :func:`check_backward_inputs`, and the
-    tensor cores' own) and, for device arrays on a GPU, size the three launches."""
-    on_device = is_device_array(arrays[0])
-    if any(is_device_array(x) != on_device for x in arrays):
-        raise TypeError(f"{', '.join(NAMES)} must all be device arrays or all host arrays; got a mix")
-    if not on_device:
-        arrays = tuple(as_array(x, n) for x, n in zip(arrays, NAMES))
-    for name, x in zip(NAMES, arrays):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{name} must be an array; got {type(x).__name__}")
-    q, k, v, o, lse, do = arrays
-    element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, "tensor_core_attention_backward",
+    tensor cores' own), then the GPU; choose the main kernel and, for device arrays on a GPU, size the three
+    launches."""
+    if kernel is not None:
+        VERSIONS.choose(kernel, WHO, among=MAIN_KERNELS)  # a main kernel on the tensor cores (else a ValueError)
+    found, on_device = placed(dict(zip(NAMES, arrays)))
+    q, k, v, o, lse, do = found.values()
+    element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, WHO,
                           "tinyflash.cuda_attention_backward takes float16, bfloat16 and float32")
     stand_ins = [shape_only(x) for x in (q, k, v, o, do)]
     prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
     check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
-    if prob.d != prob.d_v or prob.d not in HEAD_DIMS:
-        raise ValueError(f"tensor_core_attention_backward supports d = dv in {HEAD_DIMS}; got q {tuple(q.shape)}, "
-                         f"v {tuple(v.shape)} (tinyflash.cuda_attention_backward takes any head dim up to 256)")
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
-    require_compute_capability(MIN_COMPUTE_CAPABILITY, "tensor_core_attention_backward")
-    if kernel in ("v3", "v4"):
-        hopper_tiling.require_hopper(f"tensor_core_attention_backward(kernel='{kernel}')")
+    version = VERSIONS[kernel] if kernel else None
+    if deterministic and version is not None and "dq" not in version.deterministic:
+        raise ValueError(f"deterministic=True needs kernel v2: backward kernel {version.name} (wgmma) adds dq by "
+                         "atomics in any order and has no deterministic mode")
+    if prob.d != prob.d_v or prob.d not in BACKWARD_HEAD_DIMS:  # every main kernel's
+        raise ValueError(f"{WHO} supports d = dv in {BACKWARD_HEAD_DIMS}; got q {tuple(q.shape)}, "
+                         f"v {tuple(v.shape)} (tinyflash.cuda_attention_backward takes any head dim up to 256)")
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
+    version = version or VERSIONS.default(WHO, deterministic=deterministic)  # the rule for this GPU
+    require_compute_capability(MIN_COMPUTE_CAPABILITY, WHO)  # every main kernel multiplies on the tensor cores
+    version.requirement(f"{WHO}(kernel='{version.name}')")
     heads = math.prod(prob.lead)
     if (on_device and not simulator_enabled() and library(q) in ("torch", "cupy") and 0 < heads <= MAX_GRID_Y
             and prob.n_q > 0 and prob.n_k > 0):
-        cfg = TILINGS[kernel](prob.d)
-        launches = kernel_version(kernel).driver_launches(prob.n_q, prob.n_k, heads, prob.kv_group, float(prob.scale),
-                                                          prob.causal, element, cfg, deterministic)
-        return BackwardPlan(prob, element, launches, heads * -(-prob.n_q // cfg.BR) if deterministic else 0, kernel)
-    return BackwardPlan(prob, element, None, kernel=kernel)
+        cfg = config or version.tilings[0](prob.d)
+        options = {"deterministic": True} if deterministic else {}
+        launches = driver_launches(version, prob.n_q, prob.n_k, heads, prob.kv_group, float(prob.scale), prob.causal,
+                                   element, cfg, **options)
+        return BackwardPlan(prob, element, version, config, launches,
+                            heads * -(-prob.n_q // cfg.BR) if deterministic else 0)
+    return BackwardPlan(prob, element, version, config, None)
 
 
 def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
-                                   deterministic: bool = False, kernel: str | None = None):
+                                   deterministic: bool = False, kernel: str | None = None, config=None):
     """The backward pass on the tensor cores: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and ``do`` = ∂L/∂o.
 
     The contract of :func:`tinyflash.cuda_attention_backward`, for float16 or bfloat16 q, k, v, o, do (all one
@@ -141,23 +139,22 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
 
     ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on), 'v3' (Hopper's wgmma,
     compute capability 9.0 only; no deterministic mode) or 'v4' (v3 warp-specialised, TMA; the same limits);
-    None: :data:`HOPPER_VERSION` on a Hopper GPU, else :data:`VERSION` (v2), and v2 if ``deterministic``.
+    None: the registry's rule (``tinyflash.backward.kernels.VERSIONS``): v4 on a Hopper GPU, else v2, and v2 if
+    ``deterministic``. ``config``: a tiling of that kernel (None: its own for this GPU, or for numba's simulator).
 
     For PyTorch and CuPy arrays on a GPU the checks and the sizing of the three launches are done once per
-    combination of shapes, dtypes, ``causal``, ``scale`` and ``deterministic`` (as :func:`tinyflash.tensor_core_attention` does),
+    combination of shapes, dtypes, ``causal``, ``scale``, ``deterministic``, ``kernel`` and ``config``
+    (``tinyflash.host.plans``),
     and the kernels go to the library's current stream: a call can be captured in a CUDA graph.
     """
-    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     arrays = (q, k, v, o, lse, do)
-    kernel = check_kernel(kernel, deterministic)
-    key = backward_key(arrays, causal, scale, deterministic, kernel)
-    plan = _PLANS.get(key) if key is not None else None
+    key = backward_key(arrays, causal, scale, deterministic)
+    key = key and (WHO, kernel, config, *key)
+    plan = PLANS.get(key)
     if plan is None:  # 1. check the inputs and size the launches
-        plan = plan_backward(arrays, causal, scale, deterministic, kernel)
-        if key is not None and plan.launches is not None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        plan = plan_backward(arrays, causal, scale, deterministic, kernel, config)
+        if plan.launches is not None:
+            PLANS.keep(key, plan)
     if plan.launches is None:
         return _general_call(arrays, plan, deterministic)
     prob = plan.prob
@@ -176,8 +173,8 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
     """NumPy arrays (copied to the GPU and back), numba device arrays, numba's simulator, more heads than one grid
     holds, empty inputs: the three kernels through numba's launches."""
     prob, element = plan.prob, plan.element
-    on_device = is_device_array(arrays[0])
-    q, k, v, o, lse, do = arrays if on_device else (as_array(x, n) for x, n in zip(arrays, NAMES))
+    found, on_device = placed(dict(zip(NAMES, arrays)))
+    q, k, v, o, lse, do = found.values()
 
     # 2. allocate the outputs and the O(N) scratch (in the caller's library for device inputs)
     heads, n_q, n_k, d, g = math.prod(prob.lead), prob.n_q, prob.n_k, prob.d, prob.kv_group
@@ -193,7 +190,7 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
 
     # 3. three launches: D and the zeroed accumulator, the main kernel, dQ's scale
     row_dot_words, finish_dq_words = word_rows(element)
-    flat = {name: _flat(x) for name, x in (("Q", q), ("K", k), ("V", v), ("O", o), ("dO", do))}
+    flat = {name: numba_flat(flat16(x)) for name, x in (("Q", q), ("K", k), ("V", v), ("O", o), ("dO", do))}
     flat.update({name: numba_flat(x) for name, x in (("dQ", dq), ("dK", dk), ("dV", dv))})
     Lf, Dv, dQa = numba_flat(lse), numba_flat(D), numba_flat(dq_acc)
     if heads > 0 and n_q > 0:
@@ -209,7 +206,9 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
                           scalars={"n_q": n_q, "n_k": n_k, "scale": np.float32(prob.scale),
                                    "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal},
                           n_heads=heads, kv_group=g)
-        kernel_version(plan.kernel).launch(main, prob, element=element, deterministic=deterministic)
+        options = {"deterministic": True} if deterministic else {}
+        launch_backward_tensor_cores(plan.version, main, prob, plan.config, element,
+                                     who=f"backward kernel {plan.version.name}", **options)
     if heads > 0 and n_q > 0:
         launch(finish_dq_words, -(-(n_q * d // 2) // ROWS_PER_BLOCK), ROWS_PER_BLOCK, 0,
                LaunchArgs(arrays={"dQ_acc": (dQa, n_q * d), "dQ": (flat["dQ"].view(np.uint32), n_q * d // 2)},

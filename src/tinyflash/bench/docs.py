@@ -13,11 +13,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..backward.tensor_cores import HOPPER_VERSION as BACKWARD_HOPPER_VERSION
-from ..forward.hopper import VERSION as HOPPER_VERSION
+from ..backward.kernels import VERSIONS as BACKWARD
+from ..forward.kernels import VERSIONS as FORWARD
 from . import tables
 from .record import data_dir, number, read_csv, repository
 from .suites import BENCHMARKS
+
+HOPPER = (9, 0)
+HOPPER_VERSION = FORWARD.default("hopper_attention").name  # what stage 4 runs
+BACKWARD_HOPPER_VERSION = BACKWARD.default("tensor_core_attention_backward", capability=HOPPER).name  # on Hopper
 
 MARKER = re.compile(r"<!-- ([\w-]+):start -->\n(.*?)<!-- \1:end -->", re.S)  # a block, empty or not
 

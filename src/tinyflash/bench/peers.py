@@ -64,17 +64,16 @@ def has_torch() -> bool:
 
 def stage2(kernel: str | None = None, label: str | None = None, **options) -> Peer:
     """tinyflash.cuda_attention (stage 2) with kernel version ``kernel`` and its ``options``."""
-    from ..forward.kernels import LATEST, VERSIONS
+    from ..forward.kernels import VERSIONS
 
-    version = VERSIONS[kernel or LATEST]
+    version = VERSIONS.choose(kernel, "cuda_attention")
 
     def make(x):
         from ..forward.cuda import cuda_attention
 
         return lambda: cuda_attention(x["q"], x["k"], x["v"], causal=x["causal"], kernel=version.name, **options)[0]
 
-    return Peer("tinyflash", label or version.name, make, tuple(dt if isinstance(dt, str) else dt.name
-                                                             for dt in version.dtypes))
+    return Peer("tinyflash", label or version.name, make, version.dtypes)
 
 
 def stage3() -> Peer:
@@ -102,13 +101,14 @@ def stage3_tiling(cfg, group: int) -> Peer:
         import torch
 
         from ..core.online_softmax import LOG2E
-        from ..forward.kernels import v6_tensor_cores as v6
+        from ..forward.kernels import VERSIONS
         from ..gpu.driver_launch import driver_kernel
 
         q, k, v = x["q"], x["k"], x["v"]  # (B, H, N, d) PyTorch tensors
         b, h, n, d = q.shape
         o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
-        kernel = driver_kernel(v6.kernel_for(cfg, checking.dtype_name(q), group), v6.SIGNATURE, cfg.smem_bytes)
+        v6 = VERSIONS["v6"]
+        kernel = driver_kernel(v6.build(cfg, checking.dtype_name(q), group), v6.signature, cfg.smem_bytes)
         launch = kernel.bind((-(-n // cfg.BR), b * h), cfg.NT, cfg.smem_bytes, q, k, v, o, lse, n, k.shape[-2],
                              np.float32(LOG2E / math.sqrt(d)), bool(x["causal"]), 1, group)
         fn = lambda: (launch(), o)[1]  # noqa: E731
@@ -121,15 +121,14 @@ def stage3_tiling(cfg, group: int) -> Peer:
 def stage4(version: str | None = None) -> Peer:
     """tinyflash.hopper_attention (stage 4), called as a user calls it; with ``version`` (v7, v8, v9, ...), the same
     call path (checks, plan, driver launch) running that kernel at its default tiling."""
-    from ..forward import hopper
+    from ..forward.kernels import VERSIONS
 
-    version = version or hopper.VERSION
+    version = version or VERSIONS.default("hopper_attention").name
 
     def make(x):
-        from ..forward.hopper import TILINGS, Entry, attention_call, require_hopper
+        from ..forward.hopper import hopper_attention
 
-        entry = Entry("hopper_attention", version, require_hopper, TILINGS[version])
-        return lambda: attention_call(x["q"], x["k"], x["v"], x["causal"], None, entry)[0]
+        return lambda: hopper_attention(x["q"], x["k"], x["v"], causal=x["causal"], kernel=version)[0]
 
     return Peer("tinyflash", version, make, ("float16", "bfloat16"))
 
@@ -146,13 +145,14 @@ def stage4_tiling(cfg) -> Peer:
         import torch
 
         from ..core.online_softmax import LOG2E
-        from ..forward.kernels import v7_wgmma as v7
+        from ..forward.kernels import VERSIONS
         from ..gpu.driver_launch import driver_kernel
 
         q, k, v = x["q"], x["k"], x["v"]  # (B, H, N, d) PyTorch tensors
         b, h, n, d = q.shape
         o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
-        kernel = driver_kernel(v7.make_kernel(cfg, checking.dtype_name(q)), v7.SIGNATURE, cfg.smem_bytes)
+        v7 = VERSIONS["v7"]
+        kernel = driver_kernel(v7.build(cfg, checking.dtype_name(q)), v7.signature, cfg.smem_bytes)
         launch = kernel.bind((-(-n // cfg.BR), b * h), cfg.NT, cfg.smem_bytes, q, k, v, o, lse, n, k.shape[-2],
                              np.float32(LOG2E / math.sqrt(d)), bool(x["causal"]), 1, 1)
         fn = lambda: (launch(), o)[1]  # noqa: E731
@@ -187,7 +187,7 @@ def sdpa(backend: str, dtypes=ALL_DTYPES) -> Peer:
 
 def backward_stage2(config=None, label: str | None = None) -> Peer:
     """tinyflash.cuda_attention_backward, given the forward's o and lse (computed once, untimed)."""
-    from ..backward.kernels import LATEST
+    from ..backward.kernels import VERSIONS
 
     def make(x):
         from ..backward.cuda import cuda_attention_backward
@@ -198,7 +198,7 @@ def backward_stage2(config=None, label: str | None = None) -> Peer:
         options = {} if config is None else {"config": config}
         return lambda: cuda_attention_backward(q, k, v, o, lse, do, causal=causal, **options)
 
-    return Peer("tinyflash", label or LATEST, make, ("float16", "float32"))
+    return Peer("tinyflash", label or VERSIONS.default("cuda_attention_backward").name, make, ("float16", "float32"))
 
 
 def backward_stage3(deterministic: bool = False, kernel: str = "v2") -> Peer:
@@ -229,14 +229,15 @@ def backward_stage3_tiling(cfg, pair_atomics: bool = True, kernel: str = "v2") -
     def make(x):
         import torch
 
-        from ..backward.kernels import get
+        from ..backward.kernels import VERSIONS
+        from ..backward.tensor_cores import driver_launches
         from ..forward.tensor_cores import tensor_core_attention
 
         q, k, v, do, causal = x["q"], x["k"], x["v"], x["do"], x["causal"]  # (B, H, N, d) PyTorch tensors
         o, lse = tensor_core_attention(q, k, v, causal=causal)
         b, h, n_q, d = q.shape
-        sized = (n_q, k.shape[-2], b * h, h // k.shape[1], d ** -0.5, bool(causal), checking.dtype_name(q), cfg, False)
-        launches = get(kernel).driver_launches(*sized, *((pair_atomics,) if kernel == "v2" else ()))
+        sized = (n_q, k.shape[-2], b * h, h // k.shape[1], d ** -0.5, bool(causal), checking.dtype_name(q), cfg)
+        launches = driver_launches(VERSIONS[kernel], *sized, **({"pair_atomics": pair_atomics} if kernel == "v2" else {}))
         D, dq_acc = (torch.empty(b * h * n_q * m, device=q.device, dtype=torch.float32) for m in (1, d))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         stream = torch.cuda.current_stream().cuda_stream

@@ -100,10 +100,10 @@ def tensor_core_tiling_peers(point) -> list:
 def hopper_peers(point) -> list:
     """Stage 4's steps (v7 wgmma, v8 TMA, v9 warp specialisation, v10 ping-pong, ...) beside stage 3 (v6) and SDPA's
     flash (the baseline) and cuDNN backends."""
-    from ..forward.hopper import TILINGS
+    from ..forward.kernels import VERSIONS
 
     return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(),
-            *[p.stage4(version) for version in TILINGS]]
+            *[p.stage4(name) for name, version in VERSIONS.items() if version.stage == 4]]
 
 
 V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (2, 192), (3, 96)], 128: [(1, 128), (2, 64), (2, 128), (3, 96)]}  # (WG, BC)
@@ -127,21 +127,21 @@ def hopper_tiling_peers(point) -> list:
 def head_dim_peers(point) -> list:
     """SDPA flash (the baseline), stage 3 as a user calls it (its default tiling), on a Hopper GPU stage 4 where it
     takes d (``hopper_attention``: d = 256 of these), and in float16 v6 with each tiling of V6_TILINGS[d], the
-    kernel alone, its heads ordered by the rule (``tensor_core_tiling.head_group``)."""
-    from ..forward.hopper import HOPPER
+    kernel alone, its heads ordered by the rule (``TensorCoreTiling.head_group``)."""
+    from ..forward.kernels import VERSIONS
     from ..forward.kernels.hopper_tiling import COMPUTE_CAPABILITY
-    from ..forward.kernels.tensor_core_tiling import TensorCoreTiling, head_group
+    from ..forward.kernels.tensor_core_tiling import TensorCoreTiling
     from ..gpu.runtime import compute_capability
 
     d, causal = point["d"], point["causal"]
     found = [p.sdpa("flash", ("float16", "bfloat16")), p.stage3()]
-    if d in HOPPER.head_dims and compute_capability() == COMPUTE_CAPABILITY:
+    if d in VERSIONS.default("hopper_attention").head_dims and compute_capability() == COMPUTE_CAPABILITY:
         found.append(p.stage4())
     if point["dtype"] == "float16":  # the tilings once: the element type changes no register or byte
         for w, bc, rt, q, lazy in V6_TILINGS[d]:
             cfg = TensorCoreTiling(D=d, WARPS=w, BC=bc, ROW_TILES=rt, Q_IN_SMEM=q, LAZY_RESCALE=lazy)
-            group = head_group(cfg, point["n_k"], point["batch"] * point["heads"],
-                               point["heads"] // point["kv_heads"], causal)
+            group = cfg.head_group(point["n_k"], point["batch"] * point["heads"], point["heads"] // point["kv_heads"],
+                                   causal)
             found.append(p.stage3_tiling(cfg, group))
     return found
 
@@ -220,19 +220,20 @@ def decode_peers(point) -> list:
     the split kernel that merges its row sets itself (merge=True: no combine kernel); at the longest cache, other
     tilings."""
     from ..decode.kernels.combine import MAX_MERGED_SPLITS
-    from ..decode.kernels.tensor_cores import DecodeTiling, default_tiling
+    from ..decode.kernels import VERSIONS
     from ..decode.split_kv import choose_num_splits
     from ..hardware import current
 
+    tensor_cores = VERSIONS["tensor_cores"].code  # the split kernel's file: its tiling
     found = [p.split_kv(), p.split_kv_graph(), p.split_kv_whole_call(), p.split_kv(impl="no_split", num_splits=1),
              p.split_kv("CUDA cores", kernel="cuda_cores"), p.paged()]
     splits = choose_num_splits(point["batch"] * point["kv_heads"], point["n_k"], current().sms,
-                               default_tiling(point["d"]).blocks_per_sm())  # the rule's, one row set per K/V head
+                               tensor_cores.default_tiling(point["d"]).blocks_per_sm())  # the rule's, one row set per K/V head
     if splits <= MAX_MERGED_SPLITS:
         found += [p.split_kv("merged", merge=True), p.split_kv_graph("merged, CUDA graph", merge=True)]
     if point["n_k"] == max(DECODE.axes["n_k"]):
         found += [p.split_kv(f"keys={t['keys']} stages={t['stages']}",
-                             tiling=DecodeTiling(D=point["d"], BC=t["keys"], STAGES=t["stages"])) for t in DECODE_TILINGS]
+                             tiling=tensor_cores.DecodeTiling(D=point["d"], BC=t["keys"], STAGES=t["stages"])) for t in DECODE_TILINGS]
         found.append(p.split_kv("splits=128", num_splits=128))
     if p.has_torch():
         found = [p.sdpa("flash"), p.sdpa_graph("flash"), p.sdpa("cudnn"), *found]

@@ -145,9 +145,11 @@ def tensor_core_table(rows: list[dict]) -> str:
 
 def hopper_table(rows: list[dict]) -> str:
     """Stage 4's steps against their peers (``hopper``): each kernel's speed over SDPA flash (queued), v6 to the last
-    wgmma version; for the one ``hopper_attention`` runs (``forward.hopper.VERSION``, else the record's last step),
+    wgmma version; for the one ``hopper_attention`` runs (the registry's rule, else the record's last step),
     its TFLOP/s, one call alone over flash's, and its speed over SDPA cuDNN by time; the peers' TFLOP/s."""
-    from ..forward.hopper import VERSION
+    from ..forward.kernels import VERSIONS
+
+    VERSION = VERSIONS.default("hopper_attention").name
 
     steps = sorted({r["variant"] for r in rows if r["impl"] == "tinyflash"}, key=lambda v: int(v[1:]))
     shown = VERSION if VERSION in steps else steps[-1]  # a record older than VERSION: its last step
@@ -169,7 +171,9 @@ def hopper_table(rows: list[dict]) -> str:
 def head_dim_table(rows: list[dict]) -> str:
     """Stage 3 at head dims beside 64 and 128 (``head-dims``): v6 as a user calls it, its TFLOP/s and speed over SDPA
     flash (queued; one call alone), its fastest candidate tiling there, and stage 4 where the record times it."""
-    from ..forward.hopper import VERSION
+    from ..forward.kernels import VERSIONS
+
+    VERSION = VERSIONS.default("hopper_attention").name
 
     s4 = [VERSION] * any(r["variant"] == VERSION for r in rows)  # hopper_attention's kernel: timed on Hopper only
     lines = ["| dtype | d | causal | B × N | v6 TFLOP/s | v6 / flash | one call alone: v6 / flash | fastest tiling tried "
@@ -365,7 +369,7 @@ def groups_table(rows: list[dict]) -> str:
         cfg = tiling.default_tiling(d, True, n)
         timed = tilings[tiling_key(cfg)]
         cells = [f"{timed[g][0]:.1f} ({timed[g][1]:.2f}×)" if g in timed else DASH for g in groups]
-        out.append(f"| {n:,} | {d} | {' | '.join(cells)} | {tiling.head_group(cfg, n, 32, 1, True)} |")
+        out.append(f"| {n:,} | {d} | {' | '.join(cells)} | {cfg.head_group(n, 32, 1, True)} |")
     return "\n".join(out)
 
 

@@ -6,8 +6,8 @@ one) do what every host wrapper here does, in this order: check the inputs, allo
 
 A decode step is short (tens of µs at short contexts), so the host's part counts. For PyTorch and CuPy
 inputs on a GPU, :func:`cuda_split_kv_attention` does the checks, the sizing and the packing of both kernels'
-parameters once per :func:`plan_key` (shapes, dtypes, contiguity and GPU of q, k and v; ``num_splits``,
-``causal``, ``scale``): a :class:`DecodePlan`, kept. A call then looks its plan up with one tuple, allocates
+parameters once per ``host.plans.decode_key`` (shapes, dtypes, contiguity and GPU of q, k and v; ``num_splits``,
+``causal``, ``scale``): a :class:`DecodePlan`, kept in ``host.plans.PLANS``. A call then looks its plan up with one tuple, allocates
 three arrays (o, lse and one workspace for the splits' partials), writes their addresses and the inputs'
 into the packed parameters and launches two kernels through the driver, on the stream of the inputs'
 library, without synchronising, so that a decode step can be captured in a CUDA graph
@@ -16,8 +16,9 @@ further for a decode loop: their ``run()`` launches on buffers fixed once.
 
 On Hopper the combine kernel is launched with programmatic dependent launch (:func:`overlaps_combine`): the
 driver may start it while the split kernel's last blocks run, and each of its blocks waits inside for the
-partials, so the two kernels leave less idle time between them. On the H200 at B = 8, Nk = 4,096 (a step of
-about 43 µs) the prepared call ran 3-4% faster with it (docs/notes/2026-12-03-decode-overlap-prefetch.md).
+partials, so the two kernels leave less idle time between them (docs/results.md says what it gains).
+
+The checks, the plan cache and the registry are the host layer's (``tinyflash.host``) and ``decode/kernels``'.
 """
 
 from __future__ import annotations
@@ -28,22 +29,22 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..core.checks import BFLOAT16, as_array, check_attention_inputs, check_positive_int
+from ..core.checks import BFLOAT16, check_attention_inputs, check_positive_int
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import (ArrayLibrary, array_library, bfloat16_bits, dense, empty, is_device_array, library,
                           numba_flat, result, to_device, zeros)
+from ..gpu.driver_launch import Bytes, PackedLaunch, driver_kernel
 from ..gpu.launch import MAX_GRID_Y, by_name
 from ..gpu.ptx_emulation import fast_barriers
 from ..gpu.runtime import compute_capability, require_compute_capability, require_gpu, simulator_enabled
-from ..warp_tile import MIN_COMPUTE_CAPABILITY
-from ..gpu.driver_launch import Bytes, PackedLaunch, driver_kernel
 from ..hardware import current
+from ..host.inputs import CUDA_CORES, placed
+from ..host.plans import PLANS, decode_key
+from ..warp_tile import MIN_COMPUTE_CAPABILITY
 from . import kernels
 from .kernels import combine as combine_kernel
 from .paged import check_cache as check_paged_cache
 from .split_kv import BLOCKS_PER_SM, choose_num_splits
-
-SUPPORTED = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))  # bfloat16: PyTorch tensors (or ml_dtypes)
 OVERLAP_CAPABILITY = (9, 0)  # programmatic dependent launch (griddepcontrol): Hopper on
 
 
@@ -63,7 +64,7 @@ def overlaps_combine(overlap: bool | None = None) -> bool:
 
 def checked_problem(q, k, v, *, causal, scale):
     """:func:`check_attention_inputs` for decode's dtypes: float16, bfloat16 and float32."""
-    return check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=SUPPORTED)
+    return check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=CUDA_CORES)
 
 
 def plan(batch: int, h_kv: int, kv_group: int, n_q: int, n_k: int, num_splits=None, *, max_rows: int,
@@ -88,7 +89,7 @@ def _split_kernel(prob, *, batch, h_kv, n_k, page_size, num_splits, kernel=None,
         raise ValueError(f"the {chosen.name} decode kernel takes the options {list(chosen.options)}; got {unknown}")
     # both split kernels load K and V with cp.async (and the tensor cores' with mma.sync): Ampere on
     require_compute_capability(MIN_COMPUTE_CAPABILITY, f"the {chosen.name} decode kernel")
-    split_kernel = chosen.split_kernel(prob, page_size, **tuning)
+    split_kernel = chosen.build(prob, page_size, **tuning)
     if batch * h_kv > MAX_GRID_Y:
         raise ValueError(f"the decode kernels support B·H_kv <= {MAX_GRID_Y}; got {batch * h_kv}")
     return split_kernel, plan(batch, h_kv, prob.kv_group, prob.n_q, n_k, num_splits, max_rows=split_kernel.max_rows,
@@ -206,13 +207,10 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     ``run()`` launches the kernels into ``o`` and ``lse`` (flat device arrays); the benchmark times
     it. ``tuning``: ``kernel`` (a name of :data:`tinyflash.decode.kernels.VERSIONS`) and that kernel's
     options (see :func:`_prepare`)."""
-    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
-    on_device = is_device_array(q)
-    if not on_device:
-        q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    found, on_device = placed({"q": q, "k": k, "v": v})
+    q, k, v = found.values()
     prob = checked_problem(q, k, v, causal=causal, scale=scale)
-    if on_device != is_device_array(k) or on_device != is_device_array(v):
-        raise TypeError("q, k and v must all be device arrays or all host arrays; got a mix")
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     batch, h_kv = _lead(prob)
     lens = np.full(batch, prob.n_k, dtype=np.int32)  # (B,) every sequence holds all Nk keys
     table = np.zeros(1, dtype=np.int32)  # no block table: the cache is contiguous
@@ -222,7 +220,7 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
 
 
 class DecodePlan:
-    """A contiguous-cache decode call planned once, for PyTorch or CuPy inputs on a GPU, per :func:`plan_key`:
+    """A contiguous-cache decode call planned once, for PyTorch or CuPy inputs on a GPU, per ``host.plans.decode_key``:
     every check passed, the split kernel chosen, the grids sized, the block table and lengths the split kernel
     reads made (device arrays on the inputs' GPU), and both kernels' parameters packed (:class:`PackedLaunch`)
     but for the addresses of q, k, v, the outputs and the partials.
@@ -285,21 +283,6 @@ class DecodePlan:
         return o, lse
 
 
-_PLANS: dict = {}  # plan_key(...) -> DecodePlan
-MAX_PLANS = 1024  # then forgotten and made again: a program of ever new shapes holds no more
-
-
-def plan_key(name: str, lib: ArrayLibrary, q, k, v, num_splits, causal, scale):
-    """What a :class:`DecodePlan` depends on, as a dict key: the library (``name``, ``lib``), ``num_splits``,
-    ``causal``, ``scale``, and q's, k's and v's shapes, dtypes, contiguity and devices (``lib.key``). None where a
-    key would let a wrong value through: only a ``bool`` causal, a ``float`` or None scale and an ``int`` or None
-    num_splits give one (True == 1 as a key, but ``causal=1`` and ``num_splits=True`` must still be refused)."""
-    if type(causal) is not bool or (scale is not None and type(scale) is not float) or (
-            num_splits is not None and type(num_splits) is not int):
-        return None
-    return name, num_splits, causal, scale, lib.key(q, k, v)
-
-
 def make_plan(lib: ArrayLibrary, key, q, k, v, num_splits, causal, scale) -> DecodePlan | None:
     """Check the inputs and plan their call (:class:`DecodePlan`); None where the planned path does not apply (the
     simulator, host tensors, an empty problem) and the general path runs, with its own checks and errors."""
@@ -360,18 +343,15 @@ def cuda_split_kv_attention(q, k, v, *, num_splits: int | None = None, causal: b
     (:class:`DecodePlan`: checked and sized once per shape, dtype, contiguity and GPU, launched on the library's
     current stream on the inputs' GPU).
     """
-    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     name = library(q)
     lib = array_library(name) if library(k) == library(v) == name else None
-    key = lib and plan_key(name, lib, q, k, v, num_splits, causal, scale)
+    key = lib and decode_key(name, lib, q, k, v, num_splits, causal, scale)
     if key is not None:
-        plan = _PLANS.get(key)
+        key = ("cuda_split_kv_attention", *key)
+        plan = PLANS.get(key)
         if plan is None:
             plan = make_plan(lib, key, q, k, v, num_splits, causal, scale)
-            if plan is not None:
-                if len(_PLANS) >= MAX_PLANS:
-                    _PLANS.clear()
-                _PLANS[key] = plan
+            PLANS.keep(key, plan)
         if plan is not None:
             return plan(q, k, v)
     run, o, lse, prob = prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, scale=scale)
@@ -385,7 +365,6 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
                   check_cache: bool = True, **tuning):
     """Everything :func:`cuda_paged_attention` does before launching: ``(run, o, lse, prob)``. ``check_cache``:
     :func:`tinyflash.decode.paged.check_cache` first (False: for a decode loop that checked its cache once)."""
-    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     on_device = is_device_array(q)
     k_pages, v_pages, table, lens = cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens
     if len(q.shape) != 4 or len(k_pages.shape) != 4 or len(table.shape) != 2 or table.shape[0] != q.shape[0]:
@@ -401,6 +380,7 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
     like_k = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
     like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
     prob = checked_problem(q, like_k, like_v, causal=causal, scale=scale)
+    require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
                            max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device,
                            **tuning)

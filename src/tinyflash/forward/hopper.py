@@ -1,28 +1,24 @@
-"""Stage 4: FlashAttention-3's techniques on Hopper — the host wrapper of the wgmma kernels (v7 on).
+"""Stage 4: FlashAttention-3's techniques on Hopper — the wgmma kernels (v7 on).
 
-:func:`hopper_attention` has the contract of :func:`tinyflash.tensor_core_attention` and its steps
-(check the inputs, allocate the outputs, size the grid and launch; the checks and sizing kept per shape for
-PyTorch and CuPy inputs), with :data:`VERSION` (kernel v10, warp specialisation with ping-pong, ``tinyflash/forward/kernels/v10_ping_pong.py``;
-v7, wgmma alone, v8, TMA, and v9, warp specialisation, beside it) instead of v6. Its
-instructions (``tinyflash/gpu/wgmma.py``) exist on compute capability 9.0 only: elsewhere a call raises
-``UnsupportedGPUError`` before anything is compiled. On numba's simulator they are emulated.
+:func:`hopper_attention` has the contract of :func:`tinyflash.tensor_core_attention` and its steps (the host layer's,
+``tinyflash.host.forward``: check the inputs, allocate the outputs, size the grid and launch; the checks and sizing
+kept per shape for PyTorch and CuPy inputs), with kernel v10 by default (warp specialisation with ping-pong,
+``tinyflash/forward/kernels/v10_ping_pong.py``; v7, wgmma alone, v8, TMA, and v9, warp specialisation, beside it:
+the registry's rule for ``hopper_attention`` says which runs). Its instructions (``tinyflash/gpu/wgmma.py``) exist
+on compute capability 9.0 only: elsewhere a call raises ``UnsupportedGPUError`` before anything is compiled. On
+numba's simulator they are emulated.
 """
 
 from __future__ import annotations
 
-from ..warpgroup_tile import HEAD_DIMS
-from .kernels import hopper_tiling, tma_tiling
-from .kernels.hopper_tiling import require_hopper
-from .tensor_cores import Entry, attention_call
+from ..host.forward import Entry, tensor_core_call
+from .kernels import VERSIONS
 
-# each wgmma kernel's tiling on a GPU, (d, causal, n_q) -> tiling
-TILINGS = {"v7": hopper_tiling.default_tiling, "v8": tma_tiling.default_tiling,
-           "v9": tma_tiling.default_specialised_tiling, "v10": tma_tiling.ping_pong_tiling}
-VERSION = "v10"  # the kernel hopper_attention runs (any key of TILINGS): the fastest in the hopper benchmark
-HOPPER = Entry("hopper_attention", VERSION, require_hopper, TILINGS[VERSION], HEAD_DIMS)
+HOPPER = Entry("hopper_attention", VERSIONS)
 
 
-def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str | None = None,
+                     config=None):
     """Stage 4: FlashAttention's forward pass with Hopper's warpgroup multiplies. Returns ``(o, lse)``.
 
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) in float16 or bfloat16 (all three alike), k and v with
@@ -31,5 +27,8 @@ def hopper_attention(q, k, v, *, causal: bool = False, scale: float | None = Non
     before P·V. ``causal`` masks bottom-right (``tinyflash.core.masks``). NumPy float16 inputs are copied to
     the GPU and back; device arrays (CuPy, numba, PyTorch CUDA tensors) stay there. Needs a Hopper GPU
     (compute capability 9.0); :func:`tinyflash.tensor_core_attention` runs on 8.0 and newer.
+
+    ``kernel`` names one of v7 to v10 (``tinyflash.forward.kernels.VERSIONS``; None: v10) or another version on the
+    tensor cores; ``config`` a tiling of that version (None: its own for this GPU, or for numba's simulator).
     """
-    return attention_call(q, k, v, causal, scale, HOPPER)
+    return tensor_core_call(HOPPER, q, k, v, causal, scale, kernel, config)

@@ -1,4 +1,4 @@
-"""The tiling of the tensor-core backward kernel (v2) and its launch: who computes what, where tiles live.
+"""The tiling of the tensor-core backward kernel (v2): who computes what, where tiles live.
 
 A block of WARPS warps owns one key tile K_j, V_j of Bc = 16 · ROW_TILES · WARPS keys of one K/V head: warp w
 the keys 16·ROW_TILES·w .. of the tile, the rows of its mma tiles. The grid runs over (key tiles, K/V heads),
@@ -22,18 +22,12 @@ so that the next query tile is in flight while one is computed, and dSᵀ (Bc ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-import numpy as np
 from numba.cuda import types
 
-from ...core.online_softmax import LOG2E
-from ...gpu.driver_launch import GridLaunch, driver_kernel
-from ...gpu.launch import LaunchArgs, Tiling, launch
-from ...gpu.runtime import simulator_enabled
+from ...gpu.launch import Tiling
 from ...warp_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, MMA_K, MMA_M, PAD_WORDS, WARP, WarpTile, tile_problems
-from .rows import (FINISH_DQ_WORDS_SIGNATURE, FLOATS, ROW_DOT_ROWS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK, WORDS,
-                   word_rows)
+from .rows import FLOATS, WORDS
 
 
 @dataclass(frozen=True)
@@ -125,69 +119,3 @@ def simulator_tiling(d: int) -> BackwardTensorCoreTiling:
 # dQ_turn (int32); n_q, n_k, scale, scale·log2(e), causal, kv_group
 SIGNATURE = ((WORDS,) * 4 + (FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.int32, 1, "C"),)
              + (types.int64, types.int64, types.float32, types.float32, types.boolean, types.int64))
-QUERY_ARRAYS = ("Q", "dO", "LSE", "Dvec", "dQ_acc", "dQ_turn")  # one per query head; the rest one per K/V head
-
-
-def launch_backward_tensor_cores(make_kernel, args: LaunchArgs, prob, config, element: str | None,
-                                 tilings=None, who: str = "backward kernel v2 (tensor cores)", derived: tuple = ()) -> None:
-    """One block per (key tile, K/V head), the query heads of each K/V head walked by its blocks. ``args`` as the
-    host wrappers build them (n_heads query heads, kv_group of them per K/V head; 16-bit arrays are handed to the
-    kernel as uint32 words of two values); ``element`` 'float16' or 'bfloat16' (None: float16 inputs);
-    ``config=None`` takes ``tilings`` = (on a GPU, on the simulator): by default v2's :func:`default_tiling` and
-    :func:`simulator_tiling`. Any tiling with D, BC, BR, NT and smem_bytes will do; ``who`` names the kernel;
-    ``derived``: (name, fn(tiling, views, heads)), arrays made for each launch (``LaunchArgs.derived``: v4's
-    tensor maps)."""
-    if element is None:  # the problem's dtype (a NumPy dtype, or 'bfloat16')
-        element = str(np.dtype(prob.dtype) if not isinstance(prob.dtype, str) else prob.dtype)
-        if element not in ("float16", "bfloat16"):
-            raise TypeError(f"{who} takes float16 or bfloat16 inputs; got {element} (kernel v1 takes float32)")
-    default, simulator = tilings or (default_tiling, simulator_tiling)
-    cfg = (config or (simulator if simulator_enabled() else default)(prob.d)).validate()
-    if cfg.D != prob.d or prob.d != prob.d_v:
-        raise ValueError(f"{who} needs d = dv = {cfg.D} for {cfg}; got d = {prob.d}, "
-                         f"dv = {prob.d_v} (kernel v1 takes any head dim up to 256)")
-    g = args.kv_group
-    words = {name: (a.view(np.uint32), size // 2) if a.dtype.itemsize == 2 else (a, size)
-             for name, (a, size) in args.arrays.items()}
-    grid = LaunchArgs(arrays=words, scalars={**args.scalars, "kv_group": g}, n_heads=args.n_heads // g, kv_group=g,
-                      kv_arrays=(), group_arrays=QUERY_ARRAYS,
-                      derived=tuple((name, partial(make, cfg)) for name, make in derived))
-    n_k = args.scalars["n_k"]
-    if n_k > 0 and grid.n_heads > 0:
-        launch(make_kernel(cfg, element), -(-n_k // cfg.BC), cfg.NT, cfg.smem_bytes, grid,
-               key_tiles=-(-args.scalars["n_q"] // cfg.BR) * g)
-
-
-@dataclass(frozen=True)
-class DriverLaunches:
-    """The backward's three kernels sized for one problem, launched through the driver (``gpu/driver_launch.py``):
-    D = rowsum(dO ∘ O) with dQ's accumulator zeroed, the main kernel, dQ scaled and rounded. A call passes
-    C-contiguous device arrays of any library (16-bit ones as they are: the kernels read them as words)."""
-
-    row_dot: GridLaunch
-    main: GridLaunch
-    finish_dq: GridLaunch
-
-    def __call__(self, q, k, v, o, lse, do, dq, dk, dv, D, dq_acc, dq_turn, *, stream: int = 0) -> None:
-        """``dq_turn``: deterministic mode's counters, int32, one per query tile and query head, zero (else
-        any device array: the kernel does not read it)."""
-        self.row_dot(do, o, D, dq_acc, stream=stream)
-        self.main(q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream=stream)
-        self.finish_dq(dq_acc, dq, stream=stream)
-
-
-def sized_driver_launches(main, cfg, n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool,
-                          element: str) -> DriverLaunches:
-    """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1: ``main`` (a driver
-    kernel of the main kernel's signature, ``gpu.driver_launch.driver_kernel``) on the grid of
-    :func:`launch_backward_tensor_cores` for ``cfg``, and the two row kernels, one launch each."""
-    row_dot, finish_dq = word_rows(element)
-    words = n_q * cfg.D // 2  # words of one head's dQ
-    return DriverLaunches(
-        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROW_DOT_ROWS), n_heads),
-                         ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
-        GridLaunch.sized(main, (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
-                         scale=np.float32(scale), scale_log2=np.float32(scale * LOG2E), causal=bool(causal),
-                         kv_group=kv_group),
-        GridLaunch.sized(driver_kernel(finish_dq, FINISH_DQ_WORDS_SIGNATURE), (-(-words // ROWS_PER_BLOCK), n_heads),
-                         ROWS_PER_BLOCK, 0, n=words, scale=np.float32(scale)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...gpu.launch import Tiling, launch, tiling_for
+from ...gpu.launch import Tiling
 from ...gpu.smem import Region, layout, layout_bytes
 
 
@@ -95,10 +95,3 @@ def default_config(d: int, d_v: int) -> BackwardTileConfig:
 def simulator_config(d: int, d_v: int) -> BackwardTileConfig:
     """A tiny tiling for the CUDA simulator, which runs one Python thread per CUDA thread."""
     return BackwardTileConfig(BR=8, BC=8, NT=16, TM=2, TK=2, D=0, DV=0).padded(d, d_v)
-
-
-def launch_backward(make_kernel, args, prob, config: BackwardTileConfig | None = None, **kernel_options):
-    """One block of cfg.NT threads per (key tile of cfg.BC keys, head); ``config=None`` takes
-    :func:`default_config` (:func:`simulator_config` on the simulator)."""
-    cfg = tiling_for(config, default_config, simulator_config, prob.d, prob.d_v)
-    launch(make_kernel(cfg, **kernel_options), -(-prob.n_k // cfg.BC), cfg.NT, cfg.smem_bytes, args)

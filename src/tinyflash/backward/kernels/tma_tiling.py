@@ -1,4 +1,4 @@
-"""The tiling and the host side of the warp-specialised backward kernel (v4): v3's block with a producer.
+"""The tiling of the warp-specialised backward kernel (v4): v3's block with a producer.
 
 A block has v3's WARPGROUPS consumer warpgroups (64 keys each, Bc = 64 · WARPGROUPS; query tiles of Br = 64 or
 128 rows) and one more, the first: the *producer*. Its first thread requests K_j, V_j once and then, for each query tile, Q_i and dO_i by TMA
@@ -16,27 +16,23 @@ With DQ_BY_TMA the consumers store dQ_i (float32) into shared memory instead of 
 and the producer's second warp adds it to dQ's accumulator by TMA reduce-adds (FlashAttention-3's way), one
 named barrier saying the tile is stored, another that it has been read.
 
-Host: the kernel takes the tensor maps of Q, dO (boxes of Br rows), K, V (boxes of Bc rows) and dQ's float32
-accumulator in a global array (``gpu/tensor_map.py``), not Q, K, V, dO. Through numba (the simulator, NumPy
-inputs) they are encoded for each launch from its views (``LaunchArgs.derived``); through the driver a
-:class:`TmaMainLaunch` keeps them by the arrays' addresses.
+The kernel takes the tensor maps of Q, dO (boxes of Br rows), K, V (boxes of Bc rows) and dQ's float32
+accumulator in a global array (``gpu/tensor_map.py``; :meth:`BackwardTmaTiling.maps`), not Q, K, V, dO: the host
+layer makes them (``tinyflash.host``).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ...gpu.arrays import is_device_array
-from ...gpu.runtime import simulator_enabled, u
-from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
+from ...gpu.runtime import u
+from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
 from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
 from ...hardware import current
 from ...warp_tile import WARP
 from ...warpgroup_tile import BACKWARD_HEAD_DIMS as HEAD_DIMS, WGMMA_M
 from .hopper_tiling import BackwardHopperTiling, aligned
-from .tensor_core_tiling import launch_backward_tensor_cores
 
 Q_MAP, K_MAP, V_MAP, DO_MAP, DQ_MAP = 0, 1, 2, 3, 4  # the maps' order in the kernel's TMAPS array
 LSE_LANES = WARP  # the producer's lanes that store lse_i and D_i: its first warp
@@ -179,54 +175,3 @@ def refuse_deterministic(deterministic, who: str) -> None:
     if deterministic:
         raise ValueError(f"{who} has no deterministic mode (dQ is added by atomics in any order); got "
                          "deterministic=True: use kernel v2 for a bitwise-reproducible dq")
-
-
-def launch_backward_tma(make_kernel, args, prob, config, element, *, who: str) -> None:
-    """Launch a TMA backward kernel as ``launch_backward_tensor_cores`` launches v3, with the tensor maps of each
-    launch's views of Q, K, V, dO; host arrays go to the GPU first (a map holds a device address) and dQ_acc,
-    dK, dV come back. On the simulator each warp's exchanges wait for its own lanes (``warp_barriers``)."""
-    if not simulator_enabled() and not all(is_device_array(a) for a, _ in args.arrays.values()):
-        from numba import cuda
-
-        on_device = {name: (cuda.to_device(a), size) for name, (a, size) in args.arrays.items()}
-        launch_backward_tma(make_kernel, replace(args, arrays=on_device), prob, config, element, who=who)
-        for name in ("dQ_acc", "dK", "dV"):
-            on_device[name][0].copy_to_host(args.arrays[name][0])
-        return
-    n_q, n_k, g = args.scalars["n_q"], args.scalars["n_k"], args.kv_group
-
-    def maps(cfg, views, kv_heads):  # the launch's views: kv_heads K/V heads, g query heads each
-        if n_q == 0:  # no query tile is read or added to; a map needs rows: K's and V's stand in the others' places
-            k_map, v_map = cfg.maps(n_k, n_k, kv_heads, kv_heads)[1:3]
-            return tensor_maps((k_map, k_map, v_map, v_map, k_map), [views[n] for n in ("K", "K", "V", "V", "K")])
-        return tensor_maps(cfg.maps(n_q, n_k, kv_heads * g, kv_heads),
-                           [views[n] for n in ("Q", "K", "V", "dO", "dQ_acc")])
-
-    if simulator_enabled():
-        from ...gpu.ptx_emulation import warp_barriers
-    with warp_barriers() if simulator_enabled() else nullcontext():
-        launch_backward_tensor_cores(make_kernel, args, prob, config, element, tilings=(default_tiling,
-                                     simulator_tiling), who=who, derived=(("TMAPS", maps),))
-
-
-@dataclass(frozen=True)
-class TmaMainLaunch:
-    """The main kernel of ``tensor_core_tiling.DriverLaunches`` for a TMA kernel: called as v3's is (Q, K, V, dO,
-    LSE, Dvec, dQ_acc, dK, dV, dQ_turn), it launches ``grid`` on LSE, Dvec, dQ_acc, dK, dV and the tensor maps of
-    Q, K, V, dO, dQ_acc, kept by their addresses (``maps``)."""
-
-    grid: object
-    maps: MapCache
-
-    @property
-    def kernel(self):  # the driver kernel, as a GridLaunch has it (its registers, its local memory)
-        return self.grid.kernel
-
-    def __call__(self, q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream: int = 0) -> None:
-        self.grid(lse, D, dq_acc, dk, dv, self.maps(q, k, v, do, dq_acc, stream=stream), stream=stream)
-
-
-def with_tma_main(launches, cfg: BackwardTmaTiling, n_q: int, n_k: int, n_heads: int, kv_group: int):
-    """``launches`` (``DriverLaunches``) with its main kernel called through a :class:`TmaMainLaunch`."""
-    return replace(launches, main=TmaMainLaunch(launches.main, MapCache(cfg.maps(n_q, n_k, n_heads,
-                                                                                 n_heads // kv_group))))

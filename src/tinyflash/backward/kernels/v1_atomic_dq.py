@@ -35,7 +35,7 @@ from ...gpu.loads import load_tile, vector_width
 from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
-from .tiling import BackwardTileConfig, launch_backward
+from .tiling import BackwardTileConfig
 
 POS_INF = float32(np.inf)
 ZERO, ONE, FOUR = u(0), u(1), u(4)
@@ -228,8 +228,7 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = 
     return flash_bwd
 
 
-def launch(args, prob, *, config: BackwardTileConfig | None = None, vector: int | None = None) -> None:
-    """Launch v1 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling,
-    ``vector`` the elements per thread and global load (default: :func:`vector_width` of the dtype)."""
-    launch_backward(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector),
-                    element=elements.kernel_element(prob.dtype))
+def build(cfg: BackwardTileConfig, dtype: str, vector: int | None = None):
+    """What v1 builds: its kernel for the tiling ``cfg`` and inputs of ``dtype`` ('float16', 'bfloat16', 'float32'),
+    ``vector`` elements per thread and global load (None: ``vector_width``'s default for the dtype)."""
+    return make_kernel(cfg, vector_width(dtype, vector), elements.kernel_element(dtype))

@@ -19,14 +19,13 @@ What changed since v1 (the CUDA-core backward):
   computed.
 
 The loop reads like FlashAttention-2's backward (``tinyflash.backward.blocked``): for each query tile that
-sees the key tile, S and P recomputed from lse, dP, dS = P ∘ (dP − D), then dV, dK, dQ. Its tiling and launch
-are ``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS``, 16-bit inputs.
+sees the key tile, S and P recomputed from lse, dP, dS = P ∘ (dP − D), then dV, dK, dQ. Its tiling is
+``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS``, 16-bit inputs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -35,13 +34,11 @@ from numba import cuda, float32, uint32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu import ptx
-from ...gpu.driver_launch import driver_kernel
 from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import compute_capability, device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, MMA_N, WARP, warp_tile
-from .tensor_core_tiling import (SIGNATURE, BackwardTensorCoreTiling, DriverLaunches, launch_backward_tensor_cores,
-                                 sized_driver_launches)
+from .tensor_core_tiling import SIGNATURE, BackwardTensorCoreTiling  # noqa: F401 (SIGNATURE: its argument types)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
@@ -273,28 +270,7 @@ def pair_atomics_available() -> bool:
     return simulator_enabled() or compute_capability() >= (9, 0)
 
 
-def launch(args, prob, *, config: BackwardTensorCoreTiling | None = None, element: str | None = None,
-           deterministic: bool = False) -> None:
-    """Launch v2 on ``args`` (``tinyflash.gpu.launch.LaunchArgs`` as the host wrappers build them: Q, K, V, dO,
-    dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32, dQ_turn int32 zeros, one per query tile);
-    ``element`` 'bfloat16' for bfloat16 inputs (None: float16); ``config`` overrides the tiling;
-    ``deterministic``: dQ added in one order (:func:`make_kernel`)."""
-    if "dQ_turn" not in args.arrays:  # not needed unless deterministic: a stand-in the kernel never reads
-        if deterministic:
-            raise ValueError("deterministic mode needs dQ_turn: int32 zeros, one per query tile and query head")
-        args = replace(args, arrays={**args.arrays, "dQ_turn": (np.zeros(1, np.int32), 0)})
-    pairs = pair_atomics_available()
-    launch_backward_tensor_cores(lambda cfg, element: make_kernel(cfg, element, deterministic, pairs), args, prob, config,
-                                 element)
-
-
-@lru_cache(maxsize=256)
-def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
-                    cfg: BackwardTensorCoreTiling, deterministic: bool = False,
-                    pair_atomics: bool | None = None) -> DriverLaunches:
-    """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use
-    and kept: the grids of ``launch_backward_tensor_cores`` and of the two row kernels, in one launch each;
-    ``pair_atomics`` None: where :func:`pair_atomics_available`."""
-    pairs = pair_atomics_available() if pair_atomics is None else pair_atomics
-    return sized_driver_launches(driver_kernel(make_kernel(cfg, element, deterministic, pairs), SIGNATURE,
-                                               cfg.smem_bytes), cfg, n_q, n_k, n_heads, kv_group, scale, causal, element)
+def build(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool | None = None):
+    """What v2 builds: its kernel for the tiling ``cfg`` and ``element`` inputs; ``deterministic``: dQ added in one
+    order (:func:`make_kernel`); ``pair_atomics`` None: where :func:`pair_atomics_available`."""
+    return make_kernel(cfg, element, deterministic, pair_atomics_available() if pair_atomics is None else pair_atomics)

@@ -32,7 +32,6 @@ capability 9.0 exactly (``sm_90a``).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -41,14 +40,13 @@ from numba import cuda, float32, uint32, uint64
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu import ptx, wgmma
-from ...gpu.driver_launch import driver_kernel
 from ...gpu.loads import cp_async_swizzled_rows
 from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, WARP
 from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
-from .hopper_tiling import BackwardHopperTiling, default_tiling, require_hopper, simulator_tiling
-from .tensor_core_tiling import SIGNATURE, DriverLaunches, launch_backward_tensor_cores, sized_driver_launches
+from .hopper_tiling import BackwardHopperTiling
+from .tensor_core_tiling import SIGNATURE  # noqa: F401 (its argument types: v2's)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
@@ -305,30 +303,14 @@ def make_kernel(cfg: BackwardHopperTiling, element: str):
     return flash_bwd_wgmma
 
 
-def launch(args, prob, *, config: BackwardHopperTiling | None = None, element: str | None = None,
-           deterministic: bool = False) -> None:
-    """Launch v3 on ``args`` (``tinyflash.gpu.launch.LaunchArgs`` as v2's: Q, K, V, dO, dK, dV flat in 16-bit
-    elements, LSE, Dvec, dQ_acc in float32); ``element`` 'bfloat16' for bfloat16 inputs (None: float16);
-    ``config`` overrides the tiling. v3 has no deterministic mode: ``deterministic=True`` is a ValueError."""
-    refuse_deterministic(deterministic)
-    require_hopper("backward kernel v3 (wgmma)")
-    if "dQ_turn" not in args.arrays:  # v2's argument, unread here
-        args = replace(args, arrays={**args.arrays, "dQ_turn": (np.zeros(1, np.int32), 0)})
-    launch_backward_tensor_cores(make_kernel, args, prob, config, element, tilings=(default_tiling, simulator_tiling),
-                                 who="backward kernel v3 (wgmma)")
-
-
 def refuse_deterministic(deterministic) -> None:
     if deterministic:
         raise ValueError("backward kernel v3 (wgmma) has no deterministic mode (dQ is added by atomics in any "
                          "order); got deterministic=True: use kernel v2 for a bitwise-reproducible dq")
 
 
-@lru_cache(maxsize=256)
-def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
-                    cfg: BackwardHopperTiling, deterministic: bool = False) -> DriverLaunches:
-    """v2's :class:`DriverLaunches` with v3 as the main kernel, for n_heads query heads (kv_group per K/V head),
-    Nq, Nk >= 1, compiled on first use and kept."""
+def build(cfg: BackwardHopperTiling, element: str, deterministic: bool = False):
+    """What v3 builds: its kernel for the tiling ``cfg`` and ``element`` inputs (it has no deterministic mode:
+    ``deterministic=True`` is a ValueError)."""
     refuse_deterministic(deterministic)
-    return sized_driver_launches(driver_kernel(make_kernel(cfg, element), SIGNATURE, cfg.smem_bytes), cfg, n_q, n_k,
-                                 n_heads, kv_group, scale, causal, element)
+    return make_kernel(cfg, element)

@@ -39,17 +39,14 @@ from numba.cuda import types
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu import ptx, tma, wgmma
-from ...gpu.driver_launch import driver_kernel
 from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...gpu.tensor_map import BOX_COLUMNS
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, WARP
 from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
-from .hopper_tiling import require_hopper
 from .rows import FLOATS, WORDS
-from .tensor_core_tiling import DriverLaunches, sized_driver_launches
 from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, HEAD_BYTES_PER_COLUMN, K_MAP, LSE_LANES, Q_MAP, V_MAP,
-                         BackwardTmaTiling, launch_backward_tma, longest_first, refuse_deterministic, with_tma_main)
+                         BackwardTmaTiling, longest_first, refuse_deterministic)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
@@ -439,22 +436,8 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
 WHO = "backward kernel v4 (warp-specialised)"
 
 
-def launch(args, prob, *, config: BackwardTmaTiling | None = None, element: str | None = None,
-           deterministic: bool = False) -> None:
-    """Launch v4 on ``args`` (v3's: Q, K, V, dO, dK, dV flat in 16-bit elements, LSE, Dvec, dQ_acc in float32),
-    with the tensor maps of Q, K, V, dO, dQ_acc. ``element``: 'bfloat16' or None (float16); ``config`` overrides
-    the tiling. v4 has no deterministic mode: ``deterministic=True`` is a ValueError."""
+def build(cfg: BackwardTmaTiling, element: str, deterministic: bool = False):
+    """What v4 builds: its kernel for the tiling ``cfg`` and ``element`` inputs (it has no deterministic mode:
+    ``deterministic=True`` is a ValueError)."""
     refuse_deterministic(deterministic, WHO)
-    require_hopper(WHO)
-    launch_backward_tma(make_kernel, args, prob, config, element, who=WHO)
-
-
-@lru_cache(maxsize=256)
-def driver_launches(n_q: int, n_k: int, n_heads: int, kv_group: int, scale: float, causal: bool, element: str,
-                    cfg: BackwardTmaTiling, deterministic: bool = False) -> DriverLaunches:
-    """v3's :class:`DriverLaunches` with v4 as the main kernel (its tensor maps kept by the arrays' addresses),
-    for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1, compiled on first use and kept."""
-    refuse_deterministic(deterministic, WHO)
-    launches = sized_driver_launches(driver_kernel(make_kernel(cfg, element), SIGNATURE, cfg.smem_bytes), cfg, n_q,
-                                     n_k, n_heads, kv_group, scale, causal, element)
-    return with_tma_main(launches, cfg, n_q, n_k, n_heads, kv_group)
+    return make_kernel(cfg, element)

@@ -4,7 +4,7 @@ A block of WARPGROUPS warpgroups owns Br = 64 · WARPGROUPS query rows, warpgrou
 64w .. 64w + 63; it walks the keys in tiles K_j, V_j of Bc = BC keys. Shared memory holds Q_i, then two
 stages of (K_j, V_j), each a 128-byte-swizzled tile (``tinyflash.gpu.wgmma``) starting 1024-byte aligned:
 :meth:`HopperTiling.smem_layout` is its one description. What a warpgroup does with them is
-``tinyflash.warpgroup_tile``; the host side (sizing the grid, launching) is ``tensor_core_tiling``'s.
+``tinyflash.warpgroup_tile``; how a tiling is launched is the host layer's (``tinyflash.host.launch``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class HopperTiling(Tiling):
     WARPGROUPS: int
     BC: int
     LAZY_RESCALE: bool = True
-    HEAD_GROUP: int = 1  # read by tensor_core_tiling.head_group: the blocks' order is one head after another
+    HEAD_GROUP: int = 1  # the blocks' order: one head after another (head_group)
     WHAT = "wgmma tiling"
 
     @property
@@ -54,6 +54,10 @@ class HopperTiling(Tiling):
     @property
     def CHUNKS(self) -> int:  # 16-byte chunks per row (one cp.async each)
         return self.D // 8
+
+    def head_group(self, n_k: int, n_heads: int, kv_group: int, causal: bool) -> int:
+        """The heads the blocks take together: one (the wgmma kernels' blocks go one head after another)."""
+        return self.HEAD_GROUP
 
     def warp_tile(self, element: str) -> WarpTile:
         """A warp's part (its 16 rows): the mask, softmax step and epilogue of ``tinyflash.warp_tile``."""

@@ -15,10 +15,9 @@ kernel, the launch and lesson 05 read their offsets and sizes from it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
-from ...gpu.launch import SharedMemoryRefused, Tiling, launch, tiling_for
+from ...gpu.launch import Tiling
 from ...gpu.smem import Region, layout, layout_bytes
 from ...hardware import STATIC_SMEM_PER_BLOCK
 
@@ -126,23 +125,3 @@ def small_config(d: int, d_v: int) -> TileConfig:
                 if not cfg.problems() and cfg.smem_bytes <= STATIC_SMEM_PER_BLOCK:
                     return cfg
     raise ValueError(f"no tiling of at most 48 KiB of shared memory for d={d}, dv={d_v}")
-
-
-def launch_tiled(make_kernel, args, prob, config: TileConfig | None = None, **kernel_options) -> None:
-    """Size the grid and launch a register-tiled kernel ``make_kernel(cfg, **kernel_options)`` on
-    ``args`` (:class:`tinyflash.gpu.launch.LaunchArgs`) for the problem ``prob`` that the host
-    wrapper's checks found: one block of cfg.NT threads per (query tile of cfg.BR rows, head).
-
-    ``config=None`` takes :func:`default_config` (:func:`simulator_config` on the simulator). If
-    the driver refuses the shared memory of the tiling, this warns and falls back to
-    :func:`small_config`, which needs no permission.
-    """
-    cfg = tiling_for(config, default_config, simulator_config, prob.d, prob.d_v)
-    try:
-        launch(make_kernel(cfg, **kernel_options), -(-prob.n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args,
-               key_tiles=-(-prob.n_k // cfg.BC))
-    except SharedMemoryRefused as exc:  # fall back to a tiling that needs no permission
-        small = small_config(prob.d, prob.d_v)
-        warnings.warn(f"{exc}; falling back to the slower tiling {small}", RuntimeWarning, stacklevel=4)
-        launch(make_kernel(small, **kernel_options), -(-prob.n_q // small.BR), small.NT, small.smem_bytes, args,
-               key_tiles=-(-prob.n_k // small.BC))

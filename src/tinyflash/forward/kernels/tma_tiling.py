@@ -6,29 +6,22 @@ tiles come by TMA (``tinyflash.gpu.tma``) into a ring of STAGES stages of (K_j, 
 stage has an "empty" mbarrier on which the consumers say they are done with it (warp specialisation).
 :meth:`TmaTiling.smem_layout` is where everything lives; :meth:`TmaTiling.maps` the tensor maps of a problem.
 
-Host: the kernels take O, LSE and their tensor maps (Q's, K's, V's: ``gpu/tensor_map.py``), not Q, K, V. Through
-the driver (device arrays on a GPU) a call's maps come from a :class:`~tinyflash.gpu.tensor_map.MapCache`, by
-the arrays' addresses; through numba (the simulator, NumPy inputs, more heads than a grid holds) they are
-encoded for each launch from its arrays (``LaunchArgs.derived``).
+The kernels take O, LSE and the tensor maps of Q, K and V (``gpu/tensor_map.py``; :meth:`TmaTiling.maps` says
+their boxes), not Q, K, V: the host layer makes them (``tinyflash.host``: through the driver a
+:class:`~tinyflash.gpu.tensor_map.MapCache` keeps them by the arrays' addresses; through numba they are encoded for
+each launch).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
-
-from ...gpu.driver_launch import driver_kernel
-from ...gpu.arrays import is_device_array
-from ...gpu.runtime import simulator_enabled
-from ...gpu.tensor_map import MAX_BOX_ROWS, MapCache, TensorMap, tensor_maps
+from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
 from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
-from ...warpgroup_tile import HEAD_DIMS, tile_problems
-from .hopper_tiling import GPU_BC, HopperTiling, require_hopper
-from .tensor_core_tiling import launch_tensor_cores
+from ...warpgroup_tile import tile_problems
+from .hopper_tiling import GPU_BC, HopperTiling
 
 Q_MAP, K_MAP, V_MAP = 0, 1, 2  # the maps' order in the kernels' TMAPS array
 REGISTERS = 65536  # per multiprocessor (and per block at most): what setmaxnreg shares out
@@ -122,59 +115,3 @@ def simulator_tiling(d: int) -> TmaTiling:
 def simulator_specialised_tiling(d: int) -> TmaTiling:
     """A producer and two consumers (the smallest that has both roles and two consumers), 16-key tiles."""
     return TmaTiling(D=d, WARPGROUPS=2, BC=16, PRODUCER=True).validate()
-
-
-def kernel_maps(cfg: TmaTiling, views: dict, heads: int, n_q: int, n_k: int, kv_group: int):
-    """The kernels' TMAPS for one launch through numba: the maps of its views of Q, K and V."""
-    return tensor_maps(cfg.maps(n_q, n_k, heads, heads // kv_group), [views[name] for name in ("Q", "K", "V")])
-
-
-def launch_tma(kernel_for, driver_launch, args, prob, config, element, *, tilings, who: str) -> None:
-    """Launch a TMA kernel as ``tensor_core_tiling.launch_tensor_cores`` launches v6 and v7, with its tensor maps;
-    on the simulator each warp's exchanges wait for its own lanes (``ptx_emulation.warp_barriers``)."""
-    require_hopper(who)
-    if not simulator_enabled() and not all(is_device_array(a) for a, _ in args.arrays.values()):
-        # a tensor map holds a device address: host arrays go to the GPU first, and O and LSE come back
-        from numba import cuda
-
-        on_device = {name: (cuda.to_device(a), size) for name, (a, size) in args.arrays.items()}
-        launch_tma(kernel_for, driver_launch, replace(args, arrays=on_device), prob, config, element, tilings=tilings,
-                   who=who)
-        for name in ("O", "LSE"):
-            on_device[name][0].copy_to_host(args.arrays[name][0])
-        return
-    sc = args.scalars
-
-    def maps(cfg, views, heads):
-        return kernel_maps(cfg, views, heads, sc["n_q"], sc["n_k"], args.kv_group)
-
-    if simulator_enabled():
-        from ...gpu.ptx_emulation import warp_barriers
-    with warp_barriers() if simulator_enabled() else nullcontext():
-        launch_tensor_cores(kernel_for, driver_launch, args, prob, config, element, tilings=tilings, who=who,
-                            head_dims=HEAD_DIMS, derived=(("TMAPS", maps),))
-
-
-@dataclass(frozen=True)
-class TmaLaunch:
-    """A TMA kernel sized for one problem (``driver_launch.GridLaunch``: O, LSE, TMAPS, then fixed scalars) and the
-    maps of the addresses its calls have seen: called as v6's and v7's sized launches are, on Q, K, V, O, LSE."""
-
-    grid: object
-    maps: MapCache
-
-    def __call__(self, q, k, v, o, lse, stream: int = 0) -> None:
-        self.grid(o, lse, self.maps(q, k, v, stream=stream), stream=stream)
-
-
-def sized_tma_launch(kernel_for, signature, n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool,
-                     kv_group: int, element: str, cfg: TmaTiling) -> TmaLaunch:
-    """``kernel_for(cfg, element, 1)`` compiled for ``signature`` and sized for one problem (as
-    ``tensor_core_tiling.sized_launch``), with a cache of its tensor maps."""
-    from ...gpu.driver_launch import GridLaunch
-
-    kernel = driver_kernel(kernel_for(cfg, element, 1), signature, cfg.smem_bytes)
-    grid = GridLaunch.sized(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k,
-                            scale_log2=np.float32(scale_log2), causal=bool(causal), kv_group=kv_group, head_group=1)
-    return TmaLaunch(grid, MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)))
-

@@ -13,6 +13,7 @@ spill to local memory. v2 splits a tile of scores over the threads instead (regi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -20,7 +21,7 @@ from numba import cuda, float32, uint64
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LN2
-from ...gpu.launch import launch as launch_kernel
+from ...gpu.launch import Tiling
 from ...gpu.loads import load_tile
 from ...gpu import elements
 from ...gpu.runtime import device_function, simulator_enabled, u
@@ -35,12 +36,32 @@ GPU_TILE = (64, 32)  # (BR, BC) on a GPU
 SIMULATOR_TILE = (16, 16)  # (BR, BC) on the simulator, which runs one Python thread per CUDA thread
 
 
-def tiling(d: int, d_v: int) -> tuple[int, int, int, int]:
-    """(BR, BC, D, DV): BR query rows (= threads) per block, BC keys per tile, head dims padded to
-    multiples of 4. Shared memory: K_j (BC × D) then V_j (BC × DV), 4·BC·(D + DV) bytes (64 KiB
-    for d = dv = 256 on a GPU: more than a kernel may use without asking)."""
-    BR, BC = SIMULATOR_TILE if simulator_enabled() else GPU_TILE
-    return BR, BC, -(-d // 4) * 4, -(-d_v // 4) * 4
+@dataclass(frozen=True)
+class RowTiling(Tiling):
+    """v1's tiling: BR query rows (= threads) per block, BC keys per tile, head dims padded to D and DV (multiples
+    of 4). Shared memory: K_j (BC × D) then V_j (BC × DV), 4·BC·(D + DV) bytes (64 KiB for d = dv = 256 on a GPU:
+    more than a kernel may use without asking)."""
+
+    BR: int
+    BC: int
+    D: int
+    DV: int
+    WHAT = "row tiling"
+
+    @property
+    def NT(self) -> int:  # threads per block: one per query row
+        return self.BR
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.BC * (self.D + self.DV)
+
+
+def tiling(d: int, d_v: int, simulator: bool | None = None) -> RowTiling:
+    """v1's tiling for head dims d and dv: GPU_TILE on a GPU, SIMULATOR_TILE on numba's simulator (``simulator``:
+    which one; None: where this process runs kernels)."""
+    BR, BC = SIMULATOR_TILE if (simulator_enabled() if simulator is None else simulator) else GPU_TILE
+    return RowTiling(BR, BC, -(-d // 4) * 4, -(-d_v // 4) * 4)
 
 
 @lru_cache(maxsize=None)
@@ -113,9 +134,6 @@ def make_kernel(BR: int, BC: int, D: int, DV: int, element: str | None = None):
     return flash_fwd_simple
 
 
-def launch(args, prob) -> None:
-    """Launch v1 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): one block of BR threads per
-    (query tile of BR rows, head)."""
-    BR, BC, D, DV = tiling(prob.d, prob.d_v)
-    kernel = make_kernel(BR, BC, D, DV, elements.kernel_element(prob.dtype))
-    launch_kernel(kernel, -(-prob.n_q // BR), BR, 4 * BC * (D + DV), args, key_tiles=-(-prob.n_k // BC))
+def build(cfg: RowTiling, dtype: str):
+    """What v1 builds: its kernel for the tiling ``cfg`` and inputs of ``dtype`` ('float16', 'bfloat16', 'float32')."""
+    return make_kernel(cfg.BR, cfg.BC, cfg.D, cfg.DV, elements.kernel_element(dtype))

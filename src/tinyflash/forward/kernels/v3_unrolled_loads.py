@@ -33,7 +33,7 @@ from ...gpu.loads import load_tile
 from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
-from .tiling import TileConfig, launch_tiled
+from .tiling import TileConfig
 
 NEG_INF = float32(-np.inf)
 ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
@@ -246,6 +246,6 @@ def make_kernel(cfg: TileConfig, element: str | None = None):
     return flash_fwd
 
 
-def launch(args, prob, *, config: TileConfig | None = None) -> None:
-    """Launch v3 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling."""
-    launch_tiled(make_kernel, args, prob, config, element=elements.kernel_element(prob.dtype))
+def build(cfg: TileConfig, dtype: str):
+    """What v3 builds: its kernel for the tiling ``cfg`` and inputs of ``dtype`` ('float16', 'bfloat16', 'float32')."""
+    return make_kernel(cfg, elements.kernel_element(dtype))

@@ -31,7 +31,7 @@ from ...gpu.loads import fetch_tile, is_full_tile, load_tile, load_tile_ragged, 
 from ...gpu import elements
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_floats
-from .tiling import TileConfig, launch_tiled
+from .tiling import TileConfig
 
 NEG_INF = float32(-np.inf)
 ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
@@ -269,8 +269,7 @@ def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
     return flash_fwd
 
 
-def launch(args, prob, *, config: TileConfig | None = None, vector: int | None = None) -> None:
-    """Launch v5 on ``args`` (``tinyflash.gpu.launch.LaunchArgs``): ``config`` overrides the tiling,
-    ``vector`` the elements per thread and global load (default: :func:`vector_width` of the dtype)."""
-    launch_tiled(make_kernel, args, prob, config, vector=vector_width(prob.dtype, vector),
-                 element=elements.kernel_element(prob.dtype))
+def build(cfg: TileConfig, dtype: str, vector: int | None = None):
+    """What v5 builds: its kernel for the tiling ``cfg`` and inputs of ``dtype`` ('float16', 'bfloat16', 'float32'),
+    ``vector`` elements per thread and global load (None: :func:`vector_width`'s default for the dtype)."""
+    return make_kernel(cfg, vector_width(dtype, vector), elements.kernel_element(dtype))

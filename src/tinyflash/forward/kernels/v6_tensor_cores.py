@@ -33,7 +33,7 @@ The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one d
 per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue; the phases are
 a warp's tile on the tensor cores (``tinyflash.warp_tile``), which the decode kernel shares. This file
 keeps what is v6's own: the order of its blocks, the copies of Q_i, K_j and V_j into shared memory, the
-loop. Its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS`` (multiples of 8 up to 256; padded with zero
+loop. Its limits: d = dv ∈ ``warp_tile.HEAD_DIMS`` (multiples of 8 up to 256; padded with zero
 columns to DP, a multiple of 32, in shared memory).
 """
 
@@ -46,13 +46,11 @@ from numba.cuda import types
 
 from ...core.masks import key_stop
 from ...gpu import ptx
-from ...gpu.driver_launch import GridLaunch
-from ...gpu.launch import LaunchArgs
 from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
-from .tensor_core_tiling import TensorCoreTiling, launch_tensor_cores, sized_launch
+from .tensor_core_tiling import TensorCoreTiling
 
 ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
@@ -184,21 +182,8 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
     return flash_fwd
 
 
-def kernel_for(cfg: TensorCoreTiling, element: str, head_group: int):
-    """The kernel that launches with ``head_group`` heads ordered together: the grouped one for more than one."""
+def build(cfg: TensorCoreTiling, element: str, head_group: int = 1):
+    """What v6 builds: its kernel for the tiling ``cfg`` and ``element`` inputs, launched with ``head_group`` heads
+    ordered together (``cfg.head_group(...)``): the kernel that orders its blocks by groups of heads for more than
+    one."""
     return make_kernel(cfg, element, head_group > 1)
-
-
-def launch(args: LaunchArgs, prob, *, config: TensorCoreTiling | None = None, element: str | None = None) -> None:
-    """Launch v6 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse;
-    then n_q, n_k, d, dv, scale·log2(e), causal). ``element`` is 'bfloat16' for bfloat16 inputs
-    (the default, 'float16', for float16 ones); ``config`` overrides the tiling."""
-    launch_tensor_cores(kernel_for, driver_launch, args, prob, config, element)
-
-
-@lru_cache(maxsize=256)  # by value, without SIGNATURE: hashing a tuple of numba types costs tens of µs
-def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int, element: str,
-                  cfg: TensorCoreTiling) -> GridLaunch:
-    """v6 sized for one problem, launched through the driver (compiled on first use, then kept): a call
-    passes only q, k, v, o (16-bit elements) and lse, C-contiguous device arrays of any library."""
-    return sized_launch(kernel_for, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)

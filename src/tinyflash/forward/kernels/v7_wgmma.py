@@ -37,15 +37,12 @@ from numba.cuda import types
 
 from ...core.masks import key_stop
 from ...gpu import ptx, wgmma
-from ...gpu.driver_launch import GridLaunch
-from ...gpu.launch import LaunchArgs
 from ...gpu.loads import cp_async_swizzled_rows
 from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_words
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
-from ...warpgroup_tile import HEAD_DIMS, warpgroup_tile
-from .hopper_tiling import HopperTiling, default_tiling, require_hopper, simulator_tiling
-from .tensor_core_tiling import launch_tensor_cores, sized_launch
+from ...warpgroup_tile import warpgroup_tile
+from .hopper_tiling import HopperTiling
 
 ZERO, ONE, TWO = u(0), u(1), u(2)
 ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
@@ -152,22 +149,7 @@ def make_kernel(cfg: HopperTiling, element: str):
     return flash_fwd
 
 
-def kernel_for(cfg: HopperTiling, element: str, head_group: int):
-    """The kernel for ``cfg`` and ``element``; head_group is 1 (one head at a time, HopperTiling's rule)."""
+def build(cfg: HopperTiling, element: str, head_group: int = 1):
+    """What v7 builds: its kernel for the tiling ``cfg`` and ``element`` inputs (one head at a time: the wgmma
+    tilings' ``head_group`` is 1)."""
     return make_kernel(cfg, element)
-
-
-def launch(args: LaunchArgs, prob, *, config: HopperTiling | None = None, element: str | None = None) -> None:
-    """Launch v7 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse; n_q, n_k,
-    scale·log2(e), causal, kv_group by name). ``element`` is 'bfloat16' for bfloat16 inputs (the default,
-    'float16', for float16 ones); ``config`` overrides the tiling."""
-    require_hopper("kernel v7 (wgmma)")
-    launch_tensor_cores(kernel_for, driver_launch, args, prob, config, element,
-                        tilings=(default_tiling, simulator_tiling), who="kernel v7 (wgmma)", head_dims=HEAD_DIMS)
-
-
-@lru_cache(maxsize=256)  # by value: as v6's
-def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int, element: str,
-                  cfg: HopperTiling) -> GridLaunch:
-    """v7 sized for one problem, launched through the driver (compiled on first use, then kept)."""
-    return sized_launch(kernel_for, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)

@@ -37,8 +37,7 @@ from ...gpu.smem import shared_words
 from ...gpu.tensor_map import BOX_COLUMNS
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
 from ...warpgroup_tile import ROW_BYTES, warpgroup_tile
-from .tma_tiling import (K_MAP, Q_MAP, V_MAP, TmaTiling, default_specialised_tiling, launch_tma,
-                         simulator_specialised_tiling, sized_tma_launch)
+from .tma_tiling import K_MAP, Q_MAP, V_MAP, TmaTiling
 
 ZERO, ONE, TWO = u(0), u(1), u(2)
 ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
@@ -185,21 +184,7 @@ def make_kernel(cfg: TmaTiling, element: str):
     return flash_fwd
 
 
-def kernel_for(cfg: TmaTiling, element: str, head_group: int):
-    """The kernel for ``cfg`` and ``element``; head_group is 1 (one head at a time, HopperTiling's rule)."""
+def build(cfg: TmaTiling, element: str, head_group: int = 1):
+    """What v9 builds: its kernel for the tiling ``cfg`` and ``element`` inputs (one head at a time: the wgmma
+    tilings' ``head_group`` is 1)."""
     return make_kernel(cfg, element)
-
-
-def launch(args, prob, *, config: TmaTiling | None = None, element: str | None = None) -> None:
-    """Launch v9 on ``args`` as the host wrappers build them (q, k, v, o flat in 16-bit elements; lse; n_q, n_k,
-    scale·log2(e), causal, kv_group by name); the tensor maps are made from q, k, v. ``element`` 'bfloat16' for
-    bfloat16 inputs; ``config`` overrides the tiling."""
-    launch_tma(kernel_for, driver_launch, args, prob, config, element, tilings=(default_specialised_tiling,
-               simulator_specialised_tiling), who="kernel v9 (warp-specialised)")
-
-
-@lru_cache(maxsize=256)  # by value: as v7's and v8's
-def driver_launch(n_q: int, n_k: int, n_heads: int, scale_log2, causal: bool, kv_group: int, element: str,
-                  cfg: TmaTiling):
-    """v9 sized for one problem, launched through the driver, its tensor maps kept by the arrays' addresses."""
-    return sized_tma_launch(kernel_for, SIGNATURE, n_q, n_k, n_heads, scale_log2, causal, kv_group, element, cfg)
