@@ -8,7 +8,7 @@ the shape: checks, sizing, kernels packed), then ``--calls`` calls in a row are 
 µs per call of the fastest of the five printed:
 
     no-op launch   the whole call with both kernels' cuLaunchKernel replaced by a function that does nothing
-                   (``gpu.driver_launch.HostOnlyKernel``): the Python path alone, from the entry to the driver,
+                   (``gpu.host_only.HostOnlyKernel``): the Python path alone, from the entry to the driver,
                    in CPU time of this thread (so that other processes on a busy host do not count)
     call           on a GPU: the real call, the GPU synchronised only at the end of the loop; where the GPU
                    finishes a call's kernels sooner than the host makes the next call, this is the host time
@@ -41,7 +41,8 @@ def no_op_launches(on_cpu: bool):
 
     from tinyflash.decode import cuda as decode_cuda
     from tinyflash.gpu import arrays, runtime
-    from tinyflash.gpu.driver_launch import Bytes, HostOnlyKernel
+    from tinyflash.gpu.driver_launch import Bytes
+    from tinyflash.gpu.host_only import HostOnlyKernel
     from tinyflash.host.plans import PLANS
 
     saved = {name: getattr(decode_cuda, name) for name in ("driver_kernel", "require_compute_capability", "to_device",

@@ -16,7 +16,8 @@ import pytest
 import tinyflash as tf
 from tinyflash.decode import cuda as decode_cuda
 from tinyflash.gpu import arrays
-from tinyflash.gpu.driver_launch import Bytes, HostOnlyKernel
+from tinyflash.gpu.driver_launch import Bytes
+from tinyflash.gpu.host_only import HostOnlyKernel
 from tinyflash.host.plans import PLANS
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tinyflash.gpu import driver_launch as dl
+from tinyflash.gpu.host_only import HostOnlyKernel
 
 def signatures() -> dict:
     """name -> argument types: the signatures the wrappers launch, and scalars of every other width."""
@@ -94,7 +95,7 @@ def test_packed_launch_writes_only_the_addresses():
     addresses: the very bytes DriverKernel packs from the arrays themselves, launched as often as called."""
     from tinyflash.decode.kernels import combine
 
-    kernel = dl.HostOnlyKernel(combine.make_combine_kernel("float16"), combine.combine_signature("float16"))
+    kernel = HostOnlyKernel(combine.make_combine_kernel("float16"), combine.combine_signature("float16"))
     shapes = {"O_PART": (3, 5, 64), "LSE_PART": (3, 5), "O": (5, 64), "LSE": (5,)}
     arrays = {name: _DeviceArrayStandIn(shape, address=(i + 1) << 20) for i, (name, shape) in enumerate(shapes.items())}
     for name, x in arrays.items():  # float32 partials and lse: 4 bytes an element, as the signature reads them
@@ -107,9 +108,9 @@ def test_packed_launch_writes_only_the_addresses():
         launch.slots[at] = dl.address_and_bytes(x)[0]
     expected = struct.pack(kernel.format, *dl.param_values(kernel.argument_types, (*arrays.values(), 3, 5, 64)))
     assert bytes(launch.params.buffer) == expected
-    launches = dl.HostOnlyKernel.launches
+    launches = HostOnlyKernel.launches
     launch.launch(stream=7)
-    assert dl.HostOnlyKernel.launches == launches + 1
+    assert HostOnlyKernel.launches == launches + 1
 
 
 @pytest.mark.parametrize("after_previous", [False, True])
@@ -118,7 +119,7 @@ def test_a_launch_after_the_previous_one_goes_through_cuLaunchKernelEx(after_pre
     attribute, grid and block as given); else a plain cuLaunchKernel, as before."""
     from tinyflash.decode.kernels import combine
 
-    kernel = dl.HostOnlyKernel(combine.make_combine_kernel("float16", after_previous),
+    kernel = HostOnlyKernel(combine.make_combine_kernel("float16", after_previous),
                                combine.combine_signature("float16"))
     sizes = {"O_PART": dl.Bytes(3 * 5 * 64 * 4), "LSE_PART": dl.Bytes(3 * 5 * 4), "O": dl.Bytes(5 * 64 * 2),
              "LSE": dl.Bytes(5 * 4)}
@@ -126,11 +127,11 @@ def test_a_launch_after_the_previous_one_goes_through_cuLaunchKernelEx(after_pre
                              moving=tuple(sizes), after_previous=after_previous)
     bound = kernel.bind((5, 2, 1), 128, 0, *(_DeviceArrayStandIn((4,), (i + 1) << 20) for i in range(4)), 3, 5, 64,
                         after_previous=after_previous)
-    launches, after = dl.HostOnlyKernel.launches, dl.HostOnlyKernel.after_previous
+    launches, after = HostOnlyKernel.launches, HostOnlyKernel.after_previous
     launch.launch(stream=7)
     bound(7)
-    assert dl.HostOnlyKernel.launches == launches + 2
-    assert dl.HostOnlyKernel.after_previous == after + (2 if after_previous else 0)
+    assert HostOnlyKernel.launches == launches + 2
+    assert HostOnlyKernel.after_previous == after + (2 if after_previous else 0)
     if after_previous:
         c = launch.config.config
         assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ) == (5, 2, 1, 128, 1, 1)

@@ -139,7 +139,7 @@ def test_maps_written_into_a_graph_take_one_launch_of_one_block_each(monkeypatch
     parameters packed as for the driver; the maps' encoding): the maps' 16 words each into one int64 array from
     the inputs' library, one launch of the map-writing kernel per map."""
     from tinyflash.gpu import arrays, tensor_map
-    from tinyflash.gpu.driver_launch import HostOnlyKernel
+    from tinyflash.gpu.host_only import HostOnlyKernel
 
     kernel = HostOnlyKernel(tensor_map._STORE_MAP, tensor_map._STORE_MAP_SIGNATURE)
     monkeypatch.setattr(tensor_map, "_store_map_kernel", lambda: kernel)

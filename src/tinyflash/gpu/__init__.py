@@ -1,8 +1,8 @@
 """The GPU runtime: everything a kernel needs that is not attention.
 
     where.py     the choice made before numba is imported: a GPU, or numba's simulator
-    runtime.py   require_gpu() (every GPU entry point's first call), the simulator's cost, compiling a
-                 plain function as a device function, unsigned constants
+    runtime.py   require_gpu() (every GPU entry point calls it once its arguments are checked), the
+                 simulator's cost, compiling a plain function as a device function, unsigned constants
     arrays.py    device arrays in and out: NumPy, CuPy, numba and PyTorch inputs, outputs of the same kind
     smem.py      the block's dynamic shared memory, and the permission to use more than 48 KiB of it
     loads.py     copying a tile of a (heads, N, d) array from global into shared memory (vector loads)
@@ -11,6 +11,7 @@
                  launch and a progress bar
     driver_launch.py   a compiled kernel launched through the driver's cuLaunchKernel, without numba's
                  per-call work (the host's time counts where kernels are short)
+    host_only.py a kernel that launches nothing: the host's part of a call, tested or timed without a GPU
     ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
     wgmma.py     Hopper's warpgroup multiply (wgmma: fence, mma_async, commit, wait), its shared-memory

@@ -144,8 +144,9 @@ def warp_barriers():
 
 @contextmanager
 def fast_barriers():
-    """Run the simulator's barriers about 6 times faster: its block manager polls the threads, and
-    Python hands the interpreter from thread to thread every 5 ms by default; 0.5 ms while inside."""
+    """Run the simulator's barriers faster: its block manager polls the threads, and Python hands the interpreter
+    from thread to thread every 5 ms by default; 0.5 ms while inside, so a waiting thread gives way ten times
+    sooner."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(min(before, 5e-4))
     try:

@@ -1,9 +1,9 @@
 """The runtime every kernel shares, once numba is imported: is there a GPU, what does the simulator cost, two
 small conventions.
 
-* :func:`require_gpu`: the first call of every GPU entry point. It returns at once when a CUDA GPU
-  is there or numba's simulator is on, and otherwise raises :class:`NoGPUError`, one message that
-  says what to do, instead of numba's chained driver traceback.
+* :func:`require_gpu`: what every GPU entry point calls once its arguments are checked. It returns at once
+  when a CUDA GPU is there or numba's simulator is on, and otherwise raises :class:`NoGPUError`, one message
+  that says what to do, instead of numba's chained driver traceback.
 * :func:`require_compute_capability`: the check before a kernel that needs newer instructions (the tensor
   cores' ``mma.sync`` on 16-bit inputs, ``cp.async``: compute capability 8.0) is compiled or launched: one
   clear error instead of a compiler or driver failure.

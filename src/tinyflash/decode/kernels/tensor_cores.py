@@ -65,9 +65,8 @@ class DecodeTiling(Tiling):
     (:func:`tinyflash.gpu.ptx.make_cp_async_16`).
 
     Why 128 by default: a tile's row is read by 16-byte copies from several lanes, and with ``.L2::128B`` the
-    first copy of a 128-byte run brings the whole run into L2, so HBM serves fewer, longer requests. On the H200
-    (H = 32/8, d = 128, B = 8) it made the split kernel 2-3% faster at Nk = 4,096 and 32,768, in float16 and
-    bfloat16 (docs/notes/2026-12-03-decode-overlap-prefetch.md)."""
+    first copy of a 128-byte run brings the whole run into L2, so HBM serves fewer, longer requests
+    (docs/notes/2026-12-03-decode-overlap-prefetch.md measured what it gains)."""
 
     WHAT = "decode tiling"
 
