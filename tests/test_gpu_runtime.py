@@ -37,13 +37,31 @@ GPU_ENTRY_POINTS = {  # every public function that runs a kernel, called as a us
                              "q.astype(np.float16))",
     "cuda_attention_backward": "o, lse = tf.naive_attention(q, q, q); tf.cuda_attention_backward(q, q, q, o, lse, q)",
     "cuda_split_kv_attention": "tf.cuda_split_kv_attention(q[None], q[None], q[None])",
+    "hopper_attention": "h = np.ones((3, 64), np.float16); tf.hopper_attention(h, h, h)",
+    "tensor_core_attention_backward": "h = np.ones((3, 64), np.float16); o, lse = tf.naive_attention(h, h, h); "
+                                      "tf.tensor_core_attention_backward(h, h, h, o.astype(np.float16), "
+                                      "lse.astype(np.float32), h)",
+}
+BAD_CALLS = {  # each entry point with an argument it refuses: the refusal comes first, before the GPU is looked up
+    "tensor_core_attention(float32 inputs)": ("tf.tensor_core_attention(q, q, q)",
+                                              "TypeError: tensor_core_attention takes float16 or bfloat16; got q of "
+                                              "dtype float32"),
+    "cuda_attention(causal='yes')": ("tf.cuda_attention(q, q, q, causal='yes')",
+                                     "TypeError: causal must be True or False; got 'yes'"),
+    "hopper_attention(d = 8)": ("h = q.astype(np.float16); tf.hopper_attention(h, h, h)",
+                                "ValueError: hopper_attention supports d = dv one of (64, 128, 256)"),
+    "cuda_attention_backward(kernel='v0')": ("o, lse = tf.naive_attention(q, q, q); tf.cuda_attention_backward("
+                                             "q, q, q, o, lse, q, kernel='v0')", "ValueError: kernel must be one of"),
+    "cuda_split_kv_attention(num_splits=0)": ("tf.cuda_split_kv_attention(q[None], q[None], q[None], num_splits=0)",
+                                              "ValueError: num_splits"),
 }
 
 
-def run_without_gpu(patch: str, entry: str = "cuda_attention") -> subprocess.CompletedProcess:
+def run_without_gpu(patch: str, entry: str = "cuda_attention", code: str | None = None) -> subprocess.CompletedProcess:
+    """``entry``'s call (or ``code``) in a new process whose numba has no GPU and no simulator."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
-    code = textwrap.dedent(NO_GPU_SCRIPT.format(patch=patch, call=GPU_ENTRY_POINTS[entry]))
+    code = textwrap.dedent(NO_GPU_SCRIPT.format(patch=patch, call=code or GPU_ENTRY_POINTS[entry]))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
 
@@ -64,6 +82,16 @@ def test_no_gpu_gives_one_clear_error(how, entry):
                   "setting os.environ after numba has been imported does not work"):
         assert words in last, (words, last)
     assert "CudaSupportError" not in proc.stderr and "During handling" not in proc.stderr  # no chained traceback
+
+
+@pytest.mark.parametrize("call", BAD_CALLS)
+def test_arguments_are_checked_before_the_gpu_is_looked_up(call):
+    """Without a GPU (and without the simulator) a call with a bad argument is told what is wrong with it, not that
+    there is no GPU: the entry points check their arguments first."""
+    code, error = BAD_CALLS[call]
+    proc = run_without_gpu("numba.cuda.is_available = lambda: False", code=code)
+    assert proc.returncode != 0, proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith(error), proc.stderr[-3000:]
 
 
 def test_require_gpu_passes_on_the_simulator_or_a_gpu():

@@ -210,6 +210,8 @@ def prepare_split_kv(q, k, v, *, num_splits: int | None = None, causal: bool = F
     found, on_device = placed({"q": q, "k": k, "v": v})
     q, k, v = found.values()
     prob = checked_problem(q, k, v, causal=causal, scale=scale)
+    if num_splits is not None:
+        check_positive_int(num_splits, "num_splits")
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     batch, h_kv = _lead(prob)
     lens = np.full(batch, prob.n_k, dtype=np.int32)  # (B,) every sequence holds all Nk keys
@@ -380,6 +382,8 @@ def prepare_paged(q, cache, *, num_splits: int | None = None, causal: bool = Fal
     like_k = SimpleNamespace(shape=(batch, h_kv, n_k, d), dtype=k_pages.dtype)  # what the checks read
     like_v = SimpleNamespace(shape=(batch, h_kv, n_k, v_pages.shape[-1]), dtype=v_pages.dtype)
     prob = checked_problem(q, like_k, like_v, causal=causal, scale=scale)
+    if num_splits is not None:
+        check_positive_int(num_splits, "num_splits")
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     run, o, lse = _prepare(q, k_pages, v_pages, table, lens, prob, batch=batch, h_kv=h_kv, n_k=n_k,
                            max_pages=table.shape[1], page_size=page_size, num_splits=num_splits, on_device=on_device,
