@@ -10,7 +10,8 @@ are ``tinyflash.gpu.ptx``'s. A row of d dims is DP wide in the fragments and in 
 padded with zero columns to a multiple of 32 (``padded_head_dim``), which add nothing to Q_i K_jᵀ.
 
 :func:`warp_tile` builds, for one :class:`WarpTile`, the device functions of stage 1's loop on these
-fragments, in the order a kernel calls them:
+fragments (three pieces build them: :func:`products` on the tensor cores, :func:`softmax`, :func:`output`),
+in the order a kernel calls them:
 
     lane_rows            each lane's ldmatrix offsets, computed once
     load_q / scores      S_ij = Q_i K_jᵀ (Q's A operands in registers, or read from shared memory)
@@ -126,16 +127,15 @@ def tile_problems(D: int, ROW_TILES: int, rows: str, head_dims: tuple = HEAD_DIM
     return problems
 
 
-@lru_cache(maxsize=None)
-def warp_tile(spec: WarpTile) -> SimpleNamespace:
-    """The device functions of a warp's tile (module docstring) for ``spec``."""
+def products(spec: WarpTile):
+    """The tensor-core pieces: ``lane_rows`` (each lane's ldmatrix offsets), ``load_q`` (Q_i's A operands into
+    registers), ``scores`` (S_ij = Q_i K_jᵀ) and ``p_times_v`` (acc += P_ij V_j)."""
     mma, pack = ptx.mma_m16n8k16(spec.element), ptx.pack(spec.element)
-    RW, DW, D_ = u(spec.ROW_WORDS), u(spec.D // 2), u(spec.D)  # words per row: in shared memory (padded), in HBM
-    OUT_TILES = spec.OUT_TILES  # the 8-column tiles of O_i in HBM (the rest are padding)
+    RW = u(spec.ROW_WORDS)  # words per row in shared memory (padded)
     KEYS8_BYTES = 8 * spec.ROW_WORDS * 4  # 8 rows of shared memory, in bytes
     ROW_TILES, K_STEPS, S_TILES, O_TILES, P_STEPS = (spec.ROW_TILES, spec.K_STEPS, spec.S_TILES, spec.O_TILES,
                                                      spec.P_STEPS)
-    Q_IN_SMEM, LAZY_RESCALE, OUT_PACKED = spec.Q_IN_SMEM, spec.LAZY_RESCALE, spec.out_packed
+    Q_IN_SMEM = spec.Q_IN_SMEM
 
     @cuda.jit(device=True, inline="always")
     def lane_rows(lane):
@@ -202,6 +202,33 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
             for n in range(S_TILES):
                 for kk in range(0, K_STEPS, 2):
                     two_steps(s, qf, n, kk, k_lane_addr)
+
+    @cuda.jit(device=True, inline="always")
+    def p_times_v(acc, s, v_lane_addr):
+        """acc += P_ij V_j: P_ij packed from the S accumulators (their layout is the A operand's), V_j by
+        ldmatrix.trans, 16 keys × 16 dims per instruction, each feeding every row tile's mma's."""
+        a = cuda.local.array((ROW_TILES, 4), uint32)  # per row tile, the A operand of keys 16kk .. 16kk+15
+        for kk in range(P_STEPS):
+            for r in range(ROW_TILES):
+                for h in range(2):  # keys 16kk + 8h ..: the S tile 2kk + h, rows g and g + 8
+                    a[r, 2 * h] = pack(s[r, 2 * kk + h, 0], s[r, 2 * kk + h, 1])
+                    a[r, 2 * h + 1] = pack(s[r, 2 * kk + h, 2], s[r, 2 * kk + h, 3])
+            for n in range(0, O_TILES, 2):  # keys 16kk .., dims 8n ..: 16 bytes per 8 dims
+                b = ptx.ldmatrix_x4_trans(v_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
+                for r in range(ROW_TILES):  # the same b for every row tile: one read, 2 · ROW_TILES mma's
+                    for h in range(2):
+                        acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3] = mma(
+                            a[r, 0], a[r, 1], a[r, 2], a[r, 3], b[2 * h], b[2 * h + 1],
+                            acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3])
+
+    return lane_rows, load_q, scores, p_times_v
+
+
+def softmax(spec: WarpTile):
+    """The online softmax's pieces: ``mask_row``, ``softmax_step`` (row max, rescale, P_ij), and for a kernel whose
+    product into acc runs meanwhile ``softmax_step_deferred`` and ``rescale_acc``."""
+    ROW_TILES, S_TILES, O_TILES = spec.ROW_TILES, spec.S_TILES, spec.O_TILES
+    LAZY_RESCALE = spec.LAZY_RESCALE
 
     @cuda.jit(device=True, inline="always")
     def mask_row(s, r, half, stop, k_start, t):
@@ -307,23 +334,15 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
                     acc[r, n, 2 * half] *= alpha[r, half]
                     acc[r, n, 2 * half + 1] *= alpha[r, half]
 
-    @cuda.jit(device=True, inline="always")
-    def p_times_v(acc, s, v_lane_addr):
-        """acc += P_ij V_j: P_ij packed from the S accumulators (their layout is the A operand's), V_j by
-        ldmatrix.trans, 16 keys × 16 dims per instruction, each feeding every row tile's mma's."""
-        a = cuda.local.array((ROW_TILES, 4), uint32)  # per row tile, the A operand of keys 16kk .. 16kk+15
-        for kk in range(P_STEPS):
-            for r in range(ROW_TILES):
-                for h in range(2):  # keys 16kk + 8h ..: the S tile 2kk + h, rows g and g + 8
-                    a[r, 2 * h] = pack(s[r, 2 * kk + h, 0], s[r, 2 * kk + h, 1])
-                    a[r, 2 * h + 1] = pack(s[r, 2 * kk + h, 2], s[r, 2 * kk + h, 3])
-            for n in range(0, O_TILES, 2):  # keys 16kk .., dims 8n ..: 16 bytes per 8 dims
-                b = ptx.ldmatrix_x4_trans(v_lane_addr + uint32(kk * 2 * KEYS8_BYTES + n * MMA_K))
-                for r in range(ROW_TILES):  # the same b for every row tile: one read, 2 · ROW_TILES mma's
-                    for h in range(2):
-                        acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3] = mma(
-                            a[r, 0], a[r, 1], a[r, 2], a[r, 3], b[2 * h], b[2 * h + 1],
-                            acc[r, n + h, 0], acc[r, n + h, 1], acc[r, n + h, 2], acc[r, n + h, 3])
+    return mask_row, softmax_step, softmax_step_deferred, rescale_acc
+
+
+def output(spec: WarpTile):
+    """The epilogue, a kernel's only writes of O_i and lse_i to HBM: ``epilogue``."""
+    pack = ptx.pack(spec.element)
+    DW, D_ = u(spec.D // 2), u(spec.D)  # words per row in HBM, elements per row in HBM
+    OUT_TILES = spec.OUT_TILES  # the 8-column tiles of O_i in HBM (the rest are padding)
+    ROW_TILES, OUT_PACKED = spec.ROW_TILES, spec.out_packed
 
     @cuda.jit(device=True, inline="always")
     def store_pair(O, o_off, row, n, t, x0, x1):
@@ -350,6 +369,16 @@ def warp_tile(spec: WarpTile) -> SimpleNamespace:
                     if t == ZERO:
                         LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
+    return epilogue
+
+
+@lru_cache(maxsize=None)
+def warp_tile(spec: WarpTile) -> SimpleNamespace:
+    """The device functions of a warp's tile (module docstring) for ``spec``, from the pieces :func:`products`,
+    :func:`softmax` and :func:`output`."""
+    lane_rows, load_q, scores, p_times_v = products(spec)
+    mask_row, softmax_step, softmax_step_deferred, rescale_acc = softmax(spec)
+    epilogue = output(spec)
     return SimpleNamespace(lane_rows=lane_rows, load_q=load_q, scores=scores, mask_row=mask_row,
                            softmax_step=softmax_step, softmax_step_deferred=softmax_step_deferred,
                            rescale_acc=rescale_acc, p_times_v=p_times_v, epilogue=epilogue)

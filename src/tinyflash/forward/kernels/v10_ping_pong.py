@@ -35,7 +35,9 @@ products is seen only on a GPU (tests/test_hopper_gpu.py, ``python -m tinyflash.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
+import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 from numba.cuda import types
 
@@ -58,35 +60,34 @@ WORDS, FLOATS, MAPS = (types.Array(types.uint32, 1, "C"), types.Array(types.floa
 SIGNATURE = (WORDS, FLOATS, MAPS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
 
 
-@lru_cache(maxsize=None)
-def make_kernel(cfg: TmaTiling, element: str):
-    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16)."""
-    cfg.validate()
-    if not cfg.PRODUCER:
-        raise ValueError(f"kernel v10 needs a producer warpgroup (PRODUCER=True); got {cfg}")
-    tile, group = warp_tile(cfg.warp_tile(element)), warpgroup_tile(cfg.warpgroup_tile(element))
-    mask_row, epilogue = tile.mask_row, tile.epilogue
-    softmax_step, softmax_step_deferred, rescale_acc = tile.softmax_step, tile.softmax_step_deferred, tile.rescale_acc
-    descriptors, scores, p_times_v = group.descriptors, group.scores, group.p_times_v
-    issue_scores, pack_p, issue_p_times_v = group.issue_scores, group.pack_p, group.issue_p_times_v
-    scores_ready, products_ready = group.scores_ready, group.products_ready
-    BR, BC, STAGES, N_STAGES = u(cfg.BR), u(cfg.BC), u(cfg.STAGES), cfg.STAGES
-    DW = u(cfg.D // 2)  # words per row of O in HBM
+class Offsets(NamedTuple):
+    """The block's shared memory (``TmaTiling.smem_layout``) as unsigned byte offsets from its aligned base, as the
+    producer and the consumers address it."""
+
+    Q_OFF: np.uint64  # Q_i
+    STAGE0: np.uint64  # stage 0 (its K_j)
+    V_IN_STAGE: np.uint64  # V_j, from the start of its stage
+    Q_FULL: np.uint64  # Q_i's barrier
+    FULL0: np.uint64  # stage 0's "full" barrier
+    EMPTY0: np.uint64  # stage 0's "empty" barrier
+    STAGE: np.uint64  # from one stage to the next
+    BAR: np.uint64  # from one stage's barrier to the next stage's
+
+
+def offsets(cfg: TmaTiling) -> Offsets:
+    """:class:`Offsets` for ``cfg``."""
     layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
-    Q_OFF, STAGE0, V_IN_STAGE, Q_FULL, FULL0, EMPTY0 = (layout[n] for n in ("Q_i", "stage 0", "V_j in a stage",
-                                                                              "Q_i full", "full 0", "empty 0"))
+    return Offsets(*(layout[n] for n in ("Q_i", "stage 0", "V_j in a stage", "Q_i full", "full 0", "empty 0")),
+                   STAGE=layout["stage 1"] - layout["stage 0"], BAR=u(tma.BARRIER_BYTES))
+
+
+def producer(cfg: TmaTiling):
+    """The producer warpgroup's pieces: ``init_barriers`` (the stages' barriers, by one thread before the block's
+    barrier) and ``produce``, the one thread that requests Q_i and each K_j, V_j by TMA (``load_q``, ``load_kv``)."""
+    BC, STAGES, N_STAGES = u(cfg.BC), u(cfg.STAGES), cfg.STAGES
+    Q_OFF, STAGE0, V_IN_STAGE, Q_FULL, FULL0, EMPTY0, STAGE, BAR = offsets(cfg)
     CONSUMERS = u(cfg.NT - wgmma.WARPGROUP)  # threads of the consumer warpgroups: each arrives on "empty"
-    WG = u(wgmma.WARPGROUP)
-    producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
-    consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
-    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
-    # the turns: consumer warpgroup w waits on barrier TURN0 + w, of its 128 threads and the 128 of the one
-    # before it (FlashAttention-3's WarpSchedulerWG1 ..: 1 .. 3 after CUTLASS's reserved ids; 0 is syncthreads's)
-    PING_PONG, WARPGROUPS, TURN0 = cfg.WARPGROUPS > 1, u(cfg.WARPGROUPS), u(1)
-    turn_wait = tma.named_barrier_by_id(2 * wgmma.WARPGROUP)
-    turn_pass = tma.named_barrier_by_id(2 * wgmma.WARPGROUP, arrive_only=True)
-    STAGE, BAR = layout["stage 1"] - layout["stage 0"], u(tma.BARRIER_BYTES)
-    S_TILES, O_TILES, P_STEPS, PIECES = cfg.BC // 8, cfg.D // 8, cfg.BC // 16, cfg.D // BOX_COLUMNS
+    PIECES = cfg.D // BOX_COLUMNS
     Q_PIECE, KV_PIECE = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's 64-column piece to the next
     Q_BYTES, KV_BYTES = u(cfg.BR * cfg.D * 2), u(2 * cfg.BC * cfg.D * 2)  # what Q_i's, a stage's copies complete
 
@@ -133,6 +134,30 @@ def make_kernel(cfg: TmaTiling, element: str):
             # the phase in which the consumers released tile j - STAGES (before the first round: completed)
             tma.wait(base + uint32(EMPTY0 + stage * BAR), uint32((j // STAGES + ONE) % TWO))
             load_kv(maps, base, j, kv_head)
+
+    return init_barriers, produce
+
+
+def consumer(cfg: TmaTiling, element: str):
+    """The consumer warpgroups' pieces: ``consume``, a consumer thread's loop over the key tiles (the products by
+    ``warpgroup_tile``, the mask, the online softmax and the epilogue by ``warp_tile``), with the tiles' stages
+    (``stage_of``) and the warpgroups' turns at the tensor cores (``my_turn``, ``next_turn``)."""
+    tile, group = warp_tile(cfg.warp_tile(element)), warpgroup_tile(cfg.warpgroup_tile(element))
+    mask_row, epilogue = tile.mask_row, tile.epilogue
+    softmax_step, softmax_step_deferred, rescale_acc = tile.softmax_step, tile.softmax_step_deferred, tile.rescale_acc
+    descriptors, scores, p_times_v = group.descriptors, group.scores, group.p_times_v
+    issue_scores, pack_p, issue_p_times_v = group.issue_scores, group.pack_p, group.issue_p_times_v
+    scores_ready, products_ready = group.scores_ready, group.products_ready
+    BC, STAGES = u(cfg.BC), u(cfg.STAGES)
+    DW = u(cfg.D // 2)  # words per row of O in HBM
+    Q_OFF, STAGE0, V_IN_STAGE, Q_FULL, FULL0, EMPTY0, STAGE, BAR = offsets(cfg)
+    WG = u(wgmma.WARPGROUP)
+    # the turns: consumer warpgroup w waits on barrier TURN0 + w, of its 128 threads and the 128 of the one
+    # before it (FlashAttention-3's WarpSchedulerWG1 ..: 1 .. 3 after CUTLASS's reserved ids; 0 is syncthreads's)
+    PING_PONG, WARPGROUPS, TURN0 = cfg.WARPGROUPS > 1, u(cfg.WARPGROUPS), u(1)
+    turn_wait = tma.named_barrier_by_id(2 * wgmma.WARPGROUP)
+    turn_pass = tma.named_barrier_by_id(2 * wgmma.WARPGROUP, arrive_only=True)
+    S_TILES, O_TILES, P_STEPS = cfg.BC // 8, cfg.D // 8, cfg.BC // 16
 
     @cuda.jit(device=True, inline="always")
     def mask(s, row, k_start, t, n_q, n_k, causal):
@@ -222,6 +247,24 @@ def make_kernel(cfg: TmaTiling, element: str):
             tma.arrive(empty)
 
         epilogue(acc, m_i, l_i, O, LSE, head * n_q * DW, head * n_q, warp_row + g, t, n_q)
+
+    return consume
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: TmaTiling, element: str):
+    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16): the warpgroups' roles, from the
+    pieces :func:`producer` and :func:`consumer`."""
+    cfg.validate()
+    if not cfg.PRODUCER:
+        raise ValueError(f"kernel v10 needs a producer warpgroup (PRODUCER=True); got {cfg}")
+    init_barriers, produce = producer(cfg)
+    consume = consumer(cfg, element)
+    BR, BC = u(cfg.BR), u(cfg.BC)
+    WG = u(wgmma.WARPGROUP)
+    producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
+    consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
+    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
 
     @cuda.jit(fastmath=FAST_MATH, **options)
     def flash_fwd(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, head_group):

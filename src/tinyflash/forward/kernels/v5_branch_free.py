@@ -65,24 +65,21 @@ def pipelined(load, fma, STEP, END):
     return product
 
 
-@lru_cache(maxsize=None)
-def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
-    """``flash_fwd`` for one :class:`TileConfig`, reading full tiles ``vector`` elements per
-    thread and load (1, or 4: see :func:`vector_width`; 4 needs inputs aligned to 4 elements);
-    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
-    cfg.validate()
-    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
-    if vector not in (1, 4):
-        raise ValueError(f"vector must be 1 or 4; got {vector!r}")
-    # Every constant is unsigned (tinyflash.gpu.runtime.u); array shapes must be plain ints.
-    BR, BC, TM, NT, D, DV, W = (u(x) for x in (cfg.BR, cfg.BC, cfg.TM, cfg.NT, cfg.D, cfg.DV, vector))
-    CT, TN, TO4 = u(cfg.CT), u(cfg.TN), u(cfg.TO4)
-    QS, KS, PS = u(cfg.QS), u(cfg.KS), u(cfg.PS)
-    Q_OFF, K_OFF, V_OFF, R_OFF = (u(region.offset) for region in cfg.smem_layout())  # P_ij reuses K_OFF
-    TM_, TN_, TO4_ = cfg.TM, cfg.TN, cfg.TO4  # for array shapes
+def staging(cfg: TileConfig) -> tuple[int, int]:
+    """The staging registers of the tile loads, ``buf``: KB, the elements of K_j per thread (V_j's
+    follow them, when NT divides evenly), and BUF, its length (Q_i, or K_j and V_j together)."""
     KB = cfg.BC * cfg.D // cfg.NT  # elements of K_j per thread (when NT divides evenly)
     BUF = max(1, cfg.BR * cfg.D // cfg.NT, KB + cfg.BC * cfg.DV // cfg.NT)  # Q_i, or K_j and V_j together
-    KB = u(KB)
+    return KB, BUF
+
+
+def loads(cfg: TileConfig, vector: int, widen):
+    """The loads of each key tile: ``load_kv``, K_j and V_j from HBM into shared memory as float32
+    (``widen``), ``vector`` elements per thread and load, all of a full tile pair's loads (into
+    ``buf``, :func:`staging`) before the first store. Q_i's load, once per block, is the kernel's."""
+    BC, NT, D, DV, KS, W = (u(x) for x in (cfg.BC, cfg.NT, cfg.D, cfg.DV, cfg.KS, vector))
+    _, K_OFF, V_OFF, _ = (u(region.offset) for region in cfg.smem_layout())
+    KB = u(staging(cfg)[0])  # where V_j's elements start in buf
 
     @cuda.jit(device=True, inline="always")
     def load_kv(K, V, k_off, v_off, k_start, n_k, d, d_v, smem, tid, buf):
@@ -95,6 +92,18 @@ def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
         else:  # the ragged last tile, or a padded head dim
             load_tile_ragged(K, k_off, k_start, n_k, d, smem, K_OFF, KS, BC, D, tid, NT, widen)
             load_tile_ragged(V, v_off, k_start, n_k, d_v, smem, V_OFF, DV, BC, DV, tid, NT, widen)
+
+    return load_kv
+
+
+def products(cfg: TileConfig):
+    """The two inner products, from shared memory into registers: ``scores`` (S_ij = scale · Q_i K_jᵀ
+    over d, 4 columns a step) and ``pv_product`` (acc += P_ij V_j over the keys, 2 a step), each
+    with two sets of fragment registers that alternate (:func:`pipelined`)."""
+    TM, D, DV, BC = u(cfg.TM), u(cfg.D), u(cfg.DV), u(cfg.BC)
+    CT, TN, TO4 = u(cfg.CT), u(cfg.TN), u(cfg.TO4)
+    QS, KS, PS = u(cfg.QS), u(cfg.KS), u(cfg.PS)
+    Q_OFF, K_OFF, V_OFF, _ = (u(region.offset) for region in cfg.smem_layout())  # P_ij reuses K_OFF
 
     @cuda.jit(device=True, inline="always")
     def load_qk(smem, qf, kf, row0, ct, kk):
@@ -147,6 +156,16 @@ def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
             for jj in range(TN):
                 s[i, jj] *= scale_log2
 
+    return scores, pv_product
+
+
+def softmax(cfg: TileConfig):
+    """The online softmax of a tile, from S_ij in registers to P_ij in shared memory: ``mask``
+    (only on a tile that needs it), ``row_max`` (each thread's share, exchanged), ``rescale``
+    (m_i, l_i and acc to the new row max; P_ij replaces S_ij) and ``store_p``."""
+    TM, CT, TN, TO4, PS = u(cfg.TM), u(cfg.CT), u(cfg.TN), u(cfg.TO4), u(cfg.PS)
+    _, K_OFF, _, R_OFF = (u(region.offset) for region in cfg.smem_layout())  # P_ij reuses K_OFF
+
     @cuda.jit(device=True, inline="always")
     def mask(s, q_start, k_start, row0, ct, n_q, n_k, causal):
         """S_ij = -inf for keys at or past Nk (the ragged last tile) and, if causal, after the diagonal."""
@@ -193,6 +212,15 @@ def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
             for i in range(TM):
                 smem[K_OFF + (ct + CT * jj) * PS + row0 + i] = s[i, jj]
 
+    return mask, row_max, rescale, store_p
+
+
+def output(cfg: TileConfig, narrow):
+    """The epilogue, the block's only writes to HBM: ``epilogue`` (O_i = acc / l_i as the input's
+    element type, ``narrow``; lse_i = m_i + log l_i)."""
+    TM, CT, TO4 = u(cfg.TM), u(cfg.CT), u(cfg.TO4)
+    _, _, _, R_OFF = (u(region.offset) for region in cfg.smem_layout())
+
     @cuda.jit(device=True, inline="always")
     def epilogue(smem, acc, m_i, l_i, O, LSE, o_off, lse_off, q_start, row0, ct, n_q, d_v):
         """O_i = acc / l_i, lse_i = m_i + log(l_i): the row sums are shares of CT threads, added first."""
@@ -214,6 +242,32 @@ def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
                             O[o_off + row * d_v + col] = narrow(acc[i, t, e] * inv_l)
                 if ct == ZERO:
                     LSE[lse_off + row] = (m_i[i] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
+
+    return epilogue
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: TileConfig, vector: int = 1, element: str | None = None):
+    """``flash_fwd`` for one :class:`TileConfig`, reading full tiles ``vector`` elements per
+    thread and load (1, or 4: see :func:`vector_width`; 4 needs inputs aligned to 4 elements);
+    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``).
+
+    The kernel is stage 1's loop over the pieces above: :func:`loads`, :func:`products`,
+    :func:`softmax` and :func:`output`."""
+    cfg.validate()
+    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
+    if vector not in (1, 4):
+        raise ValueError(f"vector must be 1 or 4; got {vector!r}")
+    load_kv = loads(cfg, vector, widen)
+    scores, pv_product = products(cfg)
+    mask, row_max, rescale, store_p = softmax(cfg)
+    epilogue = output(cfg, narrow)
+    # Every constant is unsigned (tinyflash.gpu.runtime.u); array shapes must be plain ints.
+    BR, BC, TM, NT, D, W = (u(x) for x in (cfg.BR, cfg.BC, cfg.TM, cfg.NT, cfg.D, vector))
+    CT, TO4, QS = u(cfg.CT), u(cfg.TO4), u(cfg.QS)
+    Q_OFF, _, _, _ = (u(region.offset) for region in cfg.smem_layout())
+    TM_, TN_, TO4_ = cfg.TM, cfg.TN, cfg.TO4  # for array shapes
+    _, BUF = staging(cfg)
 
     @cuda.jit
     def flash_fwd(Q, K, V, O, LSE, n_q, n_k, d, d_v, scale_log2, causal, kv_group):
