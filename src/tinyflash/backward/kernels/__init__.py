@@ -8,6 +8,7 @@
     v2_tensor_cores.py     the same on the tensor cores (float16, bfloat16), grouped-query heads summed in the block
     hopper_tiling.py       v3's tiling: warpgroups of 64 keys, query tiles of 64 rows, swizzled tiles
     v3_wgmma.py            v2 on Hopper's warpgroup multiplies (wgmma), FlashAttention-3's backward
+    wgmma_steps.py         the steps of the loop that v3 and v4 share: scores, P and dS, dSᵀ stored, dQ_i, the writes
     tma_tiling.py          v4's tiling: v3's warpgroups and a producer, stages, mbarriers, tensor maps
     v4_warp_specialized.py v3 warp-specialised: a producer warpgroup loads by TMA, the consumers only multiply
 

@@ -1,15 +1,17 @@
 """Backward kernel v1: one block per key tile K_j, V_j and head; dQ added with atomics.
 
-The loop of ``tinyflash.backward.blocked``, with its names, one device function per line:
+The loop of ``tinyflash.backward.blocked``, with its names, one device function per line, each made by a
+piece of ``make_kernel`` (:func:`score_products`, :func:`softmax_backward`, :func:`key_gradients`,
+:func:`query_gradients`):
 
     load K_j, V_j; dK_j = dV_j = 0 (registers)
     for each query tile Q_i that sees K_j:
-        load Q_i, dO_i, lse_i, D_i                  (shared memory)
-        S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ          scores_and_dp   (registers, BR × BC)
-        P_ij = exp(S_ij − lse_i), masked; dS_ij     probabilities   (then into shared memory)
-        dV_j += P_ijᵀ dO_i, dK_j += dS_ijᵀ Q_i      key_products    (registers, BC × D, BC × DV)
-        dQ_i += dS_ij K_j                           add_dq          (atomics into HBM, float32)
-    write scale · dK_j, dV_j
+        load Q_i, dO_i, lse_i, D_i                  load_tile, load_row_stats (shared memory)
+        S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ          scores, dp_product (registers, BR × BC)
+        P_ij = exp(S_ij − lse_i), masked; dS_ij     probabilities      (then into shared memory)
+        dV_j += P_ijᵀ dO_i, dK_j += dS_ijᵀ Q_i      key_products       (registers, BC × D, BC × DV)
+        dQ_i += dS_ij K_j                           add_dq             (atomics into HBM, float32)
+    write scale · dK_j, dV_j                        write_dk_dv
 
 dQ_i gets a contribution from every key tile, that is from every block of the head, and they
 run at the same time: each adds its BR × D piece with ``atomicAdd`` into a float32 accumulator
@@ -42,18 +44,17 @@ ZERO, ONE, FOUR = u(0), u(1), u(4)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 
 
-@cache
-def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = None):
-    """``flash_bwd`` for one :class:`BackwardTileConfig`, reading tiles ``vector`` elements per thread;
-    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``)."""
-    cfg.validate()
-    widen, narrow = elements.widen(element), elements.narrow(element)  # an element as float32, and back
-    BR, BC, NT, TM, TK, D, DV, W = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.TM, cfg.TK, cfg.D, cfg.DV, vector))
-    CT, TN, TQ4, CC, TD4, TV4 = (u(x) for x in (cfg.CT, cfg.TN, cfg.TQ4, cfg.CC, cfg.TD4, cfg.TV4))
-    QS, OS, PS = u(cfg.QS), u(cfg.OS), u(cfg.PS)
-    Q_OFF, O_OFF, K_OFF, V_OFF, P_OFF, S_OFF, L_OFF, D_OFF = (u(r.offset) for r in cfg.smem_layout())
-    TM_, TN_, TK_, TQ4_, TD4_, TV4_ = cfg.TM, cfg.TN, cfg.TK, cfg.TQ4, cfg.TD4, cfg.TV4  # for array shapes
-    BUF = max(1, max(cfg.BR, cfg.BC) * max(cfg.D, cfg.DV) // cfg.NT)  # staging registers for one tile
+def region_offsets(cfg: BackwardTileConfig) -> dict:
+    """``cfg.smem_layout()``'s offsets (floats) as compile-time constants, by region name."""
+    return {r.name: u(r.offset) for r in cfg.smem_layout()}
+
+
+def score_products(cfg: BackwardTileConfig):
+    """``(scores, dp_product)``: S_ij = Q_i K_jᵀ (unscaled) and dP_ij = dO_i V_jᵀ, a thread's TM rows × TN keys
+    of each, from shared memory."""
+    TM, TN, CT, D, DV, QS, OS = (u(x) for x in (cfg.TM, cfg.TN, cfg.CT, cfg.D, cfg.DV, cfg.QS, cfg.OS))
+    at = region_offsets(cfg)
+    Q_OFF, O_OFF, K_OFF, V_OFF = at["Q_i"], at["dO_i"], at["K_j"], at["V_j"]
 
     def row_key_product(A_OFF, A_STRIDE, B_OFF, B_STRIDE, END):
         """out[i, jj] = Σ_c A[row0 + i, c] · B[ct + CT·jj, c] over END columns, 4 at a time (shared memory)."""
@@ -77,8 +78,28 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = 
 
         return product
 
-    scores = row_key_product(Q_OFF, QS, K_OFF, QS, D)  # S_ij = Q_i K_jᵀ (unscaled)
-    dp_product = row_key_product(O_OFF, OS, V_OFF, OS, DV)  # dP_ij = dO_i V_jᵀ
+    return row_key_product(Q_OFF, QS, K_OFF, QS, D), row_key_product(O_OFF, OS, V_OFF, OS, DV)
+
+
+def softmax_backward(cfg: BackwardTileConfig):
+    """``(load_row_stats, probabilities)``: lse_i and D_i into shared memory, then P_ij recomputed from them and
+    dS_ij = P_ij ∘ (dP_ij − D_i), both into shared memory."""
+    BR, NT, TM, TN, CT, PS = (u(x) for x in (cfg.BR, cfg.NT, cfg.TM, cfg.TN, cfg.CT, cfg.PS))
+    at = region_offsets(cfg)
+    P_OFF, S_OFF, L_OFF, D_OFF = at["P_ij"], at["dS_ij"], at["lse_i (base 2)"], at["D_i"]
+
+    @cuda.jit(device=True, inline="always")
+    def load_row_stats(smem, LSE, Dvec, lse_off, q_start, n_q, tid):
+        """lse_i in base 2 (+inf for rows past Nq or that see no key: their P is 0) and D_i, into shared memory."""
+        for r in range(tid, BR, NT):
+            row = q_start + r
+            lse2, D_row = POS_INF, float32(0.0)
+            if row < n_q:
+                D_row = Dvec[lse_off + row]
+                if LSE[lse_off + row] != -POS_INF:
+                    lse2 = LSE[lse_off + row] * float32(LOG2E)
+            smem[L_OFF + r] = lse2
+            smem[D_OFF + r] = D_row
 
     @cuda.jit(device=True, inline="always")
     def probabilities(smem, s, dp, q_start, k_start, row0, ct, n_q, n_k, causal, masked, scale_log2):
@@ -94,6 +115,17 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = 
                     p = float32(0.0)
                 smem[P_OFF + (row0 + i) * PS + ct + CT * jj] = p
                 smem[S_OFF + (row0 + i) * PS + ct + CT * jj] = p * (dp[i, jj] - D_row)
+
+    return load_row_stats, probabilities
+
+
+def key_gradients(cfg: BackwardTileConfig, element: str | None):
+    """``(key_products, write_dk_dv)``: dV_j and dK_j summed over the query tiles in registers, then written."""
+    narrow = elements.narrow(element)  # a float32 as an element
+    BR, TK, CC, TD4, TV4 = (u(x) for x in (cfg.BR, cfg.TK, cfg.CC, cfg.TD4, cfg.TV4))
+    QS, OS, PS = u(cfg.QS), u(cfg.OS), u(cfg.PS)
+    at = region_offsets(cfg)
+    Q_OFF, O_OFF, P_OFF, S_OFF = at["Q_i"], at["dO_i"], at["P_ij"], at["dS_ij"]
 
     @cuda.jit(device=True, inline="always")
     def key_products(smem, dk, dv, pf, sf, xf, k0, cc):
@@ -114,6 +146,33 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = 
                 for kk in range(TK):
                     for e in range(FOUR):
                         dk[kk, t, e] += sf[kk] * xf[e]
+
+    @cuda.jit(device=True, inline="always")
+    def write_dk_dv(dk, dv, dK, dV, k_off, v_off, k_start, k0, cc, n_k, d, d_v, scale):
+        """dK_j = scale · dK_j and dV_j: the block's only writes of them."""
+        for kk in range(TK):
+            key = k_start + k0 + kk
+            if key < n_k:
+                for t in range(TD4):
+                    for e in range(FOUR):
+                        col = (cc + CC * t) * FOUR + e
+                        if col < d:
+                            dK[k_off + key * d + col] = narrow(dk[kk, t, e] * scale)
+                for t in range(TV4):
+                    for e in range(FOUR):
+                        col = (cc + CC * t) * FOUR + e
+                        if col < d_v:
+                            dV[v_off + key * d_v + col] = narrow(dv[kk, t, e])
+
+    return key_products, write_dk_dv
+
+
+def query_gradients(cfg: BackwardTileConfig):
+    """``add_dq``: dQ_i += dS_ij K_j, a thread's piece added to dQ's float32 accumulator in HBM by atomics."""
+    BC, TM, CT, TQ4 = (u(x) for x in (cfg.BC, cfg.TM, cfg.CT, cfg.TQ4))
+    QS, PS = u(cfg.QS), u(cfg.PS)
+    at = region_offsets(cfg)
+    K_OFF, S_OFF = at["K_j"], at["dS_ij"]
 
     @cuda.jit(device=True, inline="always")
     def add_dq(smem, dq, af, kf, dQ_acc, dq_off, q_start, row0, ct, n_q, d):
@@ -142,35 +201,28 @@ def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = 
                     if row < n_q and col < d:
                         cuda.atomic.add(dQ_acc, dq_off + row * d + col, dq[i, t, e])
 
-    @cuda.jit(device=True, inline="always")
-    def load_row_stats(smem, LSE, Dvec, lse_off, q_start, n_q, tid):
-        """lse_i in base 2 (+inf for rows past Nq or that see no key: their P is 0) and D_i, into shared memory."""
-        for r in range(tid, BR, NT):
-            row = q_start + r
-            lse2, D_row = POS_INF, float32(0.0)
-            if row < n_q:
-                D_row = Dvec[lse_off + row]
-                if LSE[lse_off + row] != -POS_INF:
-                    lse2 = LSE[lse_off + row] * float32(LOG2E)
-            smem[L_OFF + r] = lse2
-            smem[D_OFF + r] = D_row
+    return add_dq
 
-    @cuda.jit(device=True, inline="always")
-    def write_dk_dv(dk, dv, dK, dV, k_off, v_off, k_start, k0, cc, n_k, d, d_v, scale):
-        """dK_j = scale · dK_j and dV_j: the block's only writes of them."""
-        for kk in range(TK):
-            key = k_start + k0 + kk
-            if key < n_k:
-                for t in range(TD4):
-                    for e in range(FOUR):
-                        col = (cc + CC * t) * FOUR + e
-                        if col < d:
-                            dK[k_off + key * d + col] = narrow(dk[kk, t, e] * scale)
-                for t in range(TV4):
-                    for e in range(FOUR):
-                        col = (cc + CC * t) * FOUR + e
-                        if col < d_v:
-                            dV[v_off + key * d_v + col] = narrow(dv[kk, t, e])
+
+@cache
+def make_kernel(cfg: BackwardTileConfig, vector: int = 1, element: str | None = None):
+    """``flash_bwd`` for one :class:`BackwardTileConfig`, reading tiles ``vector`` elements per thread;
+    ``element`` 'bfloat16' for inputs of bfloat16 patterns (``gpu/elements.py``). The loop over query tiles is
+    composed of :func:`score_products`, :func:`softmax_backward`, :func:`key_gradients` and
+    :func:`query_gradients`."""
+    cfg.validate()
+    widen = elements.widen(element)  # an element as float32
+    BR, BC, NT, TM, TK, D, DV, W = (u(x) for x in (cfg.BR, cfg.BC, cfg.NT, cfg.TM, cfg.TK, cfg.D, cfg.DV, vector))
+    CT, CC, TD4, TV4 = (u(x) for x in (cfg.CT, cfg.CC, cfg.TD4, cfg.TV4))
+    QS, OS = u(cfg.QS), u(cfg.OS)
+    at = region_offsets(cfg)
+    Q_OFF, O_OFF, K_OFF, V_OFF = at["Q_i"], at["dO_i"], at["K_j"], at["V_j"]
+    TM_, TN_, TK_, TQ4_, TD4_, TV4_ = cfg.TM, cfg.TN, cfg.TK, cfg.TQ4, cfg.TD4, cfg.TV4  # for array shapes
+    BUF = max(1, max(cfg.BR, cfg.BC) * max(cfg.D, cfg.DV) // cfg.NT)  # staging registers for one tile
+    scores, dp_product = score_products(cfg)
+    load_row_stats, probabilities = softmax_backward(cfg)
+    key_products, write_dk_dv = key_gradients(cfg, element)
+    add_dq = query_gradients(cfg)
 
     @cuda.jit
     def flash_bwd(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, n_q, n_k, d, d_v, scale, scale_log2, causal):

@@ -45,36 +45,19 @@ POS_INF = float32(np.inf)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 
 
-@lru_cache(maxsize=None)
-def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool = False):
-    """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16); ``deterministic``: the key
-    tiles add their dQ_i in turn (:func:`wait_turn`), so that dQ is the same, bit for bit, at every run;
-    ``pair_atomics``: dQ's neighbouring columns added by one ``red.global.add.v2.f32`` (compute capability 9.0
-    on: :func:`pair_atomics_available`), else by two scalar atomics."""
-    cfg.validate()
-    spec = cfg.warp_tile(element)
-    tile = warp_tile(spec)
-    lane_rows, scores, p_times_v = tile.lane_rows, tile.scores, tile.p_times_v  # (numba types no namespace)
-    mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
-    BR, BC = u(cfg.BR), u(cfg.BC)
-    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
-    ROW_TILES, DQ_TILES, WARPS = cfg.ROW_TILES, cfg.DQ_TILES, cfg.WARPS
-    DQ_ROW_WARPS = u(cfg.DQ_ROW_WARPS)  # warp w: dQ_i's row tiles from w mod DQ_ROW_WARPS, column group w div it
-    K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
-    KEY_STEPS = cfg.BC // MMA_K  # mma steps over the keys of dS K_j
-    DQ_N = O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
-    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
-    K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
-    STAGE = layout["stage 1"] - layout["stage 0"]
+def layout_words(cfg: BackwardTensorCoreTiling) -> dict:
+    """``cfg.smem_layout()``'s offsets as compile-time constants (32-bit words), by region."""
+    return {name: u(offset) for name, offset in cfg.smem_layout().items()}
+
+
+def loads(cfg: BackwardTensorCoreTiling):
+    """``load_query_tile``: a query tile's Q_i, dO_i (cp.async), lse_i and D_i into a stage."""
+    BR, DW = u(cfg.BR), u(cfg.D // 2)  # query rows; words per row in HBM
+    layout = layout_words(cfg)
     DO_IN, LSE_IN, D_IN = layout["dO_i in a stage"], layout["lse_i in a stage"], layout["D_i in a stage"]
-    RW_BYTES, DS_WORDS = cfg.ROW_WORDS * 4, cfg.DS_WORDS  # a row of K_j (bytes); a row of dSᵀ (words)
-    DSW = u(DS_WORDS)
-    WARP_KEY_BYTES = ROW_TILES * MMA_M * RW_BYTES  # a warp's 16 · ROW_TILES rows of K_j or V_j
-    KEYS8_BYTES = 8 * RW_BYTES
-    Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+    Q_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT  # cp.async per thread
     copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
     LOG2E_ = float32(LOG2E)
-    DETERMINISTIC, PAIR_ATOMICS = bool(deterministic), bool(pair_atomics)
 
     @cuda.jit(device=True, inline="always")
     def load_query_tile(Q, dO, LSE, Dvec, smemf, stage_addr, stage_word, head, q_start, n_q, tid):
@@ -89,6 +72,15 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
             inside = row < n_q
             smemf[stage_word + LSE_IN + tid] = LSE[head * n_q + row] * LOG2E_ if inside else POS_INF
             smemf[stage_word + D_IN + tid] = Dvec[head * n_q + row] if inside else float32(0.0)
+
+    return load_query_tile
+
+
+def softmax_backward(cfg: BackwardTensorCoreTiling, element: str):
+    """``probabilities``: Pᵀ recomputed from Sᵀ and lse_i, and dSᵀ = Pᵀ ∘ (dPᵀ − D), in the lanes' fragments."""
+    ROW_TILES, S_TILES = cfg.ROW_TILES, cfg.warp_tile(element).S_TILES
+    layout = layout_words(cfg)
+    LSE_IN, D_IN = layout["lse_i in a stage"], layout["D_i in a stage"]
 
     @cuda.jit(device=True, inline="always")
     def probabilities(s, dp, smemf, stage_word, warp_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
@@ -105,6 +97,19 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
                             p = float32(0.0)
                     s[r, n, e] = p
                     dp[r, n, e] = p * (dp[r, n, e] - smemf[stage_word + D_IN + col])
+
+    return probabilities
+
+
+def query_gradients(cfg: BackwardTensorCoreTiling, element: str):
+    """``(store_ds, ds_times_k)``: the warps' dSᵀ into shared memory, then each warp's share of dQ_i = dS K_j."""
+    ROW_TILES, DQ_TILES, S_TILES = cfg.ROW_TILES, cfg.DQ_TILES, cfg.warp_tile(element).S_TILES
+    KEY_STEPS = cfg.BC // MMA_K  # mma steps over the keys of dS K_j
+    DQ_N = cfg.warp_tile(element).O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    DS_OFF, DS_WORDS = layout_words(cfg)["dS"], cfg.DS_WORDS  # a row of dSᵀ (words)
+    DSW = u(DS_WORDS)
+    KEYS8_BYTES = 8 * cfg.ROW_WORDS * 4  # 8 rows of K_j
+    mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
 
     @cuda.jit(device=True, inline="always")
     def store_ds(smem, dp, warp, g, t):
@@ -133,6 +138,16 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
                         dq[qt, n + h, 0], dq[qt, n + h, 1], dq[qt, n + h, 2], dq[qt, n + h, 3] = mma(
                             a[0], a[1], a[2], a[3], b[2 * h], b[2 * h + 1],
                             dq[qt, n + h, 0], dq[qt, n + h, 1], dq[qt, n + h, 2], dq[qt, n + h, 3])
+
+    return store_ds, ds_times_k
+
+
+def dq_additions(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool, pair_atomics: bool):
+    """``(wait_turn, add_dq, pass_turn)``: a warp's dQ_i added to dQ's float32 accumulator by atomics; in
+    deterministic mode in the key tiles' order."""
+    D_, DQ_TILES = u(cfg.D), cfg.DQ_TILES  # elements per row in HBM
+    DQ_N = cfg.warp_tile(element).O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    DETERMINISTIC, PAIR_ATOMICS = bool(deterministic), bool(pair_atomics)
 
     @cuda.jit(device=True, inline="always")
     def wait_turn(dQ_turn, at, rank, tid):
@@ -168,6 +183,14 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
                             cuda.atomic.add(dQ_acc, at, dq[qt, n, 2 * half])
                             cuda.atomic.add(dQ_acc, at + ONE, dq[qt, n, 2 * half + 1])
 
+    return wait_turn, add_dq, pass_turn
+
+
+def key_writes(cfg: BackwardTensorCoreTiling, element: str):
+    """``write_dk_dv``: the block's only writes of dK_j and dV_j, from the warps' accumulators."""
+    DW, ROW_TILES, O_TILES = u(cfg.D // 2), cfg.ROW_TILES, cfg.warp_tile(element).O_TILES  # words per row in HBM
+    pack = ptx.pack(element)
+
     @cuda.jit(device=True, inline="always")
     def write_dk_dv(dK, dV, dk, dv, kv_off, warp_key, g, t, n_k, scale):
         """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the warp's keys below Nk, as 16-bit pairs."""
@@ -179,6 +202,40 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
                         at = kv_off + key * DW + uint64(n) * FOUR + t
                         dK[at] = pack(dk[r, n, 2 * half] * scale, dk[r, n, 2 * half + 1] * scale)
                         dV[at] = pack(dv[r, n, 2 * half], dv[r, n, 2 * half + 1])
+
+    return write_dk_dv
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool = False):
+    """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16); ``deterministic``: the key
+    tiles add their dQ_i in turn (:func:`dq_additions`), so that dQ is the same, bit for bit, at every run;
+    ``pair_atomics``: dQ's neighbouring columns added by one ``red.global.add.v2.f32`` (compute capability 9.0
+    on: :func:`pair_atomics_available`), else by two scalar atomics. The loop over query tiles is composed of
+    :func:`loads`, the warp tile's products, :func:`softmax_backward`, :func:`query_gradients`,
+    :func:`dq_additions` and :func:`key_writes`."""
+    cfg.validate()
+    spec = cfg.warp_tile(element)
+    tile = warp_tile(spec)
+    lane_rows, scores, p_times_v = tile.lane_rows, tile.scores, tile.p_times_v  # (numba types no namespace)
+    BR, BC = u(cfg.BR), u(cfg.BC)
+    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
+    ROW_TILES, DQ_TILES = cfg.ROW_TILES, cfg.DQ_TILES
+    DQ_ROW_WARPS = u(cfg.DQ_ROW_WARPS)  # warp w: dQ_i's row tiles from w mod DQ_ROW_WARPS, column group w div it
+    K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
+    DQ_N = O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    layout = layout_words(cfg)
+    K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
+    STAGE, DO_IN = layout["stage 1"] - layout["stage 0"], layout["dO_i in a stage"]
+    DSW = u(cfg.DS_WORDS)  # a row of dSᵀ (words)
+    WARP_KEY_BYTES = ROW_TILES * MMA_M * cfg.ROW_WORDS * 4  # a warp's 16 · ROW_TILES rows of K_j or V_j
+    KV_CHUNKS = cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
+    DETERMINISTIC = bool(deterministic)
+    load_query_tile, probabilities = loads(cfg), softmax_backward(cfg, element)
+    store_ds, ds_times_k = query_gradients(cfg, element)
+    wait_turn, add_dq, pass_turn = dq_additions(cfg, element, deterministic, pair_atomics)
+    write_dk_dv = key_writes(cfg, element)
 
     @cuda.jit(fastmath=FAST_MATH)
     def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group):

@@ -31,7 +31,6 @@ capability 9.0 exactly (``sm_90a``).
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
@@ -44,55 +43,26 @@ from ...gpu.loads import cp_async_swizzled_rows
 from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, WARP
-from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
+from ...warpgroup_tile import ROW_BYTES
 from .hopper_tiling import BackwardHopperTiling
 from .tensor_core_tiling import SIGNATURE  # noqa: F401 (its argument types: v2's)
+from .wgmma_steps import STEP_BYTES, key_writes, operands, query_gradients, scores
 
-ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
+ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
 POS_INF = float32(np.inf)
 ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
-STEP_BYTES = u(MMA_K * ROW_BYTES)  # 16 rows of a swizzled tile: one k-step of an MN-major operand
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 
 
-@cuda.jit(device=True, inline="always")
-def k_step(kk, rows):
-    """Bytes from a swizzled tile of ``rows`` rows to columns 16kk .. 16kk + 15 (a K-major operand's k-step): its
-    64-column half, then 32 bytes per step inside the half (``warpgroup_tile.k_step_offset``)."""
-    return uint32(kk // HALF_STEPS) * uint32(rows) * uint32(ROW_BYTES) + uint32(kk % HALF_STEPS) * uint32(2 * MMA_K)
-
-
-@lru_cache(maxsize=None)
-def make_kernel(cfg: BackwardHopperTiling, element: str):
-    """``flash_bwd_wgmma`` for one tiling and one element type (float16 or bfloat16)."""
-    cfg.validate()
-    BR, BC, NT = u(cfg.BR), u(cfg.BC), cfg.NT
-    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
-    K_STEPS, Q_STEPS, KEY_STEPS = cfg.D // MMA_K, cfg.BR // MMA_K, cfg.BC // MMA_K  # k-steps: over d, queries, keys
-    S_TILES, O_TILES, DQ_TILES = cfg.BR // 8, cfg.D // 8, cfg.DQ_N // 8  # 8-column blocks of the accumulators
+def loads(cfg: BackwardHopperTiling):
+    """``(load_query_tile, landed)``: a query tile's Q_i, dO_i (cp.async), lse_i and D_i into a stage, and the
+    wait that makes every thread's copies visible to the tensor cores."""
+    NT, BR, DW = cfg.NT, u(cfg.BR), u(cfg.D // 2)  # threads; query rows; words per row in HBM
     layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
-    K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
-    STAGE = layout["stage 1"] - layout["stage 0"]
     DO_IN, LSE_IN, D_IN = layout["dO_i in a stage"], layout["lse_i in a stage"], layout["D_i in a stage"]
-    WG_KEY_BYTES = u(MMA_M * 4 * ROW_BYTES)  # a warpgroup's 64 rows of K_j or V_j
-    DQ_N = u(cfg.DQ_N)
-    HALF_COLUMNS, KEY_HALF_BYTES = u(wgmma.SWIZZLE_ROW_VALUES), u(cfg.BC * ROW_BYTES)  # a 64-column half of K_j
-    Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // NT, cfg.BC * cfg.CHUNKS // NT  # cp.async per thread
+    Q_CHUNKS = cfg.BR * cfg.CHUNKS // NT  # cp.async per thread
     copy_q = cp_async_swizzled_rows(cfg.D // 2, NT, cfg.BR)  # rows of Q or dO into a swizzled tile of Br rows
-    copy_kv = cp_async_swizzled_rows(cfg.D // 2, NT, cfg.BC)  # rows of K or V into one of Bc rows
-    mma_s = wgmma.mma_async_ss(element, cfg.BR)  # Sᵀ, dPᵀ: K_j or V_j by Q_iᵀ or dO_iᵀ, K-major both
-    mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
-    mma_q = wgmma.mma_async_ss(element, cfg.DQ_N, trans_b=True, trans_a=True)  # dQ_i: dS from dSᵀ, K_j, MN-major
-    pack, wait_all, wait_one = ptx.pack(element), wgmma.wait_group(0), wgmma.wait_group(1)
-    fence_s, fence_o, fence_q, fence_w = (wgmma.fence_operands(cfg.BR // 2), wgmma.fence_operands(cfg.D // 2),
-                                          wgmma.fence_operands(cfg.DQ_N // 2), wgmma.fence_operands(4 * Q_STEPS))
-    # descriptors' fixed bits: K-major (SBO 8 rows; LBO unused); MN-major with LBO from columns 0-63 to 64-127
-    K_MAJOR = u(wgmma.descriptor_bits(16, 8 * ROW_BYTES))
-    ROWS_MN = u(wgmma.descriptor_bits(cfg.BR * ROW_BYTES, 8 * ROW_BYTES))  # Q_i, dO_i as dK's and dV's B
-    KEYS_MN = u(wgmma.descriptor_bits(cfg.BC * ROW_BYTES, 8 * ROW_BYTES))  # K_j as dQ's B; dSᵀ as its A
     LOG2E_ = float32(LOG2E)
-    # on a GPU, ptxas keeps the registers within what one block of NT threads may hold (2 warpgroups: 255)
-    BOUNDS = {} if simulator_enabled() else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(device=True, inline="always")
     def load_query_tile(Q, dO, LSE, Dvec, smemf, stage, stage_word, head, q_start, n_q, tid):
@@ -116,64 +86,15 @@ def make_kernel(cfg: BackwardHopperTiling, element: str):
         wgmma.fence_proxy_async()
         cuda.syncthreads()
 
-    @cuda.jit(device=True, inline="always")
-    def transposed_scores(s, dp, k_rows, v_rows, stage):
-        """Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ for the warpgroup's 64 keys (rows) and Br queries (columns): two
-        batches; returns when Sᵀ's is done, dPᵀ's still in flight (:func:`wait_scores` waits for it). The first
-        k-step of each overwrites its accumulators (scale_d = 0)."""
-        wgmma.fence()
-        for kk in range(K_STEPS):
-            mma_s(s, wgmma.descriptor(k_rows + k_step(kk, BC), K_MAJOR), wgmma.descriptor(stage + k_step(kk, BR), K_MAJOR),
-                  uint32(kk != 0))
-        wgmma.commit_group()
-        wgmma.fence()
-        for kk in range(K_STEPS):
-            mma_s(dp, wgmma.descriptor(v_rows + k_step(kk, BC), K_MAJOR),
-                  wgmma.descriptor(stage + uint32(DO_IN) + k_step(kk, BR), K_MAJOR), uint32(kk != 0))
-        wgmma.commit_group()
-        wait_one()
-        fence_s(s)  # the softmax reads s after the wait, not before
+    return load_query_tile, landed
 
-    @cuda.jit(device=True, inline="always")
-    def probabilities(s, smemf, lse_word, lane_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
-        """Pᵀ = exp2(scale · Sᵀ − lse) replaces Sᵀ, 0 where masked (while dPᵀ is multiplied). The lane holds keys
-        lane_key and lane_key + 8 (rows) and queries 8n + 2t (+1) of the tile (columns)."""
-        for n in range(S_TILES):
-            for e in range(4):
-                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)  # the query, in the tile
-                p = math.exp2(s[n, e] * scale_log2 - smemf[lse_word + col])
-                if masked and lane_key + uint64((e // 2) * 8) >= key_stop(q_start + col + ONE, n_q, n_k, causal):
-                    p = float32(0.0)
-                s[n, e] = p
 
-    @cuda.jit(device=True, inline="always")
-    def score_gradients(dp, s, smemf, d_word, t):
-        """Once dPᵀ's batch is done: dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ (D per query, per column)."""
-        wait_all()
-        fence_s(dp)
-        for n in range(S_TILES):
-            for e in range(4):
-                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)
-                dp[n, e] = s[n, e] * (dp[n, e] - smemf[d_word + col])
-
-    @cuda.jit(device=True, inline="always")
-    def pack_a(words, acc):
-        """An accumulator of 64 rows × Br columns as the A words of Br / 16 wgmma's (rows g, g + 8 of the warp's
-        16; columns 16kk + 8h + 2t, +1): the accumulator layout is the A layout, packed to 16-bit pairs."""
-        for kk in range(Q_STEPS):
-            for h in range(2):
-                words[kk, 2 * h] = pack(acc[2 * kk + h, 0], acc[2 * kk + h, 1])
-                words[kk, 2 * h + 1] = pack(acc[2 * kk + h, 2], acc[2 * kk + h, 3])
-
-    @cuda.jit(device=True, inline="always")
-    def store_ds(smem, ds, ds_word, tile_key, t):
-        """The lane's words of dSᵀ into the swizzled dSᵀ tile (row: the key of the tile; 16-byte chunk n: queries
-        8n ..), rows tile_key and tile_key + 8; ds_word: the tile's first word."""
-        for kk in range(Q_STEPS):
-            for h in range(2):
-                for half in range(2):
-                    at = wgmma.swizzled_chunk(tile_key + uint64(8 * half), 2 * kk + h, BC) + uint32(t) * uint32(4)
-                    smem[ds_word + uint64(at) // FOUR] = ds[kk, 2 * h + half]
+def key_products(cfg: BackwardHopperTiling, element: str):
+    """``key_gradients``: dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i, one batch of wgmma's with A from registers."""
+    Q_STEPS, DO_IN = cfg.BR // MMA_K, u(cfg.smem_layout()["dO_i in a stage"])  # k-steps over the queries
+    mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
+    fence_o, fence_w = wgmma.fence_operands(cfg.D // 2), wgmma.fence_operands(4 * Q_STEPS)
+    ROWS_MN = u(wgmma.descriptor_bits(cfg.BR * ROW_BYTES, 8 * ROW_BYTES))  # Q_i, dO_i as dK's and dV's B: MN-major
 
     @cuda.jit(device=True, inline="always")
     def key_gradients(dv, dk, p, ds, stage):
@@ -191,39 +112,34 @@ def make_kernel(cfg: BackwardHopperTiling, element: str):
                    wgmma.descriptor(stage + uint32(kk) * uint32(STEP_BYTES), ROWS_MN), uint32(1))
         wgmma.commit_group()
 
-    @cuda.jit(device=True, inline="always")
-    def ds_times_k(dq, ds_tile, k_columns):
-        """dQ_i = dS K_j for the warpgroup's DQ_N columns (k_columns: K_j at the first of them): dS read from
-        dSᵀ, MN-major (its rows are keys, the k of this product), K_j MN-major. Waits for every batch."""
-        wgmma.fence()
-        for kk in range(KEY_STEPS):
-            step = uint32(kk) * uint32(STEP_BYTES)  # keys 16kk ..
-            mma_q(dq, wgmma.descriptor(ds_tile + step, KEYS_MN), wgmma.descriptor(k_columns + step, KEYS_MN),
-                  uint32(kk != 0))
-        wgmma.commit_group()
-        wait_all()
+    return key_gradients
 
-    @cuda.jit(device=True, inline="always")
-    def add_dq(dQ_acc, dq, q_off, dq_row, dq_col, t, n_q):
-        """dQ_acc += the lane's dq (rows dq_row, dq_row + 8; columns dq_col + 8n + 2t, +1), rows below Nq, two
-        neighbouring columns per atomic."""
-        for half in range(2):
-            row = dq_row + uint64(half * 8)
-            if row < n_q:
-                for n in range(DQ_TILES):
-                    ptx.red_add_f32x2(dQ_acc, q_off + row * D_ + dq_col + uint64(n) * EIGHT + TWO * t,
-                                      dq[n, 2 * half], dq[n, 2 * half + 1])
 
-    @cuda.jit(device=True, inline="always")
-    def write_dk_dv(dK, dV, dk, dv, kv_off, lane_key, t, n_k, scale):
-        """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the lane's keys below Nk, as 16-bit pairs."""
-        for half in range(2):
-            key = lane_key + uint64(half * 8)
-            if key < n_k:
-                for n in range(O_TILES):
-                    at = kv_off + key * DW + uint64(n) * FOUR + t
-                    dK[at] = pack(dk[n, 2 * half] * scale, dk[n, 2 * half + 1] * scale)
-                    dV[at] = pack(dv[n, 2 * half], dv[n, 2 * half + 1])
+@lru_cache(maxsize=None)
+def make_kernel(cfg: BackwardHopperTiling, element: str):
+    """``flash_bwd_wgmma`` for one tiling and one element type (float16 or bfloat16): the loop over query tiles,
+    composed of :func:`loads`, ``wgmma_steps``' scores, operands, query gradients and writes, and
+    :func:`key_products`."""
+    cfg.validate()
+    BR, BC, NT = u(cfg.BR), u(cfg.BC), cfg.NT
+    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
+    Q_STEPS, S_TILES, O_TILES, DQ_TILES = cfg.BR // MMA_K, cfg.BR // 8, cfg.D // 8, cfg.DQ_N // 8  # accumulators' sizes
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
+    K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
+    STAGE, LSE_IN, D_IN = layout["stage 1"] - layout["stage 0"], layout["lse_i in a stage"], layout["D_i in a stage"]
+    WG_KEY_BYTES = u(MMA_M * 4 * ROW_BYTES)  # a warpgroup's 64 rows of K_j or V_j
+    DQ_N = u(cfg.DQ_N)
+    HALF_COLUMNS, KEY_HALF_BYTES = u(wgmma.SWIZZLE_ROW_VALUES), u(cfg.BC * ROW_BYTES)  # a 64-column half of K_j
+    KV_CHUNKS = cfg.BC * cfg.CHUNKS // NT  # cp.async per thread
+    copy_kv = cp_async_swizzled_rows(cfg.D // 2, NT, cfg.BC)  # rows of K or V into a swizzled tile of Bc rows
+    fence_o, fence_q = wgmma.fence_operands(cfg.D // 2), wgmma.fence_operands(cfg.DQ_N // 2)
+    load_query_tile, landed = loads(cfg)
+    transposed_scores, probabilities, score_gradients = scores(cfg, element)
+    pack_a, store_ds = operands(cfg, element)
+    ds_times_k, add_dq = query_gradients(cfg, element)
+    key_gradients, write_dk_dv = key_products(cfg, element), key_writes(cfg, element)
+    # on a GPU, ptxas keeps the registers within what one block of NT threads may hold (2 warpgroups: 255)
+    BOUNDS = {} if simulator_enabled() else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(fastmath=FAST_MATH, **BOUNDS)
     def flash_bwd_wgmma(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal,

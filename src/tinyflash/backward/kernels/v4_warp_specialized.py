@@ -29,7 +29,6 @@ heads), the row kernels around it, no deterministic mode. Limits: d = dv ∈ {64
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
@@ -43,15 +42,15 @@ from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
 from ...gpu.tensor_map import BOX_COLUMNS
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, WARP
-from ...warpgroup_tile import HALF_STEPS, ROW_BYTES
+from ...warpgroup_tile import ROW_BYTES
 from .rows import FLOATS, WORDS
 from .tma_tiling import (DO_MAP, DQ_BOX_COLUMNS, DQ_MAP, HEAD_BYTES_PER_COLUMN, K_MAP, LSE_LANES, Q_MAP, V_MAP,
                          BackwardTmaTiling, longest_first, refuse_deterministic)
+from .wgmma_steps import STEP_BYTES, key_writes, operands, query_gradients, scores
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
 POS_INF = float32(np.inf)
 ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
-STEP_BYTES = u(MMA_K * ROW_BYTES)  # 16 rows of a swizzled tile: one k-step of an MN-major operand
 DS_BARRIER, DQ_FULL, DQ_EMPTY = 1, 2, 3  # the named barriers (0 is __syncthreads's): dSᵀ stored; dQ_i stored, read
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 longest_first = device_function(longest_first)  # the causal order of the blocks (tma_tiling), compiled
@@ -61,56 +60,23 @@ SIGNATURE = ((FLOATS,) * 3 + (WORDS,) * 2 + (types.Array(types.uint64, 1, "C"),)
              + (types.int64, types.int64, types.float32, types.float32, types.boolean, types.int64))
 
 
-@cuda.jit(device=True, inline="always")
-def k_step(kk, rows):
-    """Bytes from a swizzled tile of ``rows`` rows to columns 16kk .. (``warpgroup_tile.k_step_offset``)."""
-    return uint32(kk // HALF_STEPS) * uint32(rows) * uint32(ROW_BYTES) + uint32(kk % HALF_STEPS) * uint32(2 * MMA_K)
+def layout_bytes(cfg: BackwardTmaTiling) -> dict:
+    """``cfg.smem_layout()``'s offsets as compile-time constants (bytes from the aligned base), by region."""
+    return {name: u(offset) for name, offset in cfg.smem_layout().items()}
 
 
-@lru_cache(maxsize=None)
-def make_kernel(cfg: BackwardTmaTiling, element: str):
-    """``flash_bwd_ws`` for one tiling and one element type (float16 or bfloat16)."""
-    cfg.validate()
-    BR, BC, STAGES, N_STAGES = u(cfg.BR), u(cfg.BC), u(cfg.STAGES), cfg.STAGES
-    LONGEST_FIRST, HEAD_BYTES = cfg.LONGEST_FIRST, u(HEAD_BYTES_PER_COLUMN * cfg.D)
-    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
-    K_STEPS, Q_STEPS, KEY_STEPS = cfg.D // MMA_K, cfg.BR // MMA_K, cfg.BC // MMA_K  # k-steps: over d, queries, keys
-    S_TILES, O_TILES, DQ_TILES = cfg.BR // 8, cfg.D // 8, cfg.DQ_N // 8  # 8-column blocks of the accumulators
-    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
-    K_OFF, V_OFF, STAGE0, DS0 = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS 0"]
-    STAGE, DS_BYTES = layout["stage 1"] - layout["stage 0"], layout["dS 1"] - layout["dS 0"]
+def loads(cfg: BackwardTmaTiling):
+    """``(init_barriers, load_kv, load_query_tile, store_rows)``: the mbarriers, and what the producer's first
+    warp puts in shared memory: K_j, V_j and each query tile's Q_i, dO_i by TMA, lse_i and D_i by its lanes."""
+    layout = layout_bytes(cfg)
+    K_OFF, V_OFF, N_STAGES = layout["K_j"], layout["V_j"], cfg.STAGES
     DO_IN, LSE_IN, D_IN = layout["dO_i in a stage"], layout["lse_i in a stage"], layout["D_i in a stage"]
     KV_FULL, FULL0, EMPTY0, BAR = layout["K_j, V_j full"], layout["full 0"], layout["empty 0"], u(tma.BARRIER_BYTES)
-    WG, CONSUMERS, LANES = u(wgmma.WARPGROUP), u(cfg.CONSUMERS), u(LSE_LANES)
+    CONSUMERS, LANES = u(cfg.CONSUMERS), u(LSE_LANES)
     HALVES, ROWS_PER_LANE = cfg.D // BOX_COLUMNS, cfg.BR // LSE_LANES
     Q_HALF, KV_HALF = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's columns 0-63 to 64-127
     Q_BYTES, KV_BYTES = u(2 * cfg.BR * cfg.D * 2), u(2 * cfg.BC * cfg.D * 2)  # what a stage's, K_j V_j's copies complete
-    WG_KEY_BYTES = u(MMA_M * 4 * ROW_BYTES)  # a warpgroup's 64 rows of K_j or V_j
-    DQ_N, ROW_GROUPS = u(cfg.DQ_N), u(cfg.DQ_ROW_GROUPS)
-    HALF_COLUMNS = u(wgmma.SWIZZLE_ROW_VALUES)  # a 64-column half of K_j
-    mma_s = wgmma.mma_async_ss(element, cfg.BR)  # Sᵀ, dPᵀ: K_j or V_j by Q_iᵀ or dO_iᵀ, K-major both
-    mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
-    mma_q = wgmma.mma_async_ss(element, cfg.DQ_N, trans_b=True, trans_a=True)  # dQ_i: dS from dSᵀ, K_j, MN-major
-    pack, wait_all, wait_one = ptx.pack(element), wgmma.wait_group(0), wgmma.wait_group(1)
-    DV_FIRST = cfg.DV_FIRST
-    wait_dp = wait_one if DV_FIRST else wait_all  # dPᵀ's batch: the last committed, or the one before dV's
-    fence_s, fence_o, fence_q, fence_w = (wgmma.fence_operands(cfg.BR // 2), wgmma.fence_operands(cfg.D // 2),
-                                          wgmma.fence_operands(cfg.DQ_N // 2), wgmma.fence_operands(4 * Q_STEPS))
-    # descriptors' fixed bits: K-major (SBO 8 rows; LBO unused); MN-major with LBO from columns 0-63 to 64-127
-    K_MAJOR = u(wgmma.descriptor_bits(16, 8 * ROW_BYTES))
-    ROWS_MN = u(wgmma.descriptor_bits(cfg.BR * ROW_BYTES, 8 * ROW_BYTES))  # Q_i, dO_i as dK's and dV's B
-    KEYS_MN = u(wgmma.descriptor_bits(cfg.BC * ROW_BYTES, 8 * ROW_BYTES))  # K_j as dQ's B; dSᵀ as its A
     LOG2E_ = float32(LOG2E)
-    producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
-    consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
-    ds_stored = tma.named_barrier(DS_BARRIER, cfg.CONSUMERS)  # the consumers only: the producer runs ahead
-    DQ_BY_TMA, DQ_OFF, DQ_BOXES = cfg.DQ_BY_TMA, layout["dQ_i"], cfg.D // DQ_BOX_COLUMNS
-    DQ_BOX_BYTES, CHUNK_FLOATS = u(cfg.BR * ROW_BYTES), u(4)  # a box of dQ_i: Br rows of 32 floats; a 16-byte chunk
-    # DQ_BY_TMA: the consumers (first) and the producer's second warp, the dQ writer, meet at DQ_FULL and DQ_EMPTY
-    dq_stored, dq_wait_stored, dq_read, dq_taken = (tma.named_barrier(bar, cfg.CONSUMERS + WARP, arrive_only=only)
-                                                    for bar, only in ((DQ_FULL, True), (DQ_FULL, False),
-                                                                      (DQ_EMPTY, True), (DQ_EMPTY, False)))
-    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
 
     @cuda.jit(device=True, inline="always")
     def init_barriers(base):
@@ -151,6 +117,22 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
             smemf[stage_word + LSE_IN // FOUR + at] = LSE[head * n_q + row] * LOG2E_ if inside else POS_INF
             smemf[stage_word + D_IN // FOUR + at] = Dvec[head * n_q + row] if inside else float32(0.0)
 
+    return init_barriers, load_kv, load_query_tile, store_rows
+
+
+def producer(cfg: BackwardTmaTiling):
+    """``(produce, write_dq)``: the producer warpgroup's first warp fills the stages as the consumers free them;
+    with DQ_BY_TMA its second warp adds each query tile's dQ_i to the accumulator."""
+    BR, STAGES = u(cfg.BR), u(cfg.STAGES)
+    layout = layout_bytes(cfg)
+    STAGE0, STAGE = layout["stage 0"], layout["stage 1"] - layout["stage 0"]
+    FULL0, EMPTY0, BAR = layout["full 0"], layout["empty 0"], u(tma.BARRIER_BYTES)
+    DQ_OFF, DQ_BOXES, DQ_BOX_BYTES = layout["dQ_i"], cfg.D // DQ_BOX_COLUMNS, u(cfg.BR * ROW_BYTES)  # box: Br rows
+    # DQ_BY_TMA: the consumers (first) and the producer's second warp, the dQ writer, meet at DQ_FULL and DQ_EMPTY
+    dq_wait_stored = tma.named_barrier(DQ_FULL, cfg.CONSUMERS + WARP)
+    dq_read = tma.named_barrier(DQ_EMPTY, cfg.CONSUMERS + WARP, arrive_only=True)
+    _, load_kv, load_query_tile, store_rows = loads(cfg)
+
     @cuda.jit(device=True, inline="always")
     def next_tile(head, q_start, q_first, n_q):
         """The (query head, first row) after (head, q_start), counted (a division needs more than 24 registers)."""
@@ -179,62 +161,37 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
             tma.arrive(full)  # this lane's rows are stored (the arrival releases them to the consumers)
 
     @cuda.jit(device=True, inline="always")
-    def transposed_scores(s, dp, k_rows, v_rows, stage):
-        """Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ for the warpgroup's 64 keys (rows) and Br queries (columns): two
-        batches; returns when Sᵀ's is done, dPᵀ's still in flight (:func:`score_gradients` waits for it)."""
-        wgmma.fence()
-        for kk in range(K_STEPS):
-            mma_s(s, wgmma.descriptor(k_rows + k_step(kk, BC), K_MAJOR), wgmma.descriptor(stage + k_step(kk, BR), K_MAJOR),
-                  uint32(kk != 0))
-        wgmma.commit_group()
-        wgmma.fence()
-        for kk in range(K_STEPS):
-            mma_s(dp, wgmma.descriptor(v_rows + k_step(kk, BC), K_MAJOR),
-                  wgmma.descriptor(stage + uint32(DO_IN) + k_step(kk, BR), K_MAJOR), uint32(kk != 0))
-        wgmma.commit_group()
-        wait_one()
-        fence_s(s)  # the softmax reads s after the wait, not before
+    def write_dq(maps, base, lane, kv_head, heads, q_first, steps, n_q):
+        """The producer's second warp: as each tile's dQ_i is stored, lane 0 adds it to the accumulator by TMA
+        reduce-adds (rows past Nq left out); once they have read it, the buffer is free (the last: done)."""
+        if lane == ZERO:
+            tma.prefetch_map(maps, uint64(DQ_MAP))
+            tma.acquire_map(maps, uint64(DQ_MAP))
+        head, q_start = kv_head * heads, q_first // BR * BR  # step 0's
+        for step in range(steps):
+            dq_wait_stored()  # every consumer's dQ_i is in shared memory, visible to the copy engine
+            if lane == ZERO:
+                for b in range(DQ_BOXES):
+                    tma.tma_reduce_add_3d(base + uint32(DQ_OFF + uint64(b) * DQ_BOX_BYTES), maps, uint64(DQ_MAP),
+                                          int32(b * DQ_BOX_COLUMNS), int32(q_start), int32(head))
+                tma.bulk_commit_group()
+                tma.bulk_wait_read()
+            if step + ONE < steps:
+                dq_read()  # the buffer may be written again
+            head, q_start = next_tile(head, q_start, q_first, n_q)
+        if lane == ZERO:
+            tma.bulk_wait()  # the last adds are done before the block ends
 
-    @cuda.jit(device=True, inline="always")
-    def probabilities(s, smemf, lse_word, lane_key, q_start, t, n_q, n_k, causal, masked, scale_log2):
-        """Pᵀ = exp2(scale · Sᵀ − lse) replaces Sᵀ, 0 where masked (while dPᵀ is multiplied). The lane holds keys
-        lane_key and lane_key + 8 (rows) and queries 8n + 2t (+1) of the tile (columns)."""
-        for n in range(S_TILES):
-            for e in range(4):
-                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)  # the query, in the tile
-                p = math.exp2(s[n, e] * scale_log2 - smemf[lse_word + col])
-                if masked and lane_key + uint64((e // 2) * 8) >= key_stop(q_start + col + ONE, n_q, n_k, causal):
-                    p = float32(0.0)
-                s[n, e] = p
+    return produce, write_dq
 
-    @cuda.jit(device=True, inline="always")
-    def score_gradients(dp, s, smemf, d_word, t):
-        """Once dPᵀ's batch is done (DV_FIRST: dV's may still run): dSᵀ = Pᵀ ∘ (dPᵀ − D) replaces dPᵀ."""
-        wait_dp()
-        fence_s(dp)
-        for n in range(S_TILES):
-            for e in range(4):
-                col = uint64(n) * EIGHT + TWO * t + uint64(e % 2)
-                dp[n, e] = s[n, e] * (dp[n, e] - smemf[d_word + col])
 
-    @cuda.jit(device=True, inline="always")
-    def pack_a(words, acc):
-        """An accumulator of 64 rows × Br columns as the A words of Br / 16 wgmma's (rows g, g + 8 of the warp's
-        16; columns 16kk + 8h + 2t, +1): the accumulator layout is the A layout, packed to 16-bit pairs."""
-        for kk in range(Q_STEPS):
-            for h in range(2):
-                words[kk, 2 * h] = pack(acc[2 * kk + h, 0], acc[2 * kk + h, 1])
-                words[kk, 2 * h + 1] = pack(acc[2 * kk + h, 2], acc[2 * kk + h, 3])
-
-    @cuda.jit(device=True, inline="always")
-    def store_ds(smem, ds, ds_word, tile_key, t):
-        """The lane's words of dSᵀ into a swizzled dSᵀ buffer (row: the key of the tile; 16-byte chunk n: queries
-        8n ..), rows tile_key and tile_key + 8; ds_word: the buffer's first word."""
-        for kk in range(Q_STEPS):
-            for h in range(2):
-                for half in range(2):
-                    at = wgmma.swizzled_chunk(tile_key + uint64(8 * half), 2 * kk + h, BC) + uint32(t) * uint32(4)
-                    smem[ds_word + uint64(at) // FOUR] = ds[kk, 2 * h + half]
+def key_products(cfg: BackwardTmaTiling, element: str):
+    """``(value_gradients, key_gradients)``: dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i, wgmma's with A from registers,
+    issued apart so that with DV_FIRST dV_j's batch runs while dSᵀ is computed."""
+    Q_STEPS, DO_IN = cfg.BR // MMA_K, layout_bytes(cfg)["dO_i in a stage"]  # k-steps over the queries
+    mma_kv = wgmma.mma_async_rs(element, cfg.D, trans_b=True)  # dV_j, dK_j: Pᵀ or dSᵀ in registers, B MN-major
+    fence_o, fence_w = wgmma.fence_operands(cfg.D // 2), wgmma.fence_operands(4 * Q_STEPS)
+    ROWS_MN = u(wgmma.descriptor_bits(cfg.BR * ROW_BYTES, 8 * ROW_BYTES))  # Q_i, dO_i as dK's and dV's B: MN-major
 
     @cuda.jit(device=True, inline="always")
     def value_gradients(dv, p, stage):
@@ -257,28 +214,35 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                    wgmma.descriptor(stage + uint32(kk) * uint32(STEP_BYTES), ROWS_MN), uint32(1))
         wgmma.commit_group()
 
-    @cuda.jit(device=True, inline="always")
-    def ds_times_k(dq, ds_tile, k_columns):
-        """dQ_i = dS K_j for the warpgroup's 64 rows and DQ_N columns (ds_tile: dSᵀ at the first of its queries;
-        k_columns: K_j at the first of its columns): dS read from dSᵀ, MN-major (its rows are keys, the k of this
-        product), K_j MN-major. Waits for every batch."""
-        wgmma.fence()
-        for kk in range(KEY_STEPS):
-            step = uint32(kk) * uint32(STEP_BYTES)  # keys 16kk ..
-            mma_q(dq, wgmma.descriptor(ds_tile + step, KEYS_MN), wgmma.descriptor(k_columns + step, KEYS_MN),
-                  uint32(kk != 0))
-        wgmma.commit_group()
-        wait_all()
+    return value_gradients, key_gradients
 
-    @cuda.jit(device=True, inline="always")
-    def add_dq(dQ_acc, dq, q_off, dq_row, dq_col, t, n_q):
-        """dQ_acc += the lane's dq (rows dq_row, +8; columns dq_col + 8n + 2t, +1) below Nq, paired atomics."""
-        for half in range(2):
-            row = dq_row + uint64(half * 8)
-            if row < n_q:
-                for n in range(DQ_TILES):
-                    ptx.red_add_f32x2(dQ_acc, q_off + row * D_ + dq_col + uint64(n) * EIGHT + TWO * t,
-                                      dq[n, 2 * half], dq[n, 2 * half + 1])
+
+def consumer(cfg: BackwardTmaTiling, element: str):
+    """``consume``: a consumer warpgroup's loop over the query tiles, of ``wgmma_steps``' scores, operands, query
+    gradients and writes and :func:`key_products`; dQ_i added by atomics, or with DQ_BY_TMA stored in shared memory
+    for the producer's second warp."""
+    BR, BC, STAGES, DQ_BY_TMA, DV_FIRST = u(cfg.BR), u(cfg.BC), u(cfg.STAGES), cfg.DQ_BY_TMA, cfg.DV_FIRST
+    DW, D_ = u(cfg.D // 2), u(cfg.D)  # words and elements per row in HBM
+    Q_STEPS, S_TILES, O_TILES, DQ_TILES = cfg.BR // MMA_K, cfg.BR // 8, cfg.D // 8, cfg.DQ_N // 8  # accumulators
+    layout = layout_bytes(cfg)
+    K_OFF, V_OFF, STAGE0, DS0 = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS 0"]
+    STAGE, DS_BYTES = layout["stage 1"] - layout["stage 0"], layout["dS 1"] - layout["dS 0"]
+    LSE_IN, D_IN, DQ_OFF = layout["lse_i in a stage"], layout["D_i in a stage"], layout["dQ_i"]
+    KV_FULL, FULL0, EMPTY0, BAR = layout["K_j, V_j full"], layout["full 0"], layout["empty 0"], u(tma.BARRIER_BYTES)
+    WG, WG_KEY_BYTES = u(wgmma.WARPGROUP), u(MMA_M * 4 * ROW_BYTES)  # a warpgroup's 64 rows of K_j or V_j
+    DQ_N, ROW_GROUPS, KV_HALF = u(cfg.DQ_N), u(cfg.DQ_ROW_GROUPS), u(cfg.BC * ROW_BYTES)
+    HALF_COLUMNS = u(wgmma.SWIZZLE_ROW_VALUES)  # a 64-column half of K_j
+    DQ_BOX_BYTES, CHUNK_FLOATS = u(cfg.BR * ROW_BYTES), u(4)  # a box of dQ_i: Br rows of 32 floats; a 16-byte chunk
+    fence_o, fence_q = wgmma.fence_operands(cfg.D // 2), wgmma.fence_operands(cfg.DQ_N // 2)
+    ds_stored = tma.named_barrier(DS_BARRIER, cfg.CONSUMERS)  # the consumers only: the producer runs ahead
+    # DQ_BY_TMA: the consumers (first) and the producer's second warp, the dQ writer, meet at DQ_FULL and DQ_EMPTY
+    dq_stored = tma.named_barrier(DQ_FULL, cfg.CONSUMERS + WARP, arrive_only=True)
+    dq_taken = tma.named_barrier(DQ_EMPTY, cfg.CONSUMERS + WARP)
+    transposed_scores, probabilities, score_gradients = scores(cfg, element, DV_FIRST)
+    pack_a, store_ds = operands(cfg, element)
+    ds_times_k, add_dq = query_gradients(cfg, element)
+    value_gradients, key_gradients = key_products(cfg, element)
+    write_dk_dv = key_writes(cfg, element)
 
     @cuda.jit(device=True, inline="always")
     def store_dq(smemf, dq, dq_word, dq_row, dq_col, t):
@@ -292,39 +256,6 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
                 at = (dq_word + box * DQ_BOX_BYTES // FOUR + row * uint64(ROW_BYTES // 4)
                       + (chunk ^ (row % EIGHT)) * CHUNK_FLOATS + col % CHUNK_FLOATS)
                 smemf[at], smemf[at + ONE] = dq[n, 2 * half], dq[n, 2 * half + 1]
-
-    @cuda.jit(device=True, inline="always")
-    def write_dq(maps, base, lane, kv_head, heads, q_first, steps, n_q):
-        """The producer's second warp: as each tile's dQ_i is stored, lane 0 adds it to the accumulator by TMA
-        reduce-adds (rows past Nq left out); once they have read it, the buffer is free (the last: done)."""
-        if lane == ZERO:
-            tma.prefetch_map(maps, uint64(DQ_MAP))
-            tma.acquire_map(maps, uint64(DQ_MAP))
-        head, q_start = kv_head * heads, q_first // BR * BR  # step 0's
-        for step in range(steps):
-            dq_wait_stored()  # every consumer's dQ_i is in shared memory, visible to the copy engine
-            if lane == ZERO:
-                for b in range(DQ_BOXES):
-                    tma.tma_reduce_add_3d(base + uint32(DQ_OFF + uint64(b) * DQ_BOX_BYTES), maps, uint64(DQ_MAP),
-                                          int32(b * DQ_BOX_COLUMNS), int32(q_start), int32(head))
-                tma.bulk_commit_group()
-                tma.bulk_wait_read()
-            if step + ONE < steps:
-                dq_read()  # the buffer may be written again
-            head, q_start = next_tile(head, q_start, q_first, n_q)
-        if lane == ZERO:
-            tma.bulk_wait()  # the last adds are done before the block ends
-
-    @cuda.jit(device=True, inline="always")
-    def write_dk_dv(dK, dV, dk, dv, kv_off, lane_key, t, n_k, scale):
-        """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the lane's keys below Nk, as 16-bit pairs."""
-        for half in range(2):
-            key = lane_key + uint64(half * 8)
-            if key < n_k:
-                for n in range(O_TILES):
-                    at = kv_off + key * DW + uint64(n) * FOUR + t
-                    dK[at] = pack(dk[n, 2 * half] * scale, dk[n, 2 * half + 1] * scale)
-                    dV[at] = pack(dv[n, 2 * half], dv[n, 2 * half + 1])
 
     @cuda.jit(device=True, inline="always")
     def consume(dQ_acc, dK, dV, smem, smemf, base, base_word, tid, kv_head, k_start, heads, q_first, tiles, steps,
@@ -394,6 +325,23 @@ def make_kernel(cfg: BackwardTmaTiling, element: str):
         fence_o(dk)
         fence_o(dv)
         write_dk_dv(dK, dV, dk, dv, kv_head * n_k * DW, k_start + tile_key, t, n_k, scale)
+
+    return consume
+
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: BackwardTmaTiling, element: str):
+    """``flash_bwd_ws`` for one tiling and one element type (float16 or bfloat16): the block's key tile, its
+    barriers initialised, then the producer's warps (:func:`producer`) and the consumers (:func:`consumer`)."""
+    cfg.validate()
+    BR, BC, WG, LANES, DQ_BY_TMA = u(cfg.BR), u(cfg.BC), u(wgmma.WARPGROUP), u(LSE_LANES), cfg.DQ_BY_TMA
+    LONGEST_FIRST, HEAD_BYTES = cfg.LONGEST_FIRST, u(HEAD_BYTES_PER_COLUMN * cfg.D)
+    producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
+    consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
+    init_barriers = loads(cfg)[0]
+    produce, write_dq = producer(cfg)
+    consume = consumer(cfg, element)
+    options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
 
     @cuda.jit(fastmath=FAST_MATH, **options)
     def flash_bwd_ws(LSE, Dvec, dQ_acc, dK, dV, TMAPS, n_q, n_k, scale, scale_log2, causal, kv_group):

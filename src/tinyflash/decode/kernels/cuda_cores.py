@@ -135,34 +135,26 @@ def shared_elements(element):
     return elements
 
 
-@lru_cache(maxsize=None)
-def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
-                      itemsize: int = 2, max_registers: int | None = None, element: str | None = None):
-    """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
-    ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
-    ``unroll`` keys per slot and tile, registers per thread capped at ``max_registers`` (None: no
-    cap; fewer registers, more resident blocks, perhaps spills; a compiler option, which the
-    simulator does not have); ``full``: d == D (K and V arrive as uint32 words and are copied by
-    cp.async; else element by element, zero past d); ``page_size``: 0 for a contiguous cache, else
-    the tokens per page of a paged one; ``element`` 'bfloat16' for inputs of bfloat16 patterns, which the ring
-    holds as they are and the arithmetic widens (``gpu/elements.py``)."""
-    widen, BF16 = elements.widen(element), element == elements.BFLOAT16  # an element as float32; bfloat16?
+def slots(D: int, VEC: int, NT: int, unroll: int) -> tuple:
+    """``(TD, KP, BK, TILE)``: lanes per key row, key slots, keys per tile (uint64) and elements of one K_j (or
+    V_j) tile in the ring (uint64), for head dim D padded, VEC elements per thread and key row, NT threads."""
     TD = D // VEC  # lanes per key row
     KP = NT // TD  # key slots
+    BK = u(KP * unroll)  # keys per tile
+    return TD, KP, BK, BK * u(D)
+
+
+def ring_copies(D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int, itemsize: int,
+                element: str | None):
+    """``copy_tile``: a thread's pieces of one tile's K and V rows into a stage of the ring, by cp.async (``full``
+    rows) or element by element."""
+    BF16 = element == elements.BFLOAT16  # bfloat16 patterns, held as they are
+    _, KP, _, TILE = slots(D, VEC, NT, unroll)
     PIECES = u(VEC * itemsize // LOAD_BYTES)  # 16-byte copies per thread and key row
     PIECE = u(LOAD_BYTES // itemsize)  # elements per copy
-    RB_, D_, VEC_, TD_, KP_, NT_, U_ = u(RB), u(D), u(VEC), u(TD), u(KP), u(NT), u(unroll)
-    BK = u(KP * unroll)  # keys per tile
-    TILE = BK * D_  # elements of one K_j (or V_j) tile in the ring
-    STAGE = TILE + TILE  # one stage: K_j, then V_j
-    STAGES_, AHEAD = u(STAGES), u(STAGES - 1)  # tiles in the ring; tiles requested ahead of the one computed
+    D_, VEC_, KP_, U_ = u(D), u(VEC), u(KP), u(unroll)
     WORD = u(4 // itemsize)  # elements per 32-bit word
     row_offset = key_row_offset(page_size)
-    M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # merge: m, l, acc of every slot (floats)
-    load_vec = vector_load(VEC)
-    lane_sum = group_sum(TD)
-    ring_elements = shared_elements(BITS if BF16 else ELEMENT_TYPES[itemsize])
-    wait_oldest = ptx.cp_async_wait_group(STAGES - 1)  # all but the STAGES - 1 newest tiles have landed
 
     @cuda.jit(device=True, inline="always")
     def copy_tile(K, V, ring_w, ring, TABLE, b, bkv, kv_head, tile0, seq_len, stage_loc, slot, col0, n_k, h_kv,
@@ -192,6 +184,18 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                         ring[dst + e] = float32(K[off + col0 + e]) if ok else float32(0.0)
                         ring[dst + TILE + e] = float32(V[off + col0 + e]) if ok else float32(0.0)
         ptx.cp_async_commit()  # one group per tile (an empty one on the element path)
+
+    return copy_tile
+
+
+def slot_steps(RB: int, D: int, VEC: int, NT: int, unroll: int, element: str | None):
+    """``(scores, mask, update)``: a key slot's step of the online softmax over its U keys of a tile, for RB
+    packed rows: scores summed over the slot's lanes, the mask, then m, l and acc updated with P·V."""
+    widen = elements.widen(element)  # an element as float32
+    TD, KP, _, TILE = slots(D, VEC, NT, unroll)
+    RB_, D_, VEC_, KP_, U_ = u(RB), u(D), u(VEC), u(KP), u(unroll)
+    load_vec = vector_load(VEC)
+    lane_sum = group_sum(TD)
 
     @cuda.jit(device=True, inline="always")
     def scores(s, kf, ring, loc, q):
@@ -238,6 +242,15 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                 for r in range(RB_):
                     acc[r, e] += s[r, t] * v  # P·V
 
+    return scores, mask, update
+
+
+def slot_merge(RB: int, D: int, VEC: int, NT: int):
+    """``merge_slots``: the KP slots' states merged through shared memory, and the block's partial written."""
+    KP = slots(D, VEC, NT, 1)[1]
+    RB_, D_, VEC_, KP_, NT_ = u(RB), u(D), u(VEC), u(KP), u(NT)
+    M_OFF, L_OFF, A_OFF = u(0), u(KP * RB), u(2 * KP * RB)  # merge: m, l, acc of every slot (floats)
+
     @cuda.jit(device=True, inline="always")
     def merge_slots(smem, m_i, l_i, acc, O_PART, LSE_PART, part_row0, row0, rows, slot, lane, tid, d):
         """The KP slots' states, merged through shared memory; the block's partial (O_s, lse_s) written."""
@@ -259,6 +272,32 @@ def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size:
                 O_PART[(part_row0 + r) * d + c] = o / l_sum if l_sum != 0 else float32(0.0)
                 if c == ZERO:  # lse_s = m + log(l), back from base 2; -inf for an empty split
                     LSE_PART[part_row0 + r] = (m + math.log2(l_sum)) * LN2 if l_sum != 0 else NEG_INF
+
+    return merge_slots
+
+
+@lru_cache(maxsize=None)
+def make_split_kernel(RB: int, D: int, VEC: int, NT: int, full: bool, page_size: int, unroll: int = UNROLL,
+                      itemsize: int = 2, max_registers: int | None = None, element: str | None = None):
+    """The split kernel for RB packed rows per block, head dim padded to D, VEC elements of
+    ``itemsize`` bytes per thread and key row (whole 16-byte copies), NT threads (a multiple of 32),
+    ``unroll`` keys per slot and tile, registers per thread capped at ``max_registers`` (None: no
+    cap; fewer registers, more resident blocks, perhaps spills; a compiler option, which the
+    simulator does not have); ``full``: d == D (K and V arrive as uint32 words and are copied by
+    cp.async; else element by element, zero past d); ``page_size``: 0 for a contiguous cache, else
+    the tokens per page of a paged one; ``element`` 'bfloat16' for inputs of bfloat16 patterns, which the ring
+    holds as they are and the arithmetic widens (``gpu/elements.py``). The ring's loop is composed of
+    :func:`ring_copies` and :func:`slot_steps`, the end of :func:`slot_merge`."""
+    widen, BF16 = elements.widen(element), element == elements.BFLOAT16  # an element as float32; bfloat16?
+    TD, _, BK, TILE = slots(D, VEC, NT, unroll)
+    RB_, D_, VEC_, TD_ = u(RB), u(D), u(VEC), u(TD)
+    STAGE = TILE + TILE  # one stage: K_j, then V_j
+    STAGES_, AHEAD = u(STAGES), u(STAGES - 1)  # tiles in the ring; tiles requested ahead of the one computed
+    ring_elements = shared_elements(BITS if BF16 else ELEMENT_TYPES[itemsize])
+    wait_oldest = ptx.cp_async_wait_group(STAGES - 1)  # all but the STAGES - 1 newest tiles have landed
+    copy_tile = ring_copies(D, VEC, NT, full, page_size, unroll, itemsize, element)
+    scores, mask, update = slot_steps(RB, D, VEC, NT, unroll, element)
+    merge_slots = slot_merge(RB, D, VEC, NT)
 
     # The SMs' on-chip memory as shared memory first (228 KB; L1 gets the rest): room for 4 rings of
     # 48 KB, whatever the driver would otherwise choose. The ring's copies bypass L1 (cp.async.cg).

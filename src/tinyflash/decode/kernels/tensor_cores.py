@@ -126,35 +126,29 @@ def default_tiling(d: int) -> DecodeTiling:
     return DecodeTiling(D=d, BC=32 if padded_head_dim(d) <= 128 else 16, STAGES=4).validate()
 
 
-@lru_cache(maxsize=None)
-def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16", merge_rows: int = 0):
-    """The tensor-core split kernel for one tiling, a contiguous cache (``page_size`` 0) or pages of
-    ``page_size`` tokens, and 16-bit ``element`` inputs; with ``merge_rows`` (the packed rows of a block) the
-    kernel that also merges its row set (``combine.make_merge``). Returns ``(kernel, shared memory bytes)``."""
-    cfg.validate()
-    merge = make_merge(element, merge_rows, cfg.D) if merge_rows else None
-    spec = WarpTile(element, cfg.D, cfg.BC, out_packed=False)  # one row tile of 16 packed rows; O_s in float32
-    tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue (v6's)
-    lane_rows, scores, mask_row = tile.lane_rows, tile.scores, tile.mask_row  # (numba types no namespace)
-    softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue
-    D, BC, STAGES = cfg.D, cfg.BC, cfg.STAGES
+def page_runs(cfg: DecodeTiling, page_size: int) -> tuple[bool, int]:
+    """``(PAGE_ALIGNED, TILE_PAGES)`` of a paged cache: whether its pages hold whole runs of a tile's rows (the
+    tile in one page, or whole pages in the tile) and each lane's rows (RPP apart) at the same place in every
+    page, so that a few table reads per tile serve the copies; and then the pages of one tile (else 1)."""
+    RPP = row_passes(cfg.DP // 8, WARP, cfg.BC)[0]  # rows per pass (one cp.async per lane)
+    aligned = page_size > 0 and (cfg.BC % page_size == 0 or page_size % cfg.BC == 0) and page_size % RPP == 0
+    return aligned, max(1, cfg.BC // page_size) if aligned else 1
+
+
+def ring_copies(cfg: DecodeTiling, page_size: int):
+    """``copy_tile``: the warp's cp.async of one tile's K_j and V_j into a stage of the ring, from a contiguous
+    cache or through the block table of a paged one."""
+    D, BC = cfg.D, cfg.BC
     RW, DW = u(cfg.ROW_WORDS), u(D // 2)  # words per row: in shared memory (padded), in HBM
     CHUNKS = u(cfg.DP // 8)  # 16-byte pieces per row in shared memory: one cp.async each
     RPP, KV_PASSES = row_passes(cfg.DP // 8, WARP, BC)  # rows per pass (one cp.async per lane); passes per K_j
     ACTIVE = RPP * (cfg.DP // 8)  # lanes that copy (the rest, if any, wait)
     EVEN, PADDED = ACTIVE == WARP, cfg.DP > D  # every lane copies; zero columns after each row (d padded to DP)
     TILE_BYTES = BC * cfg.ROW_WORDS * 4
-    STAGE_BYTES = 2 * TILE_BYTES  # K_j, then V_j
-    K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
-    STAGES_, AHEAD, D_, BC_, ROWS_ = u(STAGES), u(STAGES - 1), u(D), u(BC), u(ROWS)
-    u_STAGE_BYTES = u(STAGE_BYTES)
+    D_, BC_ = u(D), u(BC)
     row_offset = key_row_offset(page_size)
     PAGE = u(max(page_size, 1))
-    # Pages that hold whole runs of a tile's rows (the tile in one page, or whole pages in the tile), and
-    # each lane's rows (RPP apart) at the same place in every page: a few table reads per tile
-    PAGE_ALIGNED = page_size > 0 and (BC % page_size == 0 or page_size % BC == 0) and page_size % RPP == 0
-    TILE_PAGES = max(1, BC // page_size) if PAGE_ALIGNED else 1
-    tile_landed = ptx.cp_async_wait_group(STAGES - 2)  # all but the STAGES - 2 newest groups: tile j
+    PAGE_ALIGNED, TILE_PAGES = page_runs(cfg, page_size)
     cp_async_16 = ptx.make_cp_async_16(cfg.PREFETCH)  # with the tiling's hint to L2
 
     @cuda.jit(device=True, inline="always")
@@ -191,6 +185,27 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
             cp_async_16(dst, K, src + src_col, nbytes)
             cp_async_16(dst + uint32(TILE_BYTES), V, src + src_col, nbytes)
         ptx.cp_async_commit()
+
+    return copy_tile
+
+
+def split_partial(cfg: DecodeTiling, page_size: int, element: str):
+    """``split``: one split of one row set, its partial (O_s, lse_s): Q's operands, the ring filled by
+    :func:`ring_copies`, and per tile the warp tile's scores, mask, softmax step and P·V, then its epilogue."""
+    spec = WarpTile(element, cfg.D, cfg.BC, out_packed=False)  # one row tile of 16 packed rows; O_s in float32
+    tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue (v6's)
+    lane_rows, scores, mask_row = tile.lane_rows, tile.scores, tile.mask_row  # (numba types no namespace)
+    softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue
+    D, BC, STAGES = cfg.D, cfg.BC, cfg.STAGES
+    DW, PADDED = u(D // 2), cfg.DP > D  # words per row in HBM; zero columns after each row (d padded to DP)
+    TILE_BYTES = BC * cfg.ROW_WORDS * 4
+    STAGE_BYTES = 2 * TILE_BYTES  # K_j, then V_j
+    K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
+    STAGES_, AHEAD, D_, BC_, ROWS_ = u(STAGES), u(STAGES - 1), u(D), u(BC), u(ROWS)
+    u_STAGE_BYTES = u(STAGE_BYTES)
+    TILE_PAGES = page_runs(cfg, page_size)[1]
+    tile_landed = ptx.cp_async_wait_group(STAGES - 2)  # all but the STAGES - 2 newest groups: tile j
+    copy_tile = ring_copies(cfg, page_size)
 
     @cuda.jit(device=True, inline="always")
     def split(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal, kv_group):
@@ -267,6 +282,20 @@ def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16
         epilogue(acc, m_i, l_i, O_PART, LSE_PART, (bkv * n_splits + split) * rows * D_,
                       (bkv * n_splits + split) * rows, row0 + g, t, rows)
         ptx.cp_async_wait_all()  # no copy may still be in flight when the block ends (or the ring is reused)
+
+    return split
+
+
+@lru_cache(maxsize=None)
+def make_split_kernel(cfg: DecodeTiling, page_size: int, element: str = "float16", merge_rows: int = 0):
+    """The tensor-core split kernel for one tiling, a contiguous cache (``page_size`` 0) or pages of
+    ``page_size`` tokens, and 16-bit ``element`` inputs; with ``merge_rows`` (the packed rows of a block) the
+    kernel that also merges its row set (``combine.make_merge``). Returns ``(kernel, shared memory bytes)``. The
+    kernels call one split (:func:`split_partial`)."""
+    cfg.validate()
+    merge = make_merge(element, merge_rows, cfg.D) if merge_rows else None
+    split = split_partial(cfg, page_size, element)
+    ROWS_ = u(ROWS)
 
     @cuda.jit(fastmath=FAST_MATH)
     def split_kv_decode_tc(Q, K, V, TABLE, LENS, O_PART, LSE_PART, n_q, n_k, h_kv, max_pages, scale_log2, causal,
