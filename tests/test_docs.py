@@ -6,6 +6,8 @@
   count, a power of two (sizes, tiles, head dims, sequence lengths) or one of :data:`NAMED`, each of which
   a file of the project states.
 * The README is a front door: at most 300 lines, the first command on the first screen, its examples run.
+* The indexes are whole: a page's list of contents names every section of it, in order, and
+  docs/notes/README.md has a line for every dated note.
 """
 
 import os
@@ -99,8 +101,29 @@ def test_links_reach_files_and_headings(path):
         assert where.exists(), target
         if anchor and where.suffix == ".md":
             headings = re.findall(r"^#+ (.+)$", where.read_text(), flags=re.M)
-            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+            slugs = {slug(h) for h in headings}
             assert anchor in slugs, target
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor, as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_contents_list_names_every_section(path):
+    """A page with a list of contents (a list of links to its own headings) lists every ``## `` section, in order."""
+    text = docs.MARKER.sub("", path.read_text())
+    listed = re.findall(r"^\* \[[^\]]+\]\(#([\w-]+)\)$", text, flags=re.M)
+    if listed:
+        assert listed == [slug(h) for h in re.findall(r"^## (.+)$", text, flags=re.M)]
+
+
+def test_every_note_is_indexed():
+    """docs/notes/README.md links every dated note, and every link there is a note."""
+    notes = ROOT / "docs" / "notes"
+    linked = set(re.findall(r"\]\(([\w.-]+\.md)\)", (notes / "README.md").read_text()))
+    assert linked == {p.name for p in notes.glob("[0-9]*.md")}
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
