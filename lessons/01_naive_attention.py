@@ -11,7 +11,9 @@ What you will learn
 What changed since the last lesson: this is the first one. Stage 0, tinyflash.naive_attention,
 is the trusted reference that every later stage is checked against.
 
-Run from the repository root:  python lessons/01_naive_attention.py  (about a second)
+Run from the repository root:  python lessons/01_naive_attention.py
+
+Running time: not timed yet (python benchmarks/cpu_runs.py --only lesson-01 records it).
 """
 
 # %% [1] Why: attention compares every query with every key

@@ -15,9 +15,11 @@ What you will learn
 What changed since the earlier lessons: no new algorithm. The two NumPy stages you know are
 measured; every number printed below is computed by tinyflash and checked by an assert.
 
-Run from the repository root:  python lessons/06_memory_and_io.py  (a few seconds)
+Run from the repository root:  python lessons/06_memory_and_io.py
 The figures of these numbers, figures/memory_model.png, memory_cpu_measured.png and hbm_traffic.png,
 are drawn by  python -m tinyflash.plots.
+
+Running time: not timed yet (python benchmarks/cpu_runs.py --only lesson-06 records it).
 """
 
 # %% [1] Why: the N × N matrix is the problem

@@ -20,6 +20,8 @@ bfloat16, accumulation float32.
 Run from the repository root:  python lessons/07_tensor_cores.py
 Without a GPU the kernel runs on numba's CUDA simulator, each warp instruction emulated in
 Python at a toy size; with a GPU and CuPy, on the real tensor cores.
+
+Running time: not timed yet (python benchmarks/cpu_runs.py --only lesson-07 records it).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

@@ -19,6 +19,8 @@ a backward stage. New notation: dO, dP, dS (gradients of O, P, S) and D (one num
 Run from the repository root:  python lessons/08_backward.py
 Without a GPU the kernel runs on numba's CUDA simulator at a tiny size; with a GPU and PyTorch,
 the last cell also trains with tinyflash.torch.attention beside PyTorch's own attention.
+
+Running time: not timed yet (python benchmarks/cpu_runs.py --only lesson-08 records it).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

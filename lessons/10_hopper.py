@@ -27,6 +27,8 @@ Run from the repository root:  python lessons/10_hopper.py
 Without a GPU the kernels run on numba's CUDA simulator, where a warpgroup is 128 Python threads and
 every Hopper instruction is emulated (src/tinyflash/gpu/wgmma_emulation.py, tma_emulation.py): a toy
 size. On a Hopper GPU, the real instructions at a realistic size.
+
+Running time: not timed yet (python benchmarks/cpu_runs.py --only lesson-10 records it).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

@@ -8,6 +8,8 @@
 * The README is a front door: at most 300 lines, the first command on the first screen, its examples run.
 * The indexes are whole: a page's list of contents names every section of it, in order, and
   docs/notes/README.md has a line for every dated note.
+* Each lesson's docstring says how long it runs in the words :mod:`tinyflash.bench.lesson_times` makes of the
+  record (``figures/data/cpu_runs.csv``), the same command rewriting both.
 """
 
 import os
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyflash.bench import docs
+from tinyflash.bench import docs, lesson_times
 from tinyflash.bench.suites import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +67,26 @@ def test_every_block_is_used_and_every_use_has_a_maker():
     used = [name for path in PAGES for name in docs.blocks_in(path.read_text())]
     assert sorted(set(used)) == sorted(docs.BLOCKS)
     assert len(used) == len(set(used)), "a block appears twice"
+
+
+@pytest.mark.parametrize("lesson", lesson_times.lesson_files(), ids=lambda p: p.name)
+def test_a_lesson_says_how_long_it_runs(lesson):
+    """Its docstring's ``Running time:`` paragraph is what the record says (``python -m tinyflash.bench --docs``)."""
+    assert lesson_times.docstring_paragraph(lesson.read_text()) == lesson_times.running_time(lesson), (
+        "run: python -m tinyflash.bench --docs")
+
+
+def test_the_running_time_reads_the_record():
+    """A row gives the rounded time, the cores, a busy machine's load; no row says how to time the lesson."""
+    lesson = lesson_times.lesson_files()[4]  # lesson 05: its kernels run on the simulator
+    row = {"command": f"python lessons/{lesson.name}", "seconds": "37.4", "cpus": "2", "load": "4.6",
+           "exit_code": "0", "date": "2026-12-05 10:00 UTC", "commit": "abc1234"}
+    said = " ".join(lesson_times.running_time(lesson, [row]).split())
+    assert said.startswith("Running time: about 35 s on 2 CPU cores without a GPU, its kernels on numba's simulator, "
+                           "other work keeping them busy (load average 4.6)")
+    assert "not timed yet" in lesson_times.running_time(lesson, [])
+    text = f'"""Lesson.\n\n{said}\n"""\nx = 1\n'
+    assert lesson_times.docstring_paragraph(text) == said  # the paragraph ends at the docstring's end
 
 
 def test_render_fills_empty_and_full_blocks_alike():

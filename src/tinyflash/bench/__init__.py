@@ -9,7 +9,8 @@
     training_run.py  two training runs of one model compared (examples/train_gpt.py's record)
     cells.py     what every table is made of: rows found by their fields, cells, speed ratios
     tables.py    the tables and sentences of the docs, from the record; sweep_tables.py: v6's tiling sweep
-    docs.py      the generated blocks of README.md and docs/*.md (model_sentences.py: the cost models' sentences)
+    docs.py      the generated blocks of README.md and docs/*.md (model_sentences.py: the cost models' sentences;
+                 lesson_times.py: each lesson's running time, in its docstring)
     __main__.py  the command
 
 Nothing in the teaching code imports this package.

@@ -5,7 +5,8 @@ how each is made. ``python -m tinyflash.bench --docs`` rewrites every block of R
 from the committed CSVs (``figures/data/``) and the cost models; ``tests/test_docs.py`` checks that the
 files hold exactly what it would write, and that no number stands outside a block but the few that
 name things (stages, lessons, head dims, sequence lengths). The dated notes (``docs/notes/``) are a
-record of their day and are not generated. The tables come from ``tables.py`` and ``sweep_tables.py``, the
+record of their day and are not generated. The lessons' running times are written the same way
+(``lesson_times.py``). The tables come from ``tables.py`` and ``sweep_tables.py``, the
 sentences of the cost models from ``model_sentences.py``; the README's and results.md's other sentences are here.
 """
 
@@ -381,7 +382,10 @@ def blocks_in(text: str) -> dict:
 
 
 def write_docs() -> list[Path]:
-    """Rewrite the blocks of README.md and docs/*.md from the record; returns the files that changed."""
+    """Rewrite the blocks of README.md and docs/*.md, and the lessons' running times (``lesson_times``), from the
+    record; returns the files that changed."""
+    from .lesson_times import write_lessons
+
     made = {name: maker() for name, maker in BLOCKS.items()}
     changed = []
     for path in doc_files():
@@ -390,4 +394,4 @@ def write_docs() -> list[Path]:
         if new != text:
             path.write_text(new)
             changed.append(path)
-    return changed
+    return changed + write_lessons()
