@@ -12,8 +12,8 @@ What you will learn
       an H200 (read from the committed benchmark);
     * that stage 2 was written in five versions (src/tinyflash/forward/kernels/, v1 to v5), each
       one step from the one before and each still runnable: all are checked here, and what each step
-      bought on an H200 is read from the committed measurements. (The registry also lists v6, the
-      tensor-core kernel of stage 3, which takes 16-bit inputs only: lesson 07.)
+      bought on an H200 is read from the committed measurements. (The registry also lists v6 to v10,
+      the tensor-core kernels of stages 3 and 4, which take 16-bit inputs only: lessons 07 and 10.)
 
 What changed since lesson 03: the same loop, the same names (Br, Bc, m_i, l_i, acc), but its
 body runs in parallel: S_ij is split over the threads of a block, and the online-softmax state
