@@ -11,7 +11,8 @@ row of the same command.
 
 Each lesson is also timed alone (``--only lesson-05 lesson-07``), as a learner runs it: the paragraph of
 its docstring that says how long it runs is written from that row (``tinyflash.bench.lesson_times``). A
-row holds the load average when its command started (``load``): a time taken on a busy machine says so.
+row holds the command's CPU time too (``cpu_seconds``, user and system, of all its processes): where it is
+well below the wall time, other work on the machine had the cores.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import csv
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -37,7 +39,7 @@ COMMANDS = {"tests": "python -m pytest", "lessons": "python lessons/run_all.py"}
 COMMANDS.update({f"lesson-{p.name[:2]}": f"python lessons/{p.name}"
                  for p in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))})
 FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
-          "failed", "skipped", "exit_code", "load"]
+          "failed", "skipped", "exit_code", "cpu_seconds"]
 
 
 def counts(output: str) -> dict:
@@ -53,17 +55,19 @@ def run(command: str) -> dict:
     """Run ``command`` (its ``python`` is this interpreter) in the repository root; its row."""
     argv = [sys.executable, *command.split()[1:]]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # as a user's shell has it
-    load = os.getloadavg()[0]  # the last minute's: other work on the machine slows the command down
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CPU time of the processes waited for so far
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
     print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
     found = counts(done.stdout) if "pytest" in command else {"passed": "", "failed": "", "skipped": ""}
     env_row = environment("cpu")
     return {"date": env_row["date"], "machine": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": env_row["numpy"], "numba_cuda": env_row["numba_cuda"],
             "commit": env_row["commit"], "command": command, "seconds": f"{seconds:.1f}", **found,
-            "exit_code": done.returncode, "load": f"{load:.1f}"}
+            "exit_code": done.returncode, "cpu_seconds": f"{cpu_seconds:.1f}"}
 
 
 def main(argv=None) -> int:

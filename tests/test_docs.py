@@ -77,13 +77,16 @@ def test_a_lesson_says_how_long_it_runs(lesson):
 
 
 def test_the_running_time_reads_the_record():
-    """A row gives the rounded time, the cores, a busy machine's load; no row says how to time the lesson."""
+    """A row gives the rounded time, its CPU time where other work shared the machine, the cores; no row says how
+    to time the lesson."""
     lesson = lesson_times.lesson_files()[4]  # lesson 05: its kernels run on the simulator
-    row = {"command": f"python lessons/{lesson.name}", "seconds": "37.4", "cpus": "2", "load": "4.6",
+    row = {"command": f"python lessons/{lesson.name}", "seconds": "37.4", "cpus": "2", "cpu_seconds": "20.2",
            "exit_code": "0", "date": "2026-12-05 10:00 UTC", "commit": "abc1234"}
     said = " ".join(lesson_times.running_time(lesson, [row]).split())
-    assert said.startswith("Running time: about 35 s on 2 CPU cores without a GPU, its kernels on numba's simulator, "
-                           "other work keeping them busy (load average 4.6)")
+    assert said.startswith("Running time: about 35 s (20 s of it on a core: other work shared the machine) on 2 CPU "
+                           "cores without a GPU, its kernels on numba's simulator (")
+    alone = " ".join(lesson_times.running_time(lesson, [{**row, "cpu_seconds": "36.0"}]).split())
+    assert alone.startswith("Running time: about 35 s on 2 CPU cores")
     assert "not timed yet" in lesson_times.running_time(lesson, [])
     text = f'"""Lesson.\n\n{said}\n"""\nx = 1\n'
     assert lesson_times.docstring_paragraph(text) == said  # the paragraph ends at the docstring's end

@@ -17,6 +17,7 @@ from .record import data_dir, read_csv, repository
 
 PARAGRAPH = re.compile(r'^Running time:.*?(?=\n\s*\n|\n"""|\Z)', re.S | re.M)  # to a blank line or the docstring's end
 WIDTH = 100  # the lessons' docstrings wrap at about this width
+SHARED = 0.8  # CPU time below this share of the wall time: the command waited for cores that other work held
 
 
 def lesson_files() -> list[Path]:
@@ -43,11 +44,12 @@ def running_time(lesson: Path, rows: list[dict] | None = None) -> str:
                 "records it).")
     else:
         kernels = ", its kernels on numba's simulator" if "use_gpu_or_simulator" in lesson.read_text() else ""
-        load = float(row["load"]) if row.get("load") else None
-        busy = f", other work keeping them busy (load average {load:.1f})" if load and load > int(row["cpus"]) else ""
+        cpu = float(row["cpu_seconds"]) if row.get("cpu_seconds") else None
+        busy = (f" ({cpu:.0f} s of it on a core: other work shared the machine)"
+                if cpu is not None and cpu < SHARED * float(row["seconds"]) else "")
         failed = "" if row["exit_code"] == "0" else ", and failed"
-        text = (f"Running time: {rounded(float(row['seconds']))} on {row['cpus']} CPU cores without a GPU{kernels}"
-                f"{busy}{failed} (figures/data/cpu_runs.csv, {row['date'][:10]}, commit {row['commit']}).")
+        text = (f"Running time: {rounded(float(row['seconds']))}{busy} on {row['cpus']} CPU cores without a GPU"
+                f"{kernels}{failed} (figures/data/cpu_runs.csv, {row['date'][:10]}, commit {row['commit']}).")
     return textwrap.fill(text, WIDTH)
 
 
