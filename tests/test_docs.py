@@ -83,7 +83,7 @@ def test_the_running_time_reads_the_record():
     row = {"command": f"python lessons/{lesson.name}", "seconds": "37.4", "cpus": "2", "cpu_seconds": "20.2",
            "exit_code": "0", "date": "2026-12-05 10:00 UTC", "commit": "abc1234"}
     said = " ".join(lesson_times.running_time(lesson, [row]).split())
-    assert said.startswith("Running time: about 35 s (20 s of it on a core: other work shared the machine) on 2 CPU "
+    assert said.startswith("Running time: about 35 s (20 s of CPU time: other work shared the machine) on 2 CPU "
                            "cores without a GPU, its kernels on numba's simulator (")
     alone = " ".join(lesson_times.running_time(lesson, [{**row, "cpu_seconds": "36.0"}]).split())
     assert alone.startswith("Running time: about 35 s on 2 CPU cores")

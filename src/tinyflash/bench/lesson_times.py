@@ -18,6 +18,7 @@ from .record import data_dir, read_csv, repository
 PARAGRAPH = re.compile(r'^Running time:.*?(?=\n\s*\n|\n"""|\Z)', re.S | re.M)  # to a blank line or the docstring's end
 WIDTH = 100  # the lessons' docstrings wrap at about this width
 SHARED = 0.8  # CPU time below this share of the wall time: the command waited for cores that other work held
+NOTED = 5  # seconds: below this, a process's start is most of the time, and the CPU time is not worth a word
 
 
 def lesson_files() -> list[Path]:
@@ -26,10 +27,12 @@ def lesson_files() -> list[Path]:
 
 
 def rounded(seconds: float) -> str:
-    """'about 3 s' below ten seconds, else to the nearest 5 s ('about 35 s'): one run on a shared machine says no
-    more than that."""
+    """'under a second', 'about 3 s' below ten seconds, else to the nearest 5 s ('about 35 s'): one run on a
+    shared machine says no more than that."""
+    if seconds < 1:
+        return "under a second"
     if seconds < 10:
-        return f"about {max(1, round(seconds))} s"
+        return f"about {round(seconds)} s"
     return f"about {5 * round(seconds / 5)} s"
 
 
@@ -45,10 +48,11 @@ def running_time(lesson: Path, rows: list[dict] | None = None) -> str:
     else:
         kernels = ", its kernels on numba's simulator" if "use_gpu_or_simulator" in lesson.read_text() else ""
         cpu = float(row["cpu_seconds"]) if row.get("cpu_seconds") else None
-        busy = (f" ({cpu:.0f} s of it on a core: other work shared the machine)"
-                if cpu is not None and cpu < SHARED * float(row["seconds"]) else "")
+        seconds = float(row["seconds"])
+        busy = (f" ({cpu:.0f} s of CPU time: other work shared the machine)"
+                if cpu is not None and seconds >= NOTED and cpu < SHARED * seconds else "")
         failed = "" if row["exit_code"] == "0" else ", and failed"
-        text = (f"Running time: {rounded(float(row['seconds']))}{busy} on {row['cpus']} CPU cores without a GPU"
+        text = (f"Running time: {rounded(seconds)}{busy} on {row['cpus']} CPU cores without a GPU"
                 f"{kernels}{failed} (figures/data/cpu_runs.csv, {row['date'][:10]}, commit {row['commit']}).")
     return textwrap.fill(text, WIDTH)
 
