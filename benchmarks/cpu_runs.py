@@ -1,6 +1,6 @@
-"""The README's two commands timed on this machine: the tests, then the lessons, one CSV row each.
+"""The README's commands timed on this machine, one CSV row each: the tests, the lessons, each lesson alone.
 
-    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests|lessons]
+    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests lessons lesson-01 ...]
 
 Run from the repository root in the environment of ``requirements.txt``, without a GPU (the tests'
 kernels then run on numba's simulator, as in CI). Each command runs once, as a user runs it; its wall
@@ -8,6 +8,11 @@ time, and for the tests pytest's counts of passed, failed and skipped tests, go 
 date, the machine, its CPU count, the versions and the commit. The README's Quickstart quotes the
 latest row of each command (``tinyflash.bench.docs.quickstart_costs``). A row replaces the earlier
 row of the same command.
+
+Each lesson is also timed alone (``--only lesson-05 lesson-07``), as a learner runs it: the paragraph of
+its docstring that says how long it runs is written from that row (``tinyflash.bench.lesson_times``). A
+row holds the command's CPU time too (``cpu_seconds``, user and system, of all its processes): where it is
+well below the wall time, other work on the machine had the cores.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import csv
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -29,8 +35,11 @@ from tinyflash.bench.record import environment  # noqa: E402
 
 # the tests first: they check that the README quotes this file, which must not change while they run
 COMMANDS = {"tests": "python -m pytest", "lessons": "python lessons/run_all.py"}
+# each lesson alone, as a learner runs it (lessons/run_all.py's pattern)
+COMMANDS.update({f"lesson-{p.name[:2]}": f"python lessons/{p.name}"
+                 for p in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))})
 FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
-          "failed", "skipped", "exit_code"]
+          "failed", "skipped", "exit_code", "cpu_seconds"]
 
 
 def counts(output: str) -> dict:
@@ -46,24 +55,28 @@ def run(command: str) -> dict:
     """Run ``command`` (its ``python`` is this interpreter) in the repository root; its row."""
     argv = [sys.executable, *command.split()[1:]]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # as a user's shell has it
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CPU time of the processes waited for so far
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
     print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
     found = counts(done.stdout) if "pytest" in command else {"passed": "", "failed": "", "skipped": ""}
     env_row = environment("cpu")
     return {"date": env_row["date"], "machine": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": env_row["numpy"], "numba_cuda": env_row["numba_cuda"],
             "commit": env_row["commit"], "command": command, "seconds": f"{seconds:.1f}", **found,
-            "exit_code": done.returncode}
+            "exit_code": done.returncode, "cpu_seconds": f"{cpu_seconds:.1f}"}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", type=Path, default=ROOT / "figures" / "data" / "cpu_runs.csv",
                     help="where the rows go (a row replaces the earlier row of its command)")
-    ap.add_argument("--only", choices=list(COMMANDS), nargs="+", default=list(COMMANDS),
-                    help="which of the two commands to time (default: both, the tests first)")
+    ap.add_argument("--only", choices=list(COMMANDS), nargs="+", default=list(COMMANDS), metavar="NAME",
+                    help=f"which commands to time, in this order: {', '.join(COMMANDS)} (default: all, the tests "
+                    "first)")
     args = ap.parse_args(argv)
     rows = {}
     if args.csv.exists():

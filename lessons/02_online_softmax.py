@@ -15,7 +15,10 @@ What changed since the last lesson: lesson 01 computed softmax(S) on whole rows,
 build all of S. Here a row is visited in chunks with tinyflash.OnlineSoftmax; lesson 03 does
 the same for a whole tile of rows at once.
 
-Run from the repository root:  python lessons/02_online_softmax.py  (about a second)
+Run from the repository root:  python lessons/02_online_softmax.py
+
+Running time: under a second on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05,
+commit f0aa8df).
 """
 
 # %% [1] Why: softmax needs two things from the whole row

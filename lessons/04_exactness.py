@@ -15,7 +15,10 @@ What changed since the last lesson: no new algorithm. Lesson 03 compared the sta
 only, where the differences are 1e-16; here the same comparison runs in lower precisions, with
 tinyflash.core.tolerance's error metrics and tinyflash.core.tolerance.fa_rule.
 
-Run from the repository root:  python lessons/04_exactness.py  (about a second)
+Run from the repository root:  python lessons/04_exactness.py
+
+Running time: about 1 s on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05, commit
+f0aa8df).
 """
 
 # %% [1] Why: "exact" is a statement about the math

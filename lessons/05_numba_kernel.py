@@ -12,8 +12,8 @@ What you will learn
       an H200 (read from the committed benchmark);
     * that stage 2 was written in five versions (src/tinyflash/forward/kernels/, v1 to v5), each
       one step from the one before and each still runnable: all are checked here, and what each step
-      bought on an H200 is read from the committed measurements. (The registry also lists v6, the
-      tensor-core kernel of stage 3, which takes 16-bit inputs only: lesson 07.)
+      bought on an H200 is read from the committed measurements. (The registry also lists v6 to v10,
+      the tensor-core kernels of stages 3 and 4, which take 16-bit inputs only: lessons 07 and 10.)
 
 What changed since lesson 03: the same loop, the same names (Br, Bc, m_i, l_i, acc), but its
 body runs in parallel: S_ij is split over the threads of a block, and the online-softmax state
@@ -22,6 +22,9 @@ lives in registers. Nothing of size Nq × Nk is ever written to GPU memory (HBM)
 Run from the repository root:  python lessons/05_numba_kernel.py
 Without a GPU it runs the kernels on numba's CUDA simulator (one Python thread per CUDA thread)
 at a tiny size; with a GPU and CuPy it runs them there at a larger one.
+
+Running time: about 10 s (7 s of CPU time: other work shared the machine) on 2 CPU cores without a
+GPU, its kernels on numba's simulator (figures/data/cpu_runs.csv, 2026-12-05, commit f0aa8df).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported
@@ -59,10 +62,10 @@ rng = lesson_rng()  # seeded, the seed printed (TINYFLASH_SEED=n for others)
 # The kernels live in src/tinyflash/forward/kernels/, one file per version, each registered once.
 # Each one is a complete kernel; the next one changes one thing, which the table says:
 print("\n" + VERSIONS.table())
-LATEST = VERSIONS.default("cuda_attention").name  # the registry's rule: what a call that names no kernel runs
-print(f"cuda_attention runs {LATEST} unless told otherwise (kernel='v1' ... '{LATEST}')")
+DEFAULT = VERSIONS.default("cuda_attention").name  # the registry's rule: what a call that names no kernel runs
+print(f"cuda_attention runs {DEFAULT} unless told otherwise (kernel='v1' ... '{DEFAULT}')")
 CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 16, 16)]  # v6 (lesson 07): 16-bit only
-assert CUDA_CORES[-1] == LATEST
+assert CUDA_CORES[-1] == DEFAULT
 
 # %% [2] Code: the simple kernel (v1) beside stage 1's loop, then the fast kernel's phases
 # The kernels are printed from their source files (lib.excerpt), so what you read here is what
@@ -76,8 +79,8 @@ show("kernel v1 (forward/kernels/v1_row_per_thread.py): the same loop, one threa
      excerpt(VERSIONS["v1"].code.make_kernel, "for k_start in range", "m_i = m_new"))
 # v5, the fast kernel: the same loop, each phase a device function named after stage 1's steps;
 # a block's threads share the work of every phase (register tiling, below).
-show(f"kernel {LATEST} (forward/kernels/{VERSIONS[LATEST].module}): the loop as phases",
-     excerpt(VERSIONS[LATEST].code.make_kernel, "for k_start in range", "pv_product("))
+show(f"kernel {DEFAULT} (forward/kernels/{VERSIONS[DEFAULT].module}): the loop as phases",
+     excerpt(VERSIONS[DEFAULT].code.make_kernel, "for k_start in range", "pv_product("))
 print("  phases: load_kv (K_j, V_j into shared memory) -> scores (S_ij = scale·Q_i K_jᵀ) -> mask -> row_max "
       "(m_new) -> rescale (alpha, l_i, acc) -> store_p (P_ij) -> pv_product (acc += P_ij V_j)")
 

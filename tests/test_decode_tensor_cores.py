@@ -1,4 +1,4 @@
-"""The tensor-core split kernel of decoding (decode/tensor_cores.py): tiny on numba's simulator
+"""The tensor-core split kernel of decoding (decode/kernels/tensor_cores.py): tiny on numba's simulator
 (its mma, ldmatrix and cp.async emulated with the real fragment layouts), real sizes on a GPU.
 
 Float16 results are checked by FlashAttention's rule (error at most 2× that of standard attention

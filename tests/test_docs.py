@@ -6,6 +6,10 @@
   count, a power of two (sizes, tiles, head dims, sequence lengths) or one of :data:`NAMED`, each of which
   a file of the project states.
 * The README is a front door: at most 300 lines, the first command on the first screen, its examples run.
+* The indexes are whole: a page's list of contents names every section of it, in order, and
+  docs/notes/README.md has a line for every dated note.
+* Each lesson's docstring says how long it runs in the words :mod:`tinyflash.bench.lesson_times` makes of the
+  record (``figures/data/cpu_runs.csv``), the same command rewriting both.
 """
 
 import os
@@ -16,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyflash.bench import docs
+from tinyflash.bench import docs, lesson_times
 from tinyflash.bench.suites import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +69,29 @@ def test_every_block_is_used_and_every_use_has_a_maker():
     assert len(used) == len(set(used)), "a block appears twice"
 
 
+@pytest.mark.parametrize("lesson", lesson_times.lesson_files(), ids=lambda p: p.name)
+def test_a_lesson_says_how_long_it_runs(lesson):
+    """Its docstring's ``Running time:`` paragraph is what the record says (``python -m tinyflash.bench --docs``)."""
+    assert lesson_times.docstring_paragraph(lesson.read_text()) == lesson_times.running_time(lesson), (
+        "run: python -m tinyflash.bench --docs")
+
+
+def test_the_running_time_reads_the_record():
+    """A row gives the rounded time, its CPU time where other work shared the machine, the cores; no row says how
+    to time the lesson."""
+    lesson = lesson_times.lesson_files()[4]  # lesson 05: its kernels run on the simulator
+    row = {"command": f"python lessons/{lesson.name}", "seconds": "37.4", "cpus": "2", "cpu_seconds": "20.2",
+           "exit_code": "0", "date": "2026-12-05 10:00 UTC", "commit": "abc1234"}
+    said = " ".join(lesson_times.running_time(lesson, [row]).split())
+    assert said.startswith("Running time: about 35 s (20 s of CPU time: other work shared the machine) on 2 CPU "
+                           "cores without a GPU, its kernels on numba's simulator (")
+    alone = " ".join(lesson_times.running_time(lesson, [{**row, "cpu_seconds": "36.0"}]).split())
+    assert alone.startswith("Running time: about 35 s on 2 CPU cores")
+    assert "not timed yet" in lesson_times.running_time(lesson, [])
+    text = f'"""Lesson.\n\n{said}\n"""\nx = 1\n'
+    assert lesson_times.docstring_paragraph(text) == said  # the paragraph ends at the docstring's end
+
+
 def test_render_fills_empty_and_full_blocks_alike():
     text = "a\n<!-- x:start -->\n<!-- x:end -->\nb\n<!-- y:start -->\nold\n<!-- y:end -->\n"
     out = docs.render(text, {"x": "one", "y": "two"})
@@ -99,8 +126,29 @@ def test_links_reach_files_and_headings(path):
         assert where.exists(), target
         if anchor and where.suffix == ".md":
             headings = re.findall(r"^#+ (.+)$", where.read_text(), flags=re.M)
-            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+            slugs = {slug(h) for h in headings}
             assert anchor in slugs, target
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor, as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_contents_list_names_every_section(path):
+    """A page with a list of contents (a list of links to its own headings) lists every ``## `` section, in order."""
+    text = docs.MARKER.sub("", path.read_text())
+    listed = re.findall(r"^\* \[[^\]]+\]\(#([\w-]+)\)$", text, flags=re.M)
+    if listed:
+        assert listed == [slug(h) for h in re.findall(r"^## (.+)$", text, flags=re.M)]
+
+
+def test_every_note_is_indexed():
+    """docs/notes/README.md links every dated note, and every link there is a note."""
+    notes = ROOT / "docs" / "notes"
+    linked = set(re.findall(r"\]\(([\w.-]+\.md)\)", (notes / "README.md").read_text()))
+    assert linked == {p.name for p in notes.glob("[0-9]*.md")}
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

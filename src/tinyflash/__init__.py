@@ -21,13 +21,17 @@ The package is the book; each folder holds one idea:
                 the online softmax, the tolerance rules
     cost/       what attention costs in bytes: the memory of each array, the traffic to and from HBM
     forward/    the forward pass: naive.py, blocked.py, cuda.py (stage 2), tensor_cores.py (stage 3),
-                kernels/ (the kernel versions and their registry)
+                hopper.py (stage 4), kernels/ (the kernel versions v1-v10 and their registry)
     backward/   the backward pass, laid out like forward/
     decode/     decoding with a KV cache: split-KV, grouped-query attention, a paged cache
+    host/       what every GPU entry point does on the CPU, written once: the argument checks, the plan
+                cache, the registry type and its default rules, the launches; under the public functions
+                of forward/, backward/ and decode/, above their kernels and gpu/
     gpu/        the GPU runtime, no attention mathematics: arrays, shared memory, loads, launches, PTX
     warp_tile.py  a warp's tile on the tensor cores (fragments, softmax step, P·V, epilogue), for every
-                tensor-core kernel
+                tensor-core kernel; warpgroup_tile.py, a warpgroup's (wgmma), for the stage-4 kernels
     hardware.py the GPU's facts, asked of the device where it can be
+    torch.py    PyTorch custom operators and autograd over the kernels
 
 Beside the book, the tooling: ``python -m tinyflash.bench`` (benchmarks: check, time, record) and
 ``python -m tinyflash.plots`` (the figures), which no teaching module imports.

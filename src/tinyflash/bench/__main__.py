@@ -1,7 +1,7 @@
 """``python -m tinyflash.bench NAME``: check, then time, then record one benchmark (needs a CUDA GPU and CuPy;
 PyTorch for SDPA's columns and for bfloat16). ``--list`` names the benchmarks, ``--summary CSV`` prints the
-tables of a record file, ``--docs`` rewrites the numbers of README.md and docs/*.md from the record (none of
-the three needs a GPU)."""
+tables of a record file, ``--docs`` rewrites the numbers of README.md and docs/*.md and the lessons' running
+times from the record (none of the three needs a GPU)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--list", action="store_true", help="name every benchmark, its axes and its peers' kinds")
     ap.add_argument("--summary", metavar="CSV", help="print the table of a record file and exit")
     ap.add_argument("--docs", action="store_true",
-                    help="rewrite the generated blocks of README.md and docs/*.md from figures/data/ and exit")
+                    help="rewrite the generated blocks of README.md and docs/*.md and the lessons' running times "
+                    "from figures/data/ and exit")
     ap.add_argument("--csv", help="write the rows here (default: print only)")
     ap.add_argument("--dtype", nargs="+", choices=["float16", "bfloat16", "float32"], help="dtypes to measure")
     ap.add_argument("--d", type=int, nargs="+", help="head dims")
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
         from .docs import write_docs
 
         changed = write_docs()
-        print("\n".join(f"rewrote {p}" for p in changed) or "README.md and docs/ already hold what the record says")
+        print("\n".join(f"rewrote {p}" for p in changed) or "README.md, docs/ and the lessons already hold what the record says")
         return 0
     if args.name is None:
         parser().error("name a benchmark (--list names them)")

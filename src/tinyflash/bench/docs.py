@@ -5,7 +5,9 @@ how each is made. ``python -m tinyflash.bench --docs`` rewrites every block of R
 from the committed CSVs (``figures/data/``) and the cost models; ``tests/test_docs.py`` checks that the
 files hold exactly what it would write, and that no number stands outside a block but the few that
 name things (stages, lessons, head dims, sequence lengths). The dated notes (``docs/notes/``) are a
-record of their day and are not generated.
+record of their day and are not generated. The lessons' running times are written the same way
+(``lesson_times.py``). The tables come from ``tables.py`` and ``sweep_tables.py``, the
+sentences of the cost models from ``model_sentences.py``; the README's and results.md's other sentences are here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from ..backward.kernels import VERSIONS as BACKWARD
 from ..forward.kernels import VERSIONS as FORWARD
-from . import tables
+from . import cells, model_sentences, sweep_tables, tables
 from .record import data_dir, number, read_csv, repository
 from .suites import BENCHMARKS
 
@@ -60,14 +62,14 @@ def headlines() -> str:
     tc = [r for r in ok(record("tensor_cores_h200"), variant="v6")]
     queued, alone = [float(r["vs_baseline"]) for r in tc], [float(r["latency_vs_baseline"]) for r in tc]
     backward = record("backward_h200")
-    bw_eff = [float(tables.find(backward, impl="torch_efficient", dtype="float32", d=r["d"], causal=r["causal"],
+    bw_eff = [float(cells.find(backward, impl="torch_efficient", dtype="float32", d=r["d"], causal=r["causal"],
                                 n_q=r["n_q"])["time_ms"]) / float(r["time_ms"])
               for r in ok(backward, impl="tinyflash", variant="v1", n_q="16384")]
     # the newest run that timed the kernel hopper_attention runs: step 4's, else the ladder's
     hopper = next(rows for rows in map(record, ("hopper_ping_pong_h200", "hopper_h200"))
                   if ok(rows, impl="tinyflash", variant=HOPPER_VERSION))
     runs = ok(hopper, impl="tinyflash", variant=HOPPER_VERSION)
-    cudnn = [float(tables.find(hopper, impl="torch_cudnn", **{k: r[k] for k in ("dtype", "d", "causal", "n_q")})
+    cudnn = [float(cells.find(hopper, impl="torch_cudnn", **{k: r[k] for k in ("dtype", "d", "causal", "n_q")})
                    ["time_ms"]) / float(r["time_ms"]) for r in runs]
     tc_bw, wg_bw = ([float(r["vs_baseline"]) for r in ok(record("backward_tensor_cores_h200"), impl="tinyflash",
                                                          variant=kernel)] for kernel in ("v2", BACKWARD_HOPPER_VERSION))
@@ -98,7 +100,7 @@ def headlines() -> str:
 
 
 def ok(rows, **where):
-    return tables.ok_rows(rows, **where)
+    return cells.ok_rows(rows, **where)
 
 
 # --- docs/results.md --------------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ def sweep_sentences() -> str:
     rows = record("bench_h200")
     at = {}
     for r in ok(rows, impl="tinyflash", variant="v5", n_q="16384"):
-        eff = tables.find(rows, impl="torch_efficient", dtype=r["dtype"], d=r["d"], causal=r["causal"], n_q="16384")
+        eff = cells.find(rows, impl="torch_efficient", dtype=r["dtype"], d=r["d"], causal=r["causal"], n_q="16384")
         at[r["dtype"], r["d"], r["causal"]] = (float(r["tflops"]), float(eff["time_ms"]) / float(r["time_ms"]))
     f32 = {d: [x[1] for k, x in at.items() if k[0] == "float32" and k[1] == d] for d in ("64", "128")}
     beats = all(float(r["time_ms"]) < float(x["time_ms"])
@@ -156,7 +158,7 @@ def tensor_core_sentence() -> str:
     queued = {(r["dtype"], r["d"], r["causal"], r["n_q"]): float(r["vs_baseline"]) for r in v6}
     q1 = [float(r["vs_baseline_q1"]) for r in v6]
     alone = [r for r in v6 if float(r["latency_vs_baseline"]) < 1.0]
-    over_v5 = [float(r["tflops"]) / float(tables.find(rows, variant="v5", dtype=r["dtype"], d=r["d"], causal=r["causal"],
+    over_v5 = [float(r["tflops"]) / float(cells.find(rows, variant="v5", dtype=r["dtype"], d=r["d"], causal=r["causal"],
                                                       n_q=r["n_q"])["tflops"])
                for r in long if r["dtype"] == "float16"]
     slowest = min(queued, key=queued.get)
@@ -174,7 +176,7 @@ def tensor_core_sentence() -> str:
 
 
 def groups_block() -> str:
-    return tables.groups_table(record("tensor_core_tiles_h200"))
+    return sweep_tables.groups_table(record("tensor_core_tiles_h200"))
 
 
 def backward_longest() -> str:
@@ -256,7 +258,7 @@ def deterministic_sentence() -> str:
     cost, causal_cost = [], []
     for r in ok(rows, impl="tinyflash", variant="v2 deterministic"):
         same = {k: r[k] for k in ("dtype", "d", "causal", "batch", "n_q")}
-        base = tables.find(rows, impl="tinyflash", variant="v2", **same)
+        base = cells.find(rows, impl="tinyflash", variant="v2", **same)
         (causal_cost if r["causal"] == "True" else cost).append(float(r["time_ms"]) / float(base["time_ms"]))
     return (f"In deterministic mode (`deterministic=True`) the key tiles add to each query tile's dQ in turn, key "
             f"tile 0 first, counted by one integer per query tile and head, so dq is the same, bit for bit, at every "
@@ -271,7 +273,7 @@ def training_step_sentence() -> str:
     mem = []
     for r in ours:
         same = {k: r[k] for k in ("dtype", "d", "causal", "batch", "n_q")}
-        mem.append(number(r, "peak_bytes") / number(tables.find(rows, impl="torch_flash", **same), "peak_bytes"))
+        mem.append(number(r, "peak_bytes") / number(cells.find(rows, impl="torch_flash", **same), "peak_bytes"))
     met = min(float(r["vs_baseline"]) for r in ours) >= 1
     return (f"A training step through `tinyflash.torch.attention` runs at {span([float(r['vs_baseline']) for r in ours])} "
             f"the speed of SDPA flash's, calls queued, with {span(mem, '{:.2f}')} of its peak memory ({len(ours)} "
@@ -292,7 +294,7 @@ def decode_call_bar() -> str:
     graphs = []
     for r in ok(rows, impl="split_kv", variant="whole call, CUDA graph"):
         same = {k: r[k] for k in ("dtype", "batch", "n_k")}
-        graphs.append(float(tables.find(rows, impl="torch_flash", variant="CUDA graph", **same)["time_ms"])
+        graphs.append(float(cells.find(rows, impl="torch_flash", variant="CUDA graph", **same)["time_ms"])
                       / float(r["time_ms"]))
     graphs_vs_flash = [float(r["vs_baseline"]) for r in ok(rows, impl="split_kv", variant="whole call, CUDA graph")]
     short = [float(r["vs_baseline"]) for r in ok(rows, impl="split_kv", variant="whole call")
@@ -318,72 +320,6 @@ def accuracy_block() -> str:
 
 def cold_start_block() -> str:
     return tables.cold_start_table(record("cold_start_h200"))
-
-
-# --- the figures' captions: from the models ---------------------------------------------------------------
-
-
-def memory_fit() -> str:
-    from ..cost.memory import attention_memory, format_bytes, max_sequence_length
-    from ..hardware import CONSUMER_CARD_BYTES, H200
-
-    m = attention_memory(32_768, 128, heads=32, dtype="float16")
-    return (f"For 32 heads, S and P in float16 fit in 24 GiB only up to N = "
-            f"{max_sequence_length(CONSUMER_CARD_BYTES, heads=32):,} and in the H200's "
-            f"{H200.memory_bytes / 1e9:.0f} GB up to N = {max_sequence_length(H200.memory_bytes, heads=32):,}: at "
-            f"N = 32,768 the scores alone take {format_bytes(m.scores)}, S and P {format_bytes(m.logits_and_probabilities)}, "
-            f"where FlashAttention keeps O and lse, {format_bytes(m.o + m.lse)}.")
-
-
-def traffic() -> str:
-    from ..cost.traffic import HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, tile_sizes, traffic_crossover, traffic_ratio
-    from ..plots.traffic import TRAFFIC_M_N
-
-    cross = traffic_crossover(TRAFFIC_M_N, 64)
-    br, bc = tile_sizes(cross, 64)
-    return (f"At N = 131,072 standard attention moves {traffic_ratio(131_072, 64, SRAM_ELEMENTS):.1f}× the bytes of "
-            f"FlashAttention with 64 × 64 tiles (M = {SRAM_ELEMENTS:,}) and {traffic_ratio(131_072, 64, HOPPER_SRAM_ELEMENTS):.1f}× "
-            f"with an H200 multiprocessor's shared memory (M = {HOPPER_SRAM_ELEMENTS:,}). At N = {TRAFFIC_M_N:,}, below "
-            f"M = {cross:,} elements (tiles smaller than {br} × {bc}) FlashAttention would move more bytes than "
-            "standard attention.")
-
-
-def cpu_memory() -> str:
-    from ..cost.memory import blocked_workspace_bytes, format_bytes
-    from ..plots.memory import CPU_BLOCK
-
-    rows = [r for r in record("memory_cpu_measured") if r["stage"] == "blocked"]
-    off = [int(r["measured_peak_bytes"]) / int(r["model_bytes"]) - 1 for r in rows]
-    return (f"The blocked stage runs here with Br = Bc = {CPU_BLOCK}: the temporaries of its loop then peak at "
-            f"{format_bytes(blocked_workspace_bytes(CPU_BLOCK, CPU_BLOCK, 64))} (the model of "
-            "``cost.memory.blocked_workspace_bytes``: three score tiles and an accumulator while the next tile's "
-            f"scores are made), the same at every N; measured, it lies within {100 * max(map(abs, off)):.1f} % of "
-            "that model plus O and lse, at every N.")
-
-
-def training_memory() -> str:
-    rows = {(r["stage"], int(r["n"])): r for r in record("training_memory")}
-    naive, flash, flash_16k = rows["naive", 4096], rows["flash", 4096], rows["flash", 16384]
-
-    def mib(r, key):
-        return f"{int(r[key]) / 2**20:.{1 if int(r[key]) > 10 * 2**20 else 2}f} MiB"
-
-    return (f"At N = 4,096 the naive stage kept {mib(naive, 'kept_bytes')} for the backward (S, P and O) and its "
-            f"backward peaked at {mib(naive, 'backward_peak_bytes')}; FlashAttention kept {mib(flash, 'kept_bytes')} "
-            f"(O and lse) and its backward peaked at {mib(flash, 'backward_peak_bytes')}, and at "
-            f"{mib(flash_16k, 'backward_peak_bytes')} at N = 16,384.")
-
-
-def kv_cache() -> str:
-    from ..cost.memory import format_bytes
-    from ..decode.cache_memory import kv_cache_bytes
-    from ..hardware import H200
-
-    size = {h: kv_cache_bytes(layers=32, kv_heads=h, head_dim=128, context=131_072) for h in (32, 8, 1)}
-    return (f"At 131,072 tokens, 32 layers, d = 128: {format_bytes(size[32])} with multi-head attention, "
-            f"{format_bytes(size[8])} with 8 K/V heads, {format_bytes(size[1])} with one, half of each in int8; the "
-            f"H200's {H200.memory_bytes / 1e9:.0f} GB hold the multi-head cache of {H200.memory_bytes // size[32]} "
-            "such sequences.")
 
 
 # --- docs/measuring.md, docs/reproducing.md ---------------------------------------------------------------
@@ -423,8 +359,9 @@ BLOCKS = {
     "deterministic": deterministic_sentence, "training-step": table("training_step_h200"),
     "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": table("decode_whole_call_h200"),
     "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,
-    "gpu-tests": gpu_tests, "memory-fit": memory_fit, "traffic": traffic, "cpu-memory": cpu_memory, "training-memory": training_memory,
-    "kv-cache": kv_cache, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
+    "gpu-tests": gpu_tests, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
+    "memory-fit": model_sentences.memory_fit, "traffic": model_sentences.traffic, "cpu-memory": model_sentences.cpu_memory,
+    "training-memory": model_sentences.training_memory, "kv-cache": model_sentences.kv_cache,
 }
 
 
@@ -445,7 +382,10 @@ def blocks_in(text: str) -> dict:
 
 
 def write_docs() -> list[Path]:
-    """Rewrite the blocks of README.md and docs/*.md from the record; returns the files that changed."""
+    """Rewrite the blocks of README.md and docs/*.md, and the lessons' running times (``lesson_times``), from the
+    record; returns the files that changed."""
+    from .lesson_times import write_lessons
+
     made = {name: maker() for name, maker in BLOCKS.items()}
     changed = []
     for path in doc_files():
@@ -454,4 +394,4 @@ def write_docs() -> list[Path]:
         if new != text:
             path.write_text(new)
             changed.append(path)
-    return changed
+    return changed + write_lessons()

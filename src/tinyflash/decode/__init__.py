@@ -3,9 +3,11 @@
     split_kv.py     split the keys, attend each split, combine the partial (O, lse) exactly (NumPy),
                     and how many splits to take (choose_num_splits)
     paged.py        a paged cache (pages in one pool + a block table per sequence) and its NumPy attention
-    kernels.py      the split kernel (GQA heads packed into one block; contiguous or paged cache)
-                    and the combine kernel, numba.cuda
-    cuda.py         their host wrappers: cuda_split_kv_attention, cuda_paged_attention
+    kernels/        the split kernels (GQA heads packed into one block; contiguous or paged cache), on
+                    the tensor cores and on the CUDA cores, their registry, and the combine kernel
+    cuda.py         the public functions on the GPU, cuda_split_kv_attention and cuda_paged_attention (and
+                    prepare_split_kv, prepare_paged for a decode loop): the checks, the plans, the launches of
+                    both kernels, the combine launched to overlap the split kernel's end on Hopper
     cache_memory.py bytes of a KV cache for a model shape
 
 The combine uses the online softmax's rescaling from ``tinyflash.core.online_softmax``; the

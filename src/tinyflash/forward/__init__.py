@@ -2,7 +2,12 @@
 
     naive.py     stage 0: the textbook formula (and, in float64, the reference every stage is checked against)
     blocked.py   stage 1: FlashAttention's tiled loop with the online softmax, in NumPy
-    cuda.py      stage 2: the host wrapper of the numba.cuda kernels
-    tensor_cores.py  stage 3: the host wrapper of the tensor-core kernel (v6)
-    kernels/     the kernels, one file per version (v1-v5: stage 2; v6: stage 3), and their registry
+    cuda.py      stage 2: cuda_attention, on the CUDA cores (kernels v1-v5)
+    tensor_cores.py  stage 3: tensor_core_attention, on the tensor cores' mma.sync (kernel v6)
+    hopper.py    stage 4: hopper_attention, on Hopper's wgmma, TMA, warp specialisation, ping-pong (v7-v10)
+    kernels/     the kernels, one file per version (v1-v5: stage 2; v6: stage 3; v7-v10: stage 4), their
+                 tilings and their registry, whose rules say which version each function runs by default
+
+cuda.py, tensor_cores.py and hopper.py hold the public functions and their contracts; what they do on the CPU
+(check the arguments, find the call's plan, allocate, launch) is the host layer's (``tinyflash.host``).
 """
