@@ -13,7 +13,7 @@ import tinyflash as tf
 from tinyflash.backward.kernels import VERSIONS, tiling
 from tinyflash.core.tolerance import assert_close, assert_fa_rule
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 F32_GRAD_TOL = 1e-4  # float32 gradients against the float64 reference and against stage 1
 GRAD_FACTOR = 3.0  # FlashAttention's rule for float16 gradients
 

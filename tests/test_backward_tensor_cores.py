@@ -19,7 +19,7 @@ from tinyflash.core.tolerance import assert_fa_rule
 from tinyflash.gpu.launch import LaunchArgs
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 GRAD_FACTOR = 3.0  # FlashAttention's rule for 16-bit gradients
 
 

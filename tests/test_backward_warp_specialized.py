@@ -24,7 +24,7 @@ from tinyflash.backward.kernels import VERSIONS
 from tinyflash.backward.kernels import tma_tiling
 from tinyflash.backward.kernels.tma_tiling import BackwardTmaTiling, default_tiling
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 
 
 def problem(rng, lead_q, lead_kv, n_q, n_k, d, causal):

@@ -19,7 +19,7 @@ from tinyflash.forward.kernels import LATEST, VERSIONS, tiling, v1_row_per_threa
 from tinyflash.gpu import arrays, launch, runtime
 from tinyflash.hardware import STATIC_SMEM_PER_BLOCK
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts(np.float32, 8, 8)]  # v1-v5; v6: test_tensor_core.py
 TILED = [name for name in CUDA_CORES if "config" in VERSIONS[name].options]  # the register-tiled versions
 SHAPES = [(1, 1), (7, 7), (8, 8), (9, 17), (17, 9), (48, 48), (33, 20), (20, 33)]

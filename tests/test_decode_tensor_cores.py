@@ -27,6 +27,7 @@ def run_prepared(prepared):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("n_q, n_k, d, num_splits, causal, tiling", [
     (3, 100, 64, 1, True, (16, 3)),  # speculative decoding, causal; 7 tiles through a ring of 3; ragged last tile
     (1, 20, 64, 5, False, (16, 2)),  # 5 splits of one tile (16 keys) for 20 keys: empty splits
@@ -45,6 +46,7 @@ def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits,
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("h, n_q, n_k, d, num_splits, causal, paged", [
     (4, 1, 40, 64, 3, False, False),  # GQA 2 per K/V head, 3 splits: the last to finish merges
     (4, 2, 45, 128, 8, True, False),  # causal, 8 splits (the most), some of them empty
@@ -88,6 +90,7 @@ def test_merge_is_refused_past_its_limits(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_tensor_core_kernel_row_chunks(rng):
     """MQA with 18 query heads: 18 packed rows, two chunks of the mma's 16 rows (the second with 2)."""
     q, k, v = decode_inputs(rng, 1, 18, 1, 1, 21, 64, np.float16)
@@ -97,6 +100,7 @@ def test_tensor_core_kernel_row_chunks(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("page_size, d", [(4, 64), (5, 64), (4, 96), (5, 40)])
 def test_tensor_core_paged_kernel_on_the_simulator(rng, page_size, d):
     """Ragged lengths through a random block table, causal with 2 queries: pages of 4 tokens (a tile
@@ -234,6 +238,7 @@ def overlapped_calls_equal_the_plain_one(rng, kernel, batch, heads, kv_heads, n_
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_the_overlapping_combine_on_the_simulator(rng):
     """The kernel that waits for the split kernel (its wait emulated: the simulator runs one grid after another)."""
     overlapped_calls_equal_the_plain_one(rng, "tensor_cores", 1, 4, 2, 70, 64, 2)

@@ -23,7 +23,7 @@ from tinyflash.forward.kernels.hopper_tiling import HopperTiling
 from tinyflash.forward.kernels.tma_tiling import TmaTiling
 from tinyflash.gpu.runtime import simulator_enabled
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 HOPPER = [name for name in VERSIONS if int(name[1:]) >= 7]  # the wgmma kernels
 ENTRY = hopper.VERSION  # what hopper_attention runs
 

@@ -20,7 +20,7 @@ from tinyflash.gpu.launch import LaunchArgs
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 from tinyflash.warp_tile import RESCALE_LOG2
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 
 
 def check(o, lse, q, k, v, causal, what):
