@@ -50,6 +50,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist worker: its count goes to the controller, which prints the line
+        output["grid_left_out"] = session.config.stash.get(GRID_LEFT_OUT, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker's count (each worker collects every test, so any one's will do)."""
+    node.config.stash[GRID_LEFT_OUT] = getattr(node, "workeroutput", {}).get("grid_left_out", 0)
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """One line on what the tier left out, and how to run it."""
     left_out = config.stash.get(GRID_LEFT_OUT, 0)
