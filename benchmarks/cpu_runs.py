@@ -1,13 +1,16 @@
-"""The README's two commands timed on this machine: the tests, then the lessons, one CSV row each.
+"""The README's commands timed on this machine, one CSV row each: the tests' two tiers, then the lessons.
 
-    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests|lessons]
+    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests grid lessons]
 
+``tests`` is the first tier (``python -m pytest``), ``grid`` every test that runs without a GPU, on every
+core (``python -m pytest --grid -n auto``, what CI runs), ``lessons`` ``python lessons/run_all.py``.
 Run from the repository root in the environment of ``requirements.txt``, without a GPU (the tests'
-kernels then run on numba's simulator, as in CI). Each command runs once, as a user runs it; its wall
-time, and for the tests pytest's counts of passed, failed and skipped tests, go into a row with the
-date, the machine, its CPU count, the versions and the commit. The README's Quickstart quotes the
-latest row of each command (``tinyflash.bench.docs.quickstart_costs``). A row replaces the earlier
-row of the same command.
+kernels then run on numba's simulator, as in CI), on an otherwise idle machine. Each command runs once,
+as a user runs it; its wall time, and for the tests pytest's counts of passed, failed and skipped tests
+and of the grid's tests it left out, go into a row with the date, the machine, its CPU count, the
+versions and the commit. The README's Quickstart quotes the latest row of each command
+(``tinyflash.bench.docs.quickstart_costs``). A row replaces the earlier row of the same command. The
+tests check that the README quotes this file, so it is written only once no test command is left to run.
 """
 
 from __future__ import annotations
@@ -27,19 +30,20 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tinyflash.bench.record import environment  # noqa: E402
 
-# the tests first: they check that the README quotes this file, which must not change while they run
-COMMANDS = {"tests": "python -m pytest", "lessons": "python lessons/run_all.py"}
+COMMANDS = {"tests": "python -m pytest", "grid": "python -m pytest --grid -n auto", "lessons": "python lessons/run_all.py"}
 FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
-          "failed", "skipped", "exit_code"]
+          "failed", "skipped", "left_out", "exit_code"]
 
 
 def counts(output: str) -> dict:
-    """pytest's closing line ('872 passed, 291 skipped in 551.2s') as numbers; zeros where absent."""
+    """pytest's closing line ('872 passed, 291 skipped in 551.2s') as numbers, and the tests of the grid it left
+    out (its line 'left out: 1,105 tests of the exhaustive grid ...'); zeros where absent."""
     last = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     found = dict.fromkeys(("passed", "failed", "skipped"), 0)
     for n, what in re.findall(r"(\d+) (passed|failed|skipped)", last[-1] if last else ""):
         found[what] = int(n)
-    return found
+    left_out = re.search(r"^left out: ([\d,]+) tests", output, flags=re.M)
+    return {**found, "left_out": int(left_out.group(1).replace(",", "")) if left_out else 0}
 
 
 def run(command: str) -> dict:
@@ -50,7 +54,7 @@ def run(command: str) -> dict:
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
-    found = counts(done.stdout) if "pytest" in command else {"passed": "", "failed": "", "skipped": ""}
+    found = counts(done.stdout) if "pytest" in command else dict.fromkeys(("passed", "failed", "skipped", "left_out"), "")
     env_row = environment("cpu")
     return {"date": env_row["date"], "machine": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": env_row["numpy"], "numba_cuda": env_row["numba_cuda"],
@@ -63,21 +67,22 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", type=Path, default=ROOT / "figures" / "data" / "cpu_runs.csv",
                     help="where the rows go (a row replaces the earlier row of its command)")
     ap.add_argument("--only", choices=list(COMMANDS), nargs="+", default=list(COMMANDS),
-                    help="which of the two commands to time (default: both, the tests first)")
+                    help="which commands to time, in this order (default: all, the tests first)")
     args = ap.parse_args(argv)
     rows = {}
     if args.csv.exists():
         with open(args.csv, newline="") as f:
             rows = {r["command"]: r for r in csv.DictReader(f)}
     failed = False
-    for name in args.only:
+    for i, name in enumerate(args.only):
         row = run(COMMANDS[name])
         failed |= row["exit_code"] != 0
         rows[row["command"]] = row
-        with open(args.csv, "w", newline="") as f:  # after each command: a run cut short keeps what it measured
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(rows[c] for c in sorted(rows))
+        if not any("pytest" in COMMANDS[later] for later in args.only[i + 1:]):  # no test reads it any more: a
+            with open(args.csv, "w", newline="") as f:  # run cut short later keeps what it measured
+                writer = csv.DictWriter(f, fieldnames=FIELDS)
+                writer.writeheader()
+                writer.writerows(rows[c] for c in sorted(rows))
         print(f"{row['command']}: {row['seconds']} s, exit code {row['exit_code']}", flush=True)
     return 1 if failed else 0
 
