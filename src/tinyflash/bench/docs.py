@@ -47,15 +47,13 @@ def quickstart_costs() -> str:
         return f"{float(seconds):.0f} seconds" if float(seconds) < 90 else f"{float(seconds) / 60:.0f} minutes"
 
     def counted(row: dict) -> str:
-        found = [f"{int(row[what]):,} {what}" for what in ("passed", "failed", "skipped") if int(row[what] or 0)]
-        if int(row.get("left_out") or 0):
-            found.append(f"{int(row['left_out']):,} of the grid left out")
-        return ", ".join(found) + ("" if row["exit_code"] == "0" else ", and it failed")
+        found = [f"{int(row.get(what) or 0):,} {what}" for what in ("passed", "failed", "skipped", "left_out")]
+        return ", ".join(f for f in found if not f.startswith("0 ")).replace("left_out", "of the grid left out")
 
-    first = tests[0]
-    return (f"On {first['cpus']} CPU cores ({first['machine']}, {first['date'][:10]}) the lessons took "
+    return (f"On {tests[0]['cpus']} CPU cores ({tests[0]['machine']}, {tests[0]['date'][:10]}) the lessons took "
             f"{took(lessons['seconds'])}" + ("" if lessons["exit_code"] == "0" else " and failed") + "; "
-            + "; ".join(f"`{r['command']}` {took(r['seconds'])} ({counted(r)})" for r in tests)
+            + "; ".join(f"`{r['command']}` {took(r['seconds'])} ({counted(r)}" + (")" if r["exit_code"] == "0" else
+                        ", and it failed)") for r in tests)
             + ". The skipped tests need a GPU.")
 
 
