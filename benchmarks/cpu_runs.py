@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tinyflash.bench.record import environment  # noqa: E402
 
-COMMANDS = {"tests": "python -m pytest", "grid": "python -m pytest --grid -n auto", "lessons": "python lessons/run_all.py"}
+COMMANDS = {"tests": "python -m pytest", "grid": "python -m pytest --grid -n auto",
+            "lessons": "python lessons/run_all.py"}
 FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
           "failed", "skipped", "left_out", "exit_code"]
 
@@ -54,7 +55,8 @@ def run(command: str) -> dict:
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
-    found = counts(done.stdout) if "pytest" in command else dict.fromkeys(("passed", "failed", "skipped", "left_out"), "")
+    blank = dict.fromkeys(("passed", "failed", "skipped", "left_out"), "")
+    found = counts(done.stdout) if "pytest" in command else blank
     env_row = environment("cpu")
     return {"date": env_row["date"], "machine": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": env_row["numpy"], "numba_cuda": env_row["numba_cuda"],

@@ -43,7 +43,8 @@ FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "commit", "f
           "skipped", "errors", "seconds"]
 # the GPU suite: every test file with a test marked gpu or simulator (tests/test_commands.py checks it), and those
 # that check the GPU's instructions, its launches and the kernel cache where a GPU runs them
-FILES = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py", "tests/test_nonfinite.py", "tests/test_kernel_versions.py",
+FILES = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py", "tests/test_nonfinite.py",
+         "tests/test_kernel_versions.py",
          "tests/test_tensor_core_gpu.py", "tests/test_tensor_core_ptx.py", "tests/test_tensor_core.py",
          "tests/test_tensor_core_head_dims.py", "tests/test_docs.py", "tests/test_backward_gpu.py",
          "tests/test_backward_kernel.py", "tests/test_gqa.py", "tests/test_bfloat16_cuda_cores.py",
@@ -136,8 +137,9 @@ def estimate(group: list[str], per_test: dict) -> float:
 
 
 def test_env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-            "PYTHONUNBUFFERED": "1"}
+    """The environment of the pytest processes: this checkout's src/ first on PYTHONPATH, output unbuffered."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 def outcome(case: ET.Element) -> str:

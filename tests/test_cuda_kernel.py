@@ -69,7 +69,8 @@ def test_fast_kernel_leading_dims_float16(rng, lead):
 
 @pytest.mark.parametrize("kernel", CUDA_CORES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n_q, n_k, dtype", [(17, 9, np.float32), (9, 40, np.float32), (24, 24, np.float16)])
+# float32 with Nq > Nk (and causal, grouped heads): every version in test_kernel_versions.py
+@pytest.mark.parametrize("n_q, n_k, dtype", [(9, 40, np.float32), (24, 24, np.float16)])
 def test_every_version(rng, kernel, n_q, n_k, dtype, causal):
     """Every registered version computes the same thing: ragged tiles, Nq != Nk, d != dv, float16."""
     q, k, v = make_qkv(rng, (2,), n_q, n_k, d=8, d_v=5, dtype=dtype)

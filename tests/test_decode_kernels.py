@@ -88,6 +88,7 @@ def test_the_ring_wraps_on_the_simulator(rng, paged, row_bytes):
 
 @pytest.mark.simulator
 @pytest.mark.grid
+# slow on the simulator (three sequences, two splits each): ragged lengths need several sequences
 def test_paged_kernel_on_the_simulator(rng):
     """Ragged lengths through a random block table (pages of 4 tokens), causal, float16."""
     q, k, v = decode_inputs(rng, 3, 4, 2, 2, 30, 8, np.float16)
