@@ -1,13 +1,16 @@
-"""The README's commands timed on this machine, one CSV row each: the tests, the lessons, each lesson alone.
+"""The README's commands timed on this machine, one CSV row each: the tests' two tiers, the lessons, each lesson alone.
 
-    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests lessons lesson-01 ...]
+    python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests grid lessons lesson-01 ...]
 
+``tests`` is the first tier (``python -m pytest``), ``grid`` every test that runs without a GPU, on every
+core (``python -m pytest --grid -n auto``, what CI runs), ``lessons`` ``python lessons/run_all.py``.
 Run from the repository root in the environment of ``requirements.txt``, without a GPU (the tests'
-kernels then run on numba's simulator, as in CI). Each command runs once, as a user runs it; its wall
-time, and for the tests pytest's counts of passed, failed and skipped tests, go into a row with the
-date, the machine, its CPU count, the versions and the commit. The README's Quickstart quotes the
-latest row of each command (``tinyflash.bench.docs.quickstart_costs``). A row replaces the earlier
-row of the same command.
+kernels then run on numba's simulator, as in CI), on an otherwise idle machine. Each command runs once,
+as a user runs it; its wall time, and for the tests pytest's counts of passed, failed and skipped tests
+and of the grid's tests it left out, go into a row with the date, the machine, its CPU count, the
+versions and the commit. The README's Quickstart quotes the latest row of each command
+(``tinyflash.bench.docs.quickstart_costs``). A row replaces the earlier row of the same command. The
+tests check that the README quotes this file, so it is written only once no test command is left to run.
 
 Each lesson is also timed alone (``--only lesson-05 lesson-07``), as a learner runs it: the paragraph of
 its docstring that says how long it runs is written from that row (``tinyflash.bench.lesson_times``). A
@@ -34,21 +37,24 @@ sys.path.insert(0, str(ROOT / "src"))
 from tinyflash.bench.record import environment  # noqa: E402
 
 # the tests first: they check that the README quotes this file, which must not change while they run
-COMMANDS = {"tests": "python -m pytest", "lessons": "python lessons/run_all.py"}
+COMMANDS = {"tests": "python -m pytest", "grid": "python -m pytest --grid -n auto",
+            "lessons": "python lessons/run_all.py"}
 # each lesson alone, as a learner runs it (lessons/run_all.py's pattern)
 COMMANDS.update({f"lesson-{p.name[:2]}": f"python lessons/{p.name}"
                  for p in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))})
 FIELDS = ["date", "machine", "cpus", "python", "numpy", "numba_cuda", "commit", "command", "seconds", "passed",
-          "failed", "skipped", "exit_code", "cpu_seconds"]
+          "failed", "skipped", "left_out", "exit_code", "cpu_seconds"]
 
 
 def counts(output: str) -> dict:
-    """pytest's closing line ('872 passed, 291 skipped in 551.2s') as numbers; zeros where absent."""
+    """pytest's closing line ('872 passed, 291 skipped in 551.2s') as numbers, and the tests of the grid it left
+    out (its line 'left out: 1,105 tests of the exhaustive grid ...'); zeros where absent."""
     last = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     found = dict.fromkeys(("passed", "failed", "skipped"), 0)
     for n, what in re.findall(r"(\d+) (passed|failed|skipped)", last[-1] if last else ""):
         found[what] = int(n)
-    return found
+    left_out = re.search(r"^left out: ([\d,]+) tests", output, flags=re.M)
+    return {**found, "left_out": int(left_out.group(1).replace(",", "")) if left_out else 0}
 
 
 def run(command: str) -> dict:
@@ -62,7 +68,8 @@ def run(command: str) -> dict:
     now = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_seconds = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
     print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
-    found = counts(done.stdout) if "pytest" in command else {"passed": "", "failed": "", "skipped": ""}
+    blank = dict.fromkeys(("passed", "failed", "skipped", "left_out"), "")
+    found = counts(done.stdout) if "pytest" in command else blank
     env_row = environment("cpu")
     return {"date": env_row["date"], "machine": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": env_row["numpy"], "numba_cuda": env_row["numba_cuda"],
@@ -83,14 +90,15 @@ def main(argv=None) -> int:
         with open(args.csv, newline="") as f:
             rows = {r["command"]: r for r in csv.DictReader(f)}
     failed = False
-    for name in args.only:
+    for i, name in enumerate(args.only):
         row = run(COMMANDS[name])
         failed |= row["exit_code"] != 0
         rows[row["command"]] = row
-        with open(args.csv, "w", newline="") as f:  # after each command: a run cut short keeps what it measured
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(rows[c] for c in sorted(rows))
+        if not any("pytest" in COMMANDS[later] for later in args.only[i + 1:]):  # no test reads it any more: a
+            with open(args.csv, "w", newline="") as f:  # run cut short later keeps what it measured
+                writer = csv.DictWriter(f, fieldnames=FIELDS)
+                writer.writeheader()
+                writer.writerows(rows[c] for c in sorted(rows))
         print(f"{row['command']}: {row['seconds']} s, exit code {row['exit_code']}", flush=True)
     return 1 if failed else 0
 

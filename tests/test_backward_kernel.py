@@ -13,7 +13,7 @@ import tinyflash as tf
 from tinyflash.backward.kernels import VERSIONS, tiling
 from tinyflash.core.tolerance import assert_close, assert_fa_rule
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 F32_GRAD_TOL = 1e-4  # float32 gradients against the float64 reference and against stage 1
 GRAD_FACTOR = 3.0  # FlashAttention's rule for float16 gradients
 
@@ -112,6 +112,7 @@ def test_configs_are_valid_for_every_head_dim():
 
 
 
+# slow on the simulator (128 threads a block, 64 × 64 tiles, two of each): the only run of the GPU's tiling there
 def test_the_gpu_tiling_on_the_simulator(rng):
     """The tiling a GPU runs at d = 64 (64 × 64 tiles, 128 threads, float16 read 4 elements per load),
     on two ragged query and key tiles, causal: the index arithmetic the CI would otherwise never run."""

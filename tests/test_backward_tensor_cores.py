@@ -20,7 +20,7 @@ from tinyflash.core.tolerance import assert_fa_rule
 from tinyflash.gpu.launch import LaunchArgs
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 GRAD_FACTOR = 3.0  # FlashAttention's rule for 16-bit gradients
 
 
@@ -136,6 +136,7 @@ def test_bad_inputs_are_refused_before_a_launch(rng):
         tf.tensor_core_attention_backward(q, k, v, o, lse, o, causal="yes")
 
 
+# slow on the simulator (two warps, 37 keys in three tiles): the split of dQ_i between warps needs both
 def test_warps_share_dq_by_columns(rng):
     """Two warps on one 16-row query tile: each takes half of dQ_i's columns (the tiling of 8 warps, BR = 64)."""
     cfg = BackwardTensorCoreTiling(D=64, WARPS=2, BR=16).validate()
@@ -154,6 +155,8 @@ def test_tilings():
 
 
 @pytest.mark.parametrize("n_q, n_k, causal", [(34, 20, True), (20, 34, True)])  # without the mask: the GPU tests
+# slow on the simulator (two heads, three tiles a side): every key tile's turn must come, on both sides of the
+# diagonal
 def test_deterministic_mode(rng, n_q, n_k, causal):
     """dQ added in key-tile order: the same gradients within the rule, grouped heads and ragged tiles included,
     and every key tile's turn comes (a wrong count would wait for ever): Nq > Nk, where the first queries see no

@@ -23,7 +23,7 @@ from tinyflash.backward.kernels import VERSIONS
 from tinyflash.backward.kernels import tma_tiling
 from tinyflash.backward.kernels.tma_tiling import BackwardTmaTiling, default_tiling
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 
 
 def problem(rng, lead_q, lead_kv, n_q, n_k, d, causal):
@@ -60,6 +60,7 @@ def test_grouped_heads_wrap_the_ring_of_stages(rng):
     check(inputs, grads, True, "v4 GQA 3/1")
 
 
+# slow on the simulator (256 threads a block, four blocks): the order needs two heads of two key tiles each
 def test_causal_blocks_longest_first(rng):
     """Causal over two K/V heads of two key tiles: the blocks take (head, key tile) in longest_first's order
     ((0, 0), (1, 0), (0, 1), (1, 1)), not the grid's; every gradient as the reference's."""
@@ -115,6 +116,7 @@ def test_two_consumer_warpgroups(rng):
 
 
 @pytest.mark.parametrize("dq_by_tma", [False, True])
+# slow on the simulator (384 threads a block): the GPU's tiling at d = 64, which no smaller tiling stands for
 def test_query_tiles_of_128_rows(rng, dq_by_tma):
     """The GPU's tiling at d = 64: query tiles of 128 rows, the two consumer warpgroups splitting dQ_i's rows
     (each reads its 64-query half of dSᵀ); ragged on both sides, causal; dQ_i by atomics or by TMA."""

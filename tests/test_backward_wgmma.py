@@ -16,7 +16,7 @@ import tinyflash as tf
 from tinyflash.backward.kernels import VERSIONS
 from tinyflash.backward.kernels.hopper_tiling import BackwardHopperTiling, default_tiling
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 
 
 def gradients(rng, lead_q, lead_kv, n_q, n_k, d, causal, **options):

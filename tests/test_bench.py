@@ -262,6 +262,7 @@ def test_runner_checks_first_times_what_passed_and_compares_with_the_baseline(mo
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_the_forward_peers_compute_attention(rng):
     """What `python -m tinyflash.bench versions | vector | tiles | sweep` measure, each peer made once on tiny
     NumPy inputs (on the simulator without a GPU): every one passes the check the runner makes."""

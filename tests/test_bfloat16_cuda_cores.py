@@ -20,7 +20,7 @@ from tinyflash.decode.paged import PagedKVCache, to_paged
 from tinyflash.forward.kernels import VERSIONS
 from tinyflash.gpu.ptx_emulation import from_bits, to_bits
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 CUDA_CORES = [name for name, v in VERSIONS.items() if v.accepts("bfloat16", 8, 5)]  # v1-v5 (v6: d = dv = 64, 128)
 
 

@@ -58,7 +58,8 @@ def test_bench_list_names_every_benchmark(capsys):
     assert all(f"{name} " in out and bench.doc in out for name, bench in BENCHMARKS.items())
 
 
-SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -71,17 +72,42 @@ def test_every_benchmark_script_answers_help_without_a_gpu(script, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_gpu_session_runs_every_file_with_gpu_tests():
+def gpu_tests_module():
     import importlib.util
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("gpu_tests", root / "benchmarks" / "gpu_tests.py")
+    spec = importlib.util.spec_from_file_location("gpu_tests", ROOT / "benchmarks" / "gpu_tests.py")
     gpu_tests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_tests)
-    grouped = {f for group in gpu_tests.GROUPS for f in group.split()}
-    marked = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py") if "mark.gpu" in p.read_text()}
-    assert marked <= grouped, sorted(marked - grouped)
-    assert all((root / f).exists() for f in grouped)
+    return gpu_tests
+
+
+def test_the_gpu_session_runs_every_file_with_gpu_tests():
+    """The GPU suite holds every file with a test that runs kernels: marked gpu, or simulator (on a GPU, there)."""
+    files = set(gpu_tests_module().FILES)
+    marked = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
+              if "mark.gpu" in p.read_text() or "mark.simulator" in p.read_text()}
+    assert marked <= files, sorted(marked - files)
+    assert all((ROOT / f).exists() for f in files)
+
+
+def test_the_gpu_suite_splits_into_balanced_parts():
+    """Parts of whole files, each in groups of nearly equal estimated seconds; every test in exactly one group;
+    a file that fits in a group is not split."""
+    gpu_tests = gpu_tests_module()
+    ids = [f"tests/test_{f}.py::test_{t}[{c}]" for f, t, n in (("a", "x", 40), ("a", "y", 2), ("b", "x", 30),
+                                                                ("c", "z", 3), ("d", "w", 1))
+           for c in range(n)]
+    per_test = {"tests/test_a.py": 2.0, "tests/test_b.py": 1.0, "tests/test_c.py": 5.0}  # d: not in the record
+    parts = gpu_tests.plan(ids, per_test, 2, 3)
+    assert len(parts) == 2 and sorted(node for part in parts for group in part for node in group) == sorted(ids)
+    files = [{node.split("::")[0] for group in part for node in group} for part in parts]
+    assert not files[0] & files[1]  # whole files in a part
+    for part in parts:
+        loads = [gpu_tests.estimate(group, per_test) for group in part]
+        assert max(loads) - min(loads) <= 2 * max(per_test.values())  # within a case or two of each other
+    groups_of = lambda f: [g for part in parts for g in part if any(n.startswith(f) for n in g)]  # noqa: E731
+    assert len(groups_of("tests/test_c.py")) == 1 and len(groups_of("tests/test_a.py")) > 1
+    assert gpu_tests.balance({"x": 5, "y": 4, "z": 3, "w": 3}, 2) == [["x", "w"], ["y", "z"]]
 
 
 def test_the_ptxas_report_finds_uniform_registers_that_nothing_writes(monkeypatch):

@@ -166,6 +166,7 @@ def test_deterministic(rng, dtype):
     assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
 
 
+@pytest.mark.smoke  # the GPU smoke tier: this entry point on device arrays
 def test_cupy_in_cupy_out(rng):
     import cupy
 

@@ -33,6 +33,7 @@ def check(o, lse, q, k, v, causal, what):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("n_q, n_k, d, num_splits, causal", [
     (3, 21, 8, 2, True),  # speculative decoding: 3 queries, bottom-right causal; a ragged last step
     (1, 5, 5, 4, False),  # d not a multiple of the vector width; more splits than steps: empty splits
@@ -45,6 +46,7 @@ def test_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits, causal):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_split_kernel_mqa_and_row_chunks(rng):
     """MQA (H_kv = 1) with 9 query heads: 9 packed rows, more than a block's MAX_ROWS (two row
     chunks); and another block shape, 3 keys per slot and tile (a register cap is accepted; the
@@ -63,6 +65,7 @@ def test_split_kernel_mqa_and_row_chunks(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("paged, row_bytes", [(False, 16), (True, 16), (True, 32)])
 def test_the_ring_wraps_on_the_simulator(rng, paged, row_bytes):
     """The CUDA-core split kernel (d = 32 in float16 goes to the tensor cores unless asked), one key per slot and
@@ -84,6 +87,8 @@ def test_the_ring_wraps_on_the_simulator(rng, paged, row_bytes):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
+# slow on the simulator (three sequences, two splits each): ragged lengths need several sequences
 def test_paged_kernel_on_the_simulator(rng):
     """Ragged lengths through a random block table (pages of 4 tokens), causal, float16."""
     q, k, v = decode_inputs(rng, 3, 4, 2, 2, 30, 8, np.float16)
@@ -193,6 +198,7 @@ def test_the_process_keeps_working_after_a_refused_cache(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("n_splits", [1, 11, 2 * 128 + 9])
 def test_combine_kernel_merges_any_number_of_splits(rng, n_splits):
     """float32 out: the combine kernel against a float64 softmax over the splits, for one split, a count that
@@ -222,6 +228,7 @@ def test_combine_kernel_merges_any_number_of_splits(rng, n_splits):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_combine_kernel_writes_bfloat16_bits(rng):
     """The combine kernel for bfloat16 outputs: O as uint16 bit patterns, each the float32 merge rounded to
     nearest even (what to_bits does to the same float32 values), lse as float32."""

@@ -28,6 +28,7 @@ def run_prepared(prepared):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("n_q, n_k, d, num_splits, causal, tiling", [
     (3, 100, 64, 1, True, (16, 3)),  # speculative decoding, causal; 7 tiles through a ring of 3; ragged last tile
     (1, 20, 64, 5, False, (16, 2)),  # 5 splits of one tile (16 keys) for 20 keys: empty splits
@@ -38,7 +39,7 @@ def run_prepared(prepared):
     (3, 40, 256, 3, True, (16, 2)),  # d = 256: 16 mma steps over d
 ])
 def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits, causal, tiling):
-    q, k, v = decode_inputs(rng, 1, 4, 2, n_q, n_k, d, np.float16)  # GQA: 2 query heads per K/V head
+    q, k, v = decode_inputs(rng, 1, 2, 1, n_q, n_k, d, np.float16)  # GQA: 2 query heads on 1 K/V head
     cfg = tc.DecodeTiling(D=d, BC=tiling[0], STAGES=tiling[1])
     o, lse, plan = run_prepared(prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, tiling=cfg))
     assert plan["rb"] == 2 * n_q and plan["num_splits"] == num_splits  # packed rows: 2 heads × Nq
@@ -46,6 +47,7 @@ def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits,
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("h, n_q, n_k, d, num_splits, causal, paged", [
     (4, 1, 40, 64, 3, False, False),  # GQA 2 per K/V head, 3 splits: the last to finish merges
     (4, 2, 45, 128, 8, True, False),  # causal, 8 splits (the most), some of them empty
@@ -53,20 +55,21 @@ def test_tensor_core_split_kernel_on_the_simulator(rng, n_q, n_k, d, num_splits,
     (18, 1, 30, 64, 2, False, False),  # MQA with 18 query heads: two row sets of 16 and 2 rows
     (4, 2, 30, 64, 3, True, True),  # a paged cache, ragged lengths
 ])
+# slow on the simulator (three calls: merged twice, then apart): the counters must be back at zero after a call
 def test_a_split_kernel_that_merges_its_row_sets(rng, h, n_q, n_k, d, num_splits, causal, paged):
     """merge=True: no combine kernel; the last block of each row set merges the partials. The result is the
     combine kernel's up to rounding (the weights are divided by their sum before the sum over the splits, not
     after it: o may differ in its float16 rounding), and the same twice in a row from one prepared call: the
     arrival counters are back at zero after each call."""
     h_kv = 2 if h == 4 else 1
-    q, k, v = decode_inputs(rng, 2, h, h_kv, n_q, n_k, d, np.float16)
+    q, k, v = decode_inputs(rng, 2 if paged else 1, h, h_kv, n_q, n_k, d, np.float16)  # two sequences: in pages
     cfg = tc.DecodeTiling(D=d, BC=16, STAGES=2)
     if paged:
         lens = [n_k, 11]
         cache = to_paged(k, v, lens, page_size=4, rng=rng)
         prepare = lambda **merge: prepare_paged(q, cache, num_splits=num_splits, causal=causal, tiling=cfg, **merge)
     else:
-        lens = [n_k, n_k]
+        lens = [n_k]
         prepare = lambda **merge: prepare_split_kv(q, k, v, num_splits=num_splits, causal=causal, tiling=cfg, **merge)
     merged = prepare(merge=True)
     first = run_prepared(merged)
@@ -89,6 +92,7 @@ def test_merge_is_refused_past_its_limits(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_tensor_core_kernel_row_chunks(rng):
     """MQA with 18 query heads: 18 packed rows, two chunks of the mma's 16 rows (the second with 2)."""
     q, k, v = decode_inputs(rng, 1, 18, 1, 1, 21, 64, np.float16)
@@ -98,12 +102,13 @@ def test_tensor_core_kernel_row_chunks(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("page_size, d", [(4, 64), (5, 64), (4, 96), (5, 40)])
 def test_tensor_core_paged_kernel_on_the_simulator(rng, page_size, d):
     """Ragged lengths through a random block table, causal with 2 queries: pages of 4 tokens (a tile
     holds whole pages: its pages are read once per tile) and of 5 (each row's page looked up); at d = 96
     (12 pieces a row for 32 lanes) and d = 40 (padded to 64)."""
-    q, k, v = decode_inputs(rng, 3, 4, 2, 2, 40, d, np.float16)
+    q, k, v = decode_inputs(rng, 3, 2, 1, 2, 40, d, np.float16)  # 2 query heads on 1 K/V head
     lens = [40, 6, 17]
     cache = to_paged(k, v, lens, page_size=page_size, rng=rng)
     o, lse, _ = run_prepared(prepare_paged(q, cache, num_splits=2, causal=True, tiling=tc.DecodeTiling(d, 16, 2)))
@@ -235,9 +240,10 @@ def overlapped_calls_equal_the_plain_one(rng, kernel, batch, heads, kv_heads, n_
 
 
 @pytest.mark.simulator
+@pytest.mark.grid  # slow on the simulator (three calls, five key tiles each): the NaN-filled partials of two calls
 def test_the_overlapping_combine_on_the_simulator(rng):
     """The kernel that waits for the split kernel (its wait emulated: the simulator runs one grid after another)."""
-    overlapped_calls_equal_the_plain_one(rng, "tensor_cores", 1, 4, 2, 70, 64, 2)
+    overlapped_calls_equal_the_plain_one(rng, "tensor_cores", 1, 2, 1, 70, 64, 2)
 
 
 @pytest.mark.gpu

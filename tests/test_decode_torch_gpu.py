@@ -153,6 +153,7 @@ def test_decode_runs_on_pytorch_s_current_stream(rng):
     assert torch.equal(got[0], expected[0])
 
 
+@pytest.mark.smoke  # the GPU smoke tier: this entry point on device arrays
 def test_cupy_whole_call_matches_numpy(rng):
     """CuPy inputs take the whole-call path too; NumPy inputs the general one: the same o."""
     cupy = pytest.importorskip("cupy")

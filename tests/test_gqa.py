@@ -52,6 +52,7 @@ def test_reference_rows_with_gqa(rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("kernel, h, h_kv, causal", [("v1", 4, 2, True), ("v2", 4, 2, False), ("v3", 4, 2, True),
                                                      ("v4", 3, 1, True), ("v5", 4, 2, True), ("v5", 3, 1, False)])
 def test_kernels_equal_repeated_kv(rng, kernel, h, h_kv, causal):
@@ -64,6 +65,7 @@ def test_kernels_equal_repeated_kv(rng, kernel, h, h_kv, causal):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("h, h_kv", [(4, 2)])  # one case: each costs about 7 s on the simulator
 def test_tensor_core_kernel_equals_repeated_kv(rng, h, h_kv):
     """Stage 3 (kernel v6) with GQA and MQA: float16, d = 64, causal, Nq != Nk, on the simulator."""
@@ -78,6 +80,7 @@ def test_tensor_core_kernel_equals_repeated_kv(rng, h, h_kv):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 def test_kernel_gqa_heads_in_slices(rng, monkeypatch):
     """More heads than one grid column holds: slices of heads start at a multiple of kv_group,
     so each slice's K/V views start at the right K/V head (limit lowered to 5: slices of 4)."""

@@ -22,7 +22,7 @@ from tinyflash.forward.kernels.hopper_tiling import HopperTiling
 from tinyflash.forward.kernels.tma_tiling import TmaTiling
 from tinyflash.gpu.runtime import simulator_enabled
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 HOPPER = [name for name in VERSIONS if int(name[1:]) >= 7]  # the wgmma kernels
 ENTRY = VERSIONS.default("hopper_attention").name  # what hopper_attention runs
 
@@ -73,6 +73,7 @@ def test_float16_ragged(rng, n_q, n_k, causal, version):
         assert np.all(o[0, :n_q - n_k] == 0) and np.all(np.isneginf(lse[0, :n_q - n_k]))
 
 
+# slow on the simulator (a warpgroup or three, 5 key tiles at d = 128): each stage's barrier through 3 phases
 @pytest.mark.parametrize("version", HOPPER)
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dim_128_many_tiles(rng, causal, version):
@@ -128,10 +129,10 @@ def test_eager_rescaling_equals_lazy(rng):
 
 @pytest.mark.parametrize("version", [v for v in HOPPER if v != "v10"])  # v10: in its test against v9, below
 def test_grouped_query_heads(rng, version):
-    """4 query heads on 2 K/V heads (and a batch of 2): the same numbers as with K, V repeated to 4 heads (the
-    TMA kernels' K and V maps have 4 heads, Q's 8)."""
-    q = rng.standard_normal((2, 4, 17, 64)).astype(np.float16)  # (B, H, Nq, d)
-    _, k, v = make_qkv(rng, (2, 2), 1, 20, d=64, dtype=np.float16)  # (B, H_kv, Nk, d)
+    """2 query heads on 1 K/V head (and a batch of 2): the same numbers as with K, V repeated to 2 heads (the
+    TMA kernels' K and V maps have 2 heads, Q's 4)."""
+    q = rng.standard_normal((2, 2, 17, 64)).astype(np.float16)  # (B, H, Nq, d)
+    _, k, v = make_qkv(rng, (2, 1), 1, 20, d=64, dtype=np.float16)  # (B, H_kv, Nk, d)
     o, lse = attention(version, q, k, v, causal=True)
     o_rep, lse_rep = attention(version, q, np.repeat(k, 2, axis=-3), np.repeat(v, 2, axis=-3), causal=True)
     assert np.array_equal(o, o_rep) and np.array_equal(lse, lse_rep)
@@ -147,6 +148,7 @@ def test_three_stages_many_tiles(rng, version):
     check(o, lse, q, k, v, False, f"{version} 3 stages 70x100")
 
 
+# slow on the simulator (two kernels of 384 threads, 4 key tiles): the same bits need both on the same inputs
 def test_ping_pong_is_warp_specialisation_bit_for_bit(rng):
     """v10 overlaps the softmax with the products and takes turns, but computes every value as v9 does, in the same
     order: the same bits, ragged and causal over 4 key tiles, scores large enough to rescale often, two query heads

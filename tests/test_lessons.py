@@ -54,6 +54,7 @@ def test_lessons_are_found():
 
 
 @pytest.mark.lesson
+@pytest.mark.grid  # python lessons/run_all.py runs them so; the first tier runs them with another seed, below
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.name for p in LESSONS])
 def test_lesson_runs(lesson):
     try:

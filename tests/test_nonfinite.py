@@ -30,6 +30,8 @@ def stages():
 
 
 STAGES = dict(stages())
+KERNEL = [pytest.mark.simulator, pytest.mark.grid]  # the kernels' cases: the simulator's grid
+STAGE_CASES = [pytest.param(name, marks=KERNEL) if name.startswith("v") else name for name in STAGES]
 
 
 def run(stage, q, k, v, causal):
@@ -43,8 +45,7 @@ def attends(row, key, causal):
     return key < key_stop(row + 1, N_Q, N_K, causal)
 
 
-@pytest.mark.simulator
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", STAGE_CASES)
 def test_nan_key_poisons_exactly_the_rows_that_attend_it(stage, rng):
     q, k, v = make_qkv(rng, (), N_Q, N_K, D, dtype=np.float32)
     j = N_K - 4  # causal: the first rows do not reach it
@@ -60,8 +61,7 @@ def test_nan_key_poisons_exactly_the_rows_that_attend_it(stage, rng):
     assert_close(lse[~hit], lse_ref[~hit], F32_TOL, "lse of those rows", is_lse=True)
 
 
-@pytest.mark.simulator
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", STAGE_CASES)
 def test_nan_query_poisons_its_row_only(stage, rng):
     q, k, v = make_qkv(rng, (), N_Q, N_K, D, dtype=np.float32)
     q[4, 0] = np.nan
@@ -72,8 +72,7 @@ def test_nan_query_poisons_its_row_only(stage, rng):
     assert_close(np.delete(lse, 4), lse_ref, F32_TOL, "lse of the other rows", is_lse=True)
 
 
-@pytest.mark.simulator
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", STAGE_CASES)
 def test_infinite_scores(stage, rng):
     """k_j[0] = +inf: rows with q_i[0] > 0 score +inf (NaN rows), rows with q_i[0] < 0 score -inf
     (key j gets weight 0: the result without key j)."""
@@ -91,8 +90,7 @@ def test_infinite_scores(stage, rng):
     assert_close(lse[minus], lse_ref, F32_TOL, "lse of those rows", is_lse=True)
 
 
-@pytest.mark.simulator
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", STAGE_CASES)
 def test_all_scores_minus_inf_is_a_row_with_no_key(stage, rng):
     q, k, v = make_qkv(rng, (), N_Q, N_K, D, dtype=np.float32)
     k[:, 0] = np.abs(k[:, 0]) + 0.5  # every key: k[:, 0] > 0
@@ -102,8 +100,7 @@ def test_all_scores_minus_inf_is_a_row_with_no_key(stage, rng):
     assert np.isfinite(np.delete(o, 3, axis=0)).all()
 
 
-@pytest.mark.simulator
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", STAGE_CASES)
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_value_reaches_the_rows_that_attend_it(stage, bad, rng):
     q, k, v = make_qkv(rng, (), N_Q, N_K, D, dtype=np.float32)
@@ -118,6 +115,7 @@ def test_non_finite_value_reaches_the_rows_that_attend_it(stage, bad, rng):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("lazy", [False, True])
 def test_tensor_core_kernel_follows_the_same_rules(rng, lazy):
     """Stage 3 (kernel v6: float16, d = 64) on the same four situations, in one test to keep the

@@ -265,6 +265,7 @@ def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypat
         plots.main(["--out", str(tmp_path), "--remeasure-gpu", "--only", "time_gpu", "--no-progress"])
 
 
+@pytest.mark.grid  # every figure drawn anew: the first tier draws each kind from the synthetic CSVs above
 def test_a_plots_run_leaves_the_committed_figures_and_data_as_they_are(tmp_path, monkeypatch):
     """``python -m tinyflash.plots`` draws the CPU figure from its committed CSV (no tracemalloc run)
     and computes every other figure's data the same way each time: on a copy of figures/data it

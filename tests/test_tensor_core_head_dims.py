@@ -16,7 +16,7 @@ import tinyflash as tf
 from tinyflash.forward.kernels import tensor_core_tiling as tct
 from tinyflash.hardware import H200
 
-pytestmark = pytest.mark.simulator
+pytestmark = [pytest.mark.simulator, pytest.mark.grid]
 
 
 @pytest.mark.parametrize("d", [32, 40, 96, 200, 256])

@@ -76,6 +76,7 @@ def test_torch_compile_fullgraph(rng, dtype):
     assert_same_step(compiled, eager)
 
 
+@pytest.mark.smoke  # the GPU smoke tier: this entry point on device arrays
 def test_a_training_step_captured_in_a_cuda_graph(rng):
     """Forward and backward captured once, replayed on new inputs copied into the captured buffers: the
     replay computes what an eager step on those inputs computes."""

@@ -125,6 +125,7 @@ def ss_kernel(element, n, d):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("element", ELEMENTS)
 @pytest.mark.parametrize("n, d", [(16, 64), (24, 128)])
 def test_mma_async_ss(rng, element, n, d):
@@ -175,6 +176,7 @@ def rs_kernel(element, d, keys):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("element", ELEMENTS)
 @pytest.mark.parametrize("d", [64, 128])
 def test_mma_async_rs_trans_b(rng, element, d):
@@ -225,6 +227,7 @@ def ss_transposed_kernel(element, d, keys, n, c0):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.parametrize("element", ELEMENTS)
 @pytest.mark.parametrize("d, n, c0", [(64, 32, 32), (128, 64, 64), (128, 128, 0)])
 def test_mma_async_ss_trans_a(rng, element, d, n, c0):
@@ -268,6 +271,7 @@ def async_kernel(fenced):
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.skipif(not simulator_enabled(), reason="the emulation's rules; on a GPU reading D early is undefined")
 def test_emulation_writes_at_the_wait():
     before, after = np.zeros(128, np.float32), np.zeros(128, np.float32)
@@ -276,6 +280,7 @@ def test_emulation_writes_at_the_wait():
 
 
 @pytest.mark.simulator
+@pytest.mark.grid
 @pytest.mark.skipif(not simulator_enabled(), reason="the emulation's rules; a GPU does not check the fence")
 def test_emulation_wants_a_fence():
     before, after = np.zeros(128, np.float32), np.zeros(128, np.float32)
