@@ -3,7 +3,7 @@
     python benchmarks/cpu_runs.py [--csv figures/data/cpu_runs.csv] [--only tests grid lessons lesson-01 ...]
 
 ``tests`` is the first tier (``python -m pytest``), ``grid`` every test that runs without a GPU, on every
-core (``python -m pytest --grid -n auto``, what CI runs), ``lessons`` ``python lessons/run_all.py``.
+core (``python -m pytest --grid``, what CI runs), ``lessons`` ``python lessons/run_all.py``.
 Run from the repository root in the environment of ``requirements.txt``, without a GPU (the tests'
 kernels then run on numba's simulator, as in CI), on an otherwise idle machine. Each command runs once,
 as a user runs it; its wall time, and for the tests pytest's counts of passed, failed and skipped tests
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from tinyflash.bench.record import environment  # noqa: E402
 
 # the tests first: they check that the README quotes this file, which must not change while they run
-COMMANDS = {"tests": "python -m pytest", "grid": "python -m pytest --grid -n auto",
+COMMANDS = {"tests": "python -m pytest", "grid": "python -m pytest --grid",
             "lessons": "python lessons/run_all.py"}
 # each lesson alone, as a learner runs it (lessons/run_all.py's pattern)
 COMMANDS.update({f"lesson-{p.name[:2]}": f"python lessons/{p.name}"

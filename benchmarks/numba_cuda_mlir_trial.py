@@ -55,7 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
-import ptxas_report as pr
+import ptxas_kernels as pk  # beside this script: every kernel, as ptxas_report.py compiles it
+import ptxas_report as pr  # its PTX counted and named as that script does
 
 FIELDS = ["date", "compiler", "version", "kernel", "variant", "compile", "compile_s", "ptx_s", "ptx_instructions",
           "launch", "error", "tolerance", "message"]
@@ -110,24 +111,13 @@ def use_numba_cuda_mlir() -> None:
 
 # --- the kernels: how each is compiled (a ptxas_report job) and run (its entry point) --------------------------
 
-def forward_v1_jobs() -> list:
-    """Forward v1 at its GPU tile, d = 64, float16 (ptxas_report lists v5 on, not v1)."""
-    from tinyflash.forward.kernels import v1_row_per_thread as v1
-
-    def build():
-        kernel = v1.make_kernel(*v1.GPU_TILE, 64, 64, None)
-        return kernel, pr.signature_by_name(kernel, "float16")
-
-    return [pr.Job("forward v1", "d=64 float16 BR={} BC={}".format(*v1.GPU_TILE), build)]
-
-
 def forward(q, k, v, version):
-    """(o, lse) of ``version`` through its entry point: cuda_attention, tensor_core_attention, hopper's call."""
+    """(o, lse) of ``version`` through its entry point: cuda_attention, tensor_core_attention, hopper_attention."""
     import tinyflash as tf
-    from tinyflash.forward.hopper import TILINGS, Entry, attention_call, require_hopper
+    from tinyflash.forward.kernels import VERSIONS
 
-    if version in TILINGS:
-        return attention_call(q, k, v, True, None, Entry("hopper_attention", version, require_hopper, TILINGS[version]))
+    if VERSIONS[version].stage == 4:
+        return tf.hopper_attention(q, k, v, causal=True, kernel=version)
     if version == "v6":
         return tf.tensor_core_attention(q, k, v, causal=True)
     return tf.cuda_attention(q, k, v, causal=True, kernel=version)
@@ -179,16 +169,16 @@ def run_decode(kernel, num_splits=None):
 # (kernel as ptxas_report names it, its jobs, the start of the variant compiled, its run on a GPU);
 # the combine kernel runs after the CUDA-core split kernel, so that its row does not depend on inline PTX
 KERNELS = [
-    ("forward v1", forward_v1_jobs, "d=64 float16", run_forward("v1")),
-    ("forward v5", pr.v5_jobs, "d=64 float16", run_forward("v5")),
-    ("forward v6", pr.v6_jobs, "d=64 float16", run_forward("v6")),
-    ("forward v7", pr.hopper_jobs, "d=64 float16", run_forward("v7")),
-    ("forward v8", pr.hopper_jobs, "d=64 float16", run_forward("v8")),
-    ("forward v10", pr.hopper_jobs, "d=64 float16", run_forward("v10")),
-    ("backward v2", pr.backward_tensor_core_jobs, "d=64 float16", run_backward("v2")),
-    ("backward v4", pr.backward_hopper_jobs, "d=64 float16", run_backward("v4")),
-    ("decode split, tensor cores", pr.decode_jobs, "d=128 float16", run_decode("tensor_cores")),
-    ("decode combine", pr.decode_jobs, "float16", run_decode("cuda_cores", num_splits=3)),
+    ("forward v1", pk.stage2_jobs, "d=64 float16", run_forward("v1")),
+    ("forward v5", pk.stage2_jobs, "d=64 float16", run_forward("v5")),
+    ("forward v6", pk.v6_jobs, "d=64 float16", run_forward("v6")),
+    ("forward v7", pk.hopper_jobs, "d=64 float16", run_forward("v7")),
+    ("forward v8", pk.hopper_jobs, "d=64 float16", run_forward("v8")),
+    ("forward v10", pk.hopper_jobs, "d=64 float16", run_forward("v10")),
+    ("backward v2", pk.backward_tensor_core_jobs, "d=64 float16", run_backward("v2")),
+    ("backward v4", pk.backward_hopper_jobs, "d=64 float16", run_backward("v4")),
+    ("decode split, tensor cores", pk.decode_jobs, "d=128 float16", run_decode("tensor_cores")),
+    ("decode combine", pk.decode_jobs, "float16", run_decode("cuda_cores", num_splits=3)),
 ]
 
 

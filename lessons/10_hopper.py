@@ -146,7 +146,7 @@ print("  start of k-step kk (bytes from the tile):",
 
 # %% [6] Code: TMA and the mbarrier: one thread, one request per 64 columns, bytes counted
 show("kernels/v9_warp_specialized.py: K_j and V_j requested by one thread",
-     excerpt(VERSIONS["v9"].code.make_kernel, "def load_kv", "    bar)"))  # to the V copy's last line
+     excerpt(VERSIONS["v9"].code.producer, "def load_kv", "    bar)"))  # to the V copy's last line
 stage_bytes = 2 * cfg.BC * cfg.D * 2  # K_j and V_j, 16-bit
 v7_threads = VERSIONS["v7"].tilings[0](cfg.D).NT  # v7 on a GPU: every thread of the block copies
 print(f"a stage's 'full' barrier expects {stage_bytes:,} bytes (K_j and V_j, {cfg.BC} keys × d = {cfg.D}); "
@@ -164,8 +164,8 @@ print("  producer waits 'empty' parity" + " ".join(f"{(j // S + 1) % 2:2d}" for 
 # %% [7] Code: warp specialisation: who does what, and the registers moved to who needs them
 show("kernels/v9_warp_specialized.py: one kernel, two roles",
      excerpt(VERSIONS["v9"].code.make_kernel, "if tid < WG:", "consume(O, LSE, base, tid - WG"))
-show("the producer's loop", excerpt(VERSIONS["v9"].code.make_kernel, "for j in range(n_tiles):", "load_kv(maps"))
-show("the consumers' loop", excerpt(VERSIONS["v9"].code.make_kernel, "tma.wait(base + uint32(Q_FULL)",
+show("the producer's loop", excerpt(VERSIONS["v9"].code.producer, "for j in range(n_tiles):", "load_kv(maps"))
+show("the consumers' loop", excerpt(VERSIONS["v9"].code.consumer, "tma.wait(base + uint32(Q_FULL)",
                                     "tma.arrive(base"))
 even = tma_tiling.REGISTERS // cfg.NT // 8 * 8  # what every thread gets without setmaxnreg (a multiple of 8)
 moved = wgmma.WARPGROUP * (cfg.PRODUCER_REGISTERS + cfg.WARPGROUPS * cfg.CONSUMER_REGISTERS)
@@ -248,8 +248,8 @@ assert min(over_flash) > 1 and max(over_cudnn) < 1  # past FlashAttention-2 ever
 # Inside a warpgroup, the softmax of tile j runs while its own P_i,j-1 V_j-1 is multiplied; between
 # the warpgroups, the turns (named barriers 1 and 2 of 256 threads, tinyflash.gpu.tma.named_barrier_by_id)
 # put one warpgroup's softmax under the other's products. Warpgroup 0 lets itself go first.
-show("kernels/v10_ping_pong.py: a consumer's step", excerpt(VERSIONS["v10"].code.make_kernel, "for j in range(ONE, n_tiles):",
-                                                             "rescale_acc(acc, alpha)"))
+show("kernels/v10_ping_pong.py: a consumer's step",
+     excerpt(VERSIONS["v10"].code.consumer, "for j in range(ONE, n_tiles):", "rescale_acc(acc, alpha)"))
 # The products are warpgroup_tile's issue and wait halves (issue_scores, issue_p_times_v, scores_ready,
 # products_ready); the softmax is warp_tile's, split so that acc is rescaled only after P·V's wait
 # (softmax_step_deferred, rescale_acc). Every value is computed as in v9, in the same order:
