@@ -63,8 +63,8 @@ PROCESSES = 8  # pytest processes at once: half of a 16-core machine's cores, ea
 def collect(files: list[str], smoke: bool) -> list[str]:
     """The node ids of the tests of ``files`` (the smoke tier's only, with ``smoke``), in pytest's order."""
     chosen = ["-m", "smoke"] if smoke else ["--grid"]
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *chosen,
-                           *files], cwd=ROOT, env=test_env(), capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
+                           *chosen, *files], cwd=ROOT, env=test_env(), capture_output=True, text=True)
     ids = [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if done.returncode not in (0, 5) or not ids:
         raise SystemExit(f"collecting the tests failed (exit code {done.returncode}):\n{done.stdout[-3000:]}"
@@ -193,8 +193,9 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path, tag: st
     for i, tests in enumerate(groups):
         report = report_dir / f"group_{i}.xml"
         log = log_dir / f"gpu_tests_{tag}{i}_{Path(tests[0].split('::')[0]).stem.removeprefix('test_')}.log"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--grid", f"--junitxml={report}",
-                   "-o", "junit_family=xunit1", *tests]  # xunit1: each <testcase> says its file
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "--grid",
+                   f"--junitxml={report}", "-o", "junit_family=xunit1", *tests]  # xunit1: each <testcase> says its
+        # file; -n 0: each process runs its tests itself (the processes are the parallelism here)
         out = open(log, "w")
         running.append((tests, report, log, out, subprocess.Popen(command, cwd=ROOT, env=test_env(), stdout=out,
                                                                   stderr=subprocess.STDOUT)))
