@@ -10,7 +10,7 @@
 The GPU suite is :data:`FILES`, every test in them (``--grid``: the exhaustive grid included). Its tests are
 split into parts of whole files, and each part into ``--processes`` groups, one pytest process each, all at
 once: most of a GPU test's time is numba compiling kernels and NumPy computing float64 references, both on the
-CPU. The split is balanced by the record (:data:`RECORD`): each file's seconds per test in its newest run, times
+CPU. The split is balanced by the records (:data:`RECORDS`): each file's seconds per test in its newest run, times
 its tests now; a test function's cases stay in one group where they fit (they share compiled kernels), and a
 part holds whole files, so that a part's rows replace the rows of the same files. ``--plan`` prints the groups
 and runs nothing (no GPU needed).
@@ -38,7 +38,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = ROOT / "figures" / "data" / "gpu_tests_h200.csv"  # the whole suite's last runs: what balances the split
+# the whole suite's runs on each GPU (gpu_tests_h200.csv, gpu_tests_h100.csv, ...): what balances the split
+RECORDS = sorted((ROOT / "figures" / "data").glob("gpu_tests_*.csv"))
 FIELDS = ["device", "date", "numpy", "numba_cuda", "cupy", "torch", "commit", "file", "tests", "passed", "failed",
           "skipped", "errors", "seconds"]
 # the GPU suite: every test file with a test marked gpu or simulator (tests/test_commands.py checks it), and those
@@ -57,7 +58,7 @@ FILES = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py", "tests/test_nonf
          "tests/test_backward_warp_specialized.py"]
 PARTS = 2  # calls of the whole suite: each well inside the 10 minutes one command may run on a lent GPU machine
 MIN_SECONDS = 0.05  # a test's least estimate: pytest's own time per test
-PROCESSES = 8  # pytest processes at once: half of a 16-core machine's cores, each holding its own CUDA context
+PROCESSES = 12  # pytest processes at once, each holding its own CUDA context: most of a 16-core machine's cores
 
 
 def collect(files: list[str], smoke: bool) -> list[str]:
@@ -72,12 +73,12 @@ def collect(files: list[str], smoke: bool) -> list[str]:
     return ids
 
 
-def seconds_per_test(record: Path) -> dict:
-    """file -> its seconds per test in its newest run of the record (the rows of that date, summed)."""
-    if not record.exists():
-        return {}
-    with open(record, newline="") as f:
-        rows = list(csv.DictReader(f))
+def seconds_per_test(records: list[Path]) -> dict:
+    """file -> its seconds per test in its newest run in the records (the rows of that date, summed)."""
+    rows = []
+    for record in records:
+        with open(record, newline="") as f:
+            rows += list(csv.DictReader(f))
     newest = {}
     for row in rows:
         newest[row["file"]] = max(newest.get(row["file"], ""), row["date"])
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--log-dir", help="where each group's pytest log goes (default: the CSV's folder)")
     args = ap.parse_intermixed_args(argv)  # options before or after the groups
 
-    per_test = seconds_per_test(RECORD)
+    per_test = seconds_per_test(RECORDS)
     groups, tag = chosen_groups(args, per_test)
     if args.part is not None and not groups:
         ap.error(f"--part must be 1 to {args.parts}")

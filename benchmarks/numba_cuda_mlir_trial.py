@@ -58,7 +58,7 @@ import numpy as np
 import ptxas_kernels as pk  # beside this script: every kernel, as ptxas_report.py compiles it
 import ptxas_report as pr  # its PTX counted and named as that script does
 
-FIELDS = ["date", "compiler", "version", "kernel", "variant", "compile", "compile_s", "ptx_s", "ptx_instructions",
+FIELDS = ["date", "device", "commit", "compiler", "version", "kernel", "variant", "compile", "compile_s", "ptx_s", "ptx_instructions",
           "launch", "error", "tolerance", "message"]
 CC = {"sm_90": (9, 0), "sm_90a": (9, 0, "a")}  # the compute capability compile_ptx is given, by a job's arch
 
@@ -276,6 +276,15 @@ def import_compiler(name: str) -> str:
     return version
 
 
+def device_name(cuda) -> str:
+    """The GPU's name as the compiler's runtime reports it (bytes in numba-cuda)."""
+    try:
+        name = cuda.get_current_device().name
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception as exc:  # another runtime's device object: the row says so
+        return f"unknown GPU ({type(exc).__name__})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default = "numba-cuda-mlir" if importlib.util.find_spec("numba_cuda_mlir") else "numba-cuda"
@@ -294,6 +303,9 @@ def main(argv=None) -> int:
     from numba import cuda
 
     on_gpu = cuda.is_available()
+    from tinyflash.bench.record import git_commit  # imports no compiler
+
+    common.update(device=device_name(cuda) if on_gpu else "no GPU", commit=git_commit())
     if args.ptx_dir:
         Path(args.ptx_dir).mkdir(parents=True, exist_ok=True)
     with open(args.csv, "w", newline="") as f:
@@ -303,7 +315,7 @@ def main(argv=None) -> int:
         def record(row):
             out.writerow({**common, **row})
             f.flush()
-            print(" | ".join(str(row.get(k, "")) for k in FIELDS[3:] if row.get(k, "") != ""), flush=True)
+            print(" | ".join(str(row.get(k, "")) for k in FIELDS[5:] if row.get(k, "") != ""), flush=True)
 
         record(first)
         record(warm_up())

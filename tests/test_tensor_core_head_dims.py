@@ -13,6 +13,7 @@ from conftest import make_qkv
 from test_tensor_core import bf16_attention, bf16_inputs, check, check_bf16
 
 import tinyflash as tf
+from tinyflash.forward.kernels import VERSIONS
 from tinyflash.forward.kernels import tensor_core_tiling as tct
 from tinyflash.hardware import H200
 
@@ -67,8 +68,8 @@ def test_default_tilings_at_every_head_dim():
     """Every multiple of 8 up to 256 has a valid default tiling that fits one block's shared memory on an H200:
     up to DP = 64 d = 64's, up to DP = 128 d = 128's, past it one row tile per warp with Q_i in shared memory
     (two row tiles' accumulators, DP / 2 · 8 registers, would not fit in 255)."""
-    assert tct.HEAD_DIMS == tuple(range(8, 257, 8))
-    for d in tct.HEAD_DIMS:
+    assert VERSIONS["v6"].head_dims == tuple(range(8, 257, 8))
+    for d in VERSIONS["v6"].head_dims:
         for causal, n in ((False, 16384), (True, 1024), (True, 16384)):
             cfg = tct.default_tiling(d, causal, n)
             assert cfg.D == d and cfg.DP % 32 == 0 and d <= cfg.DP < d + 32 and cfg.smem_bytes <= H200.smem_per_block
