@@ -14,7 +14,7 @@ is the trusted reference that every later stage is checked against.
 Run from the repository root:  python lessons/01_naive_attention.py
 
 Running time: under a second on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05,
-commit f0aa8df).
+commit 648bbe0+).
 """
 
 # %% [1] Why: attention compares every query with every key

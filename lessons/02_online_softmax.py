@@ -18,7 +18,7 @@ the same for a whole tile of rows at once.
 Run from the repository root:  python lessons/02_online_softmax.py
 
 Running time: under a second on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05,
-commit f0aa8df).
+commit 648bbe0+).
 """
 
 # %% [1] Why: softmax needs two things from the whole row

@@ -17,8 +17,8 @@ runs for Br rows at once against Bc keys at a time, so the scores exist only as 
 
 Run from the repository root:  python lessons/03_blocked_attention.py
 
-Running time: about 1 s on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05, commit
-f0aa8df).
+Running time: under a second on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05,
+commit 648bbe0+).
 """
 
 # %% [1] Why: tiles small enough for on-chip memory

@@ -17,8 +17,8 @@ tinyflash.core.tolerance's error metrics and tinyflash.core.tolerance.fa_rule.
 
 Run from the repository root:  python lessons/04_exactness.py
 
-Running time: about 1 s on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05, commit
-f0aa8df).
+Running time: under a second on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05,
+commit 648bbe0+).
 """
 
 # %% [1] Why: "exact" is a statement about the math

@@ -23,8 +23,8 @@ Run from the repository root:  python lessons/05_numba_kernel.py
 Without a GPU it runs the kernels on numba's CUDA simulator (one Python thread per CUDA thread)
 at a tiny size; with a GPU and CuPy it runs them there at a larger one.
 
-Running time: about 10 s (7 s of CPU time: other work shared the machine) on 2 CPU cores without a
-GPU, its kernels on numba's simulator (figures/data/cpu_runs.csv, 2026-12-05, commit f0aa8df).
+Running time: about 15 s on 2 CPU cores without a GPU, its kernels on numba's simulator
+(figures/data/cpu_runs.csv, 2026-12-05, commit 648bbe0+).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

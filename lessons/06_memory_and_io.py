@@ -19,8 +19,8 @@ Run from the repository root:  python lessons/06_memory_and_io.py
 The figures of these numbers, figures/memory_model.png, memory_cpu_measured.png and hbm_traffic.png,
 are drawn by  python -m tinyflash.plots.
 
-Running time: about 1 s on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05, commit
-f0aa8df).
+Running time: under a second on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05,
+commit 648bbe0+).
 """
 
 # %% [1] Why: the N × N matrix is the problem

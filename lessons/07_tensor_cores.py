@@ -21,8 +21,8 @@ Run from the repository root:  python lessons/07_tensor_cores.py
 Without a GPU the kernel runs on numba's CUDA simulator, each warp instruction emulated in
 Python at a toy size; with a GPU and CuPy, on the real tensor cores.
 
-Running time: about 5 s on 2 CPU cores without a GPU, its kernels on numba's simulator
-(figures/data/cpu_runs.csv, 2026-12-05, commit f0aa8df).
+Running time: about 8 s on 2 CPU cores without a GPU, its kernels on numba's simulator
+(figures/data/cpu_runs.csv, 2026-12-05, commit 648bbe0+).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

@@ -20,8 +20,8 @@ Run from the repository root:  python lessons/08_backward.py
 Without a GPU the kernel runs on numba's CUDA simulator at a tiny size; with a GPU and PyTorch,
 the last cell also trains with tinyflash.torch.attention beside PyTorch's own attention.
 
-Running time: about 15 s (11 s of CPU time: other work shared the machine) on 2 CPU cores without a
-GPU, its kernels on numba's simulator (figures/data/cpu_runs.csv, 2026-12-05, commit f0aa8df).
+Running time: about 20 s on 2 CPU cores without a GPU, its kernels on numba's simulator
+(figures/data/cpu_runs.csv, 2026-12-05, commit 648bbe0+).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

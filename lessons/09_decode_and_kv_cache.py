@@ -24,8 +24,8 @@ Run from the repository root:  python lessons/09_decode_and_kv_cache.py
 Without a GPU the kernels run on numba's CUDA simulator at a tiny size. The KV-cache
 figure, figures/kv_cache.png, is drawn by  python -m tinyflash.plots --only kv_cache.
 
-Running time: about 30 s (19 s of CPU time: other work shared the machine) on 2 CPU cores without a
-GPU, its kernels on numba's simulator (figures/data/cpu_runs.csv, 2026-12-05, commit f0aa8df).
+Running time: about 50 s on 2 CPU cores without a GPU, its kernels on numba's simulator
+(figures/data/cpu_runs.csv, 2026-12-05, commit 648bbe0+).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

@@ -28,8 +28,8 @@ Without a GPU the kernels run on numba's CUDA simulator, where a warpgroup is 12
 every Hopper instruction is emulated (src/tinyflash/gpu/wgmma_emulation.py, tma_emulation.py): a toy
 size. On a Hopper GPU, the real instructions at a realistic size.
 
-Running time: about 40 s (28 s of CPU time: other work shared the machine) on 2 CPU cores without a
-GPU, its kernels on numba's simulator (figures/data/cpu_runs.csv, 2026-12-05, commit f0aa8df).
+Running time: about 40 s on 2 CPU cores without a GPU, its kernels on numba's simulator
+(figures/data/cpu_runs.csv, 2026-12-05, commit 648bbe0+).
 """
 
 # %% [0] Where the kernels run: decide before numba is imported

@@ -216,20 +216,22 @@ def ptxas_block() -> str:
 
 
 def gpu_tests() -> str:
-    """The GPU test runs on the H200 (benchmarks/gpu_tests.py), one line per run, newest last."""
-    runs = {}
-    for r in record("gpu_tests_h200"):
-        runs.setdefault((r["date"], r["commit"]), []).append(r)
+    """The GPU test runs (benchmarks/gpu_tests.py) on each GPU of the record, one line per run, newest last."""
     lines = []
-    for (date, commit), rows in runs.items():
-        total = {key: sum(int(r[key]) for r in rows) for key in ("tests", "passed", "failed", "skipped", "errors")}
-        failing = [f"{r['file']} ({r['failed']})" for r in rows if int(r["failed"]) or int(r["errors"])]
-        lines.append(f"* {date} (commit {commit}), {len(rows)} test files: {total['tests']:,} tests, "
-                     f"{total['passed']:,} passed, {total['skipped']} skipped, {total['failed']} failed"
-                     + (f" ({', '.join(failing)})" if failing else "")
-                     + (f", {total['errors']} errors" if total["errors"] else "") + ".")
-    return ("The GPU test runs on the H200 (`figures/data/gpu_tests_h200.csv`, one row per file and run; the "
-            "dated notes say what failed and what was fixed):\n\n" + "\n".join(lines))
+    for path in sorted(data_dir().glob("gpu_tests_*.csv")):
+        runs = {}
+        for r in record(path.stem):
+            runs.setdefault((r["device"], r["date"], r["commit"]), []).append(r)
+        for (device, date, commit), rows in runs.items():
+            total = {key: sum(int(r[key]) for r in rows) for key in ("tests", "passed", "failed", "skipped", "errors")}
+            failing = [f"{r['file']} ({r['failed']})" for r in rows if int(r["failed"]) or int(r["errors"])]
+            lines.append(f"{date}* {device}, {date} (commit {commit}), {len(rows)} rows of test files: {total['tests']:,} "
+                         f"tests, {total['passed']:,} passed, {total['skipped']} skipped, {total['failed']} failed"
+                         + (f" ({', '.join(failing)})" if failing else "")
+                         + (f", {total['errors']} errors" if total["errors"] else "") + ".")
+    return ("The GPU test runs (`figures/data/gpu_tests_<gpu>.csv`, one row per file and process of a run; the dated "
+            "notes say what failed and what was fixed):\n\n" + "\n".join(line[line.index("*"):] for line in
+                                                                  sorted(lines)))  # newest last
 
 
 def table(stem: str):
