@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
+import numpy as np
+
+from ...gpu.runtime import u
 from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
 from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
@@ -81,6 +85,27 @@ class TmaTiling(HopperTiling):
             return {}
         cap = min(self.CONSUMER_REGISTERS, REGISTERS // self.NT // 8 * 8)  # a multiple of 8, as setmaxnreg's
         return {"launch_bounds": (self.NT, 1), "max_registers": cap}
+
+
+class Offsets(NamedTuple):
+    """The block's shared memory (:meth:`TmaTiling.smem_layout`) as unsigned byte offsets from its aligned base, as
+    the warp-specialised kernels' producer and consumers address it (v9, v10)."""
+
+    Q_OFF: np.uint64  # Q_i
+    STAGE0: np.uint64  # stage 0 (its K_j)
+    V_IN_STAGE: np.uint64  # V_j, from the start of its stage
+    Q_FULL: np.uint64  # Q_i's barrier
+    FULL0: np.uint64  # stage 0's "full" barrier
+    EMPTY0: np.uint64  # stage 0's "empty" barrier
+    STAGE: np.uint64  # from one stage to the next
+    BAR: np.uint64  # from one stage's barrier to the next stage's
+
+
+def offsets(cfg: TmaTiling) -> Offsets:
+    """:class:`Offsets` for ``cfg``."""
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
+    return Offsets(*(layout[n] for n in ("Q_i", "stage 0", "V_j in a stage", "Q_i full", "full 0", "empty 0")),
+                   STAGE=layout["stage 1"] - layout["stage 0"], BAR=u(BARRIER_BYTES))
 
 
 @lru_cache(maxsize=None)

@@ -26,9 +26,7 @@ exactly (``sm_90a``).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
 
-import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 from numba.cuda import types
 
@@ -39,7 +37,7 @@ from ...gpu.smem import shared_words
 from ...gpu.tensor_map import BOX_COLUMNS
 from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
 from ...warpgroup_tile import ROW_BYTES, warpgroup_tile
-from .tma_tiling import K_MAP, Q_MAP, V_MAP, TmaTiling
+from .tma_tiling import K_MAP, Q_MAP, V_MAP, TmaTiling, offsets
 
 ZERO, ONE, TWO = u(0), u(1), u(2)
 ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's period
@@ -49,27 +47,6 @@ WORDS, FLOATS, MAPS = (types.Array(types.uint32, 1, "C"), types.Array(types.floa
 # flash_fwd's argument types: O as 16-bit pairs, LSE, the tensor maps of Q, K, V; then n_q, n_k, scale·log2(e),
 # causal, kv_group, head_group (1 here)
 SIGNATURE = (WORDS, FLOATS, MAPS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
-
-
-class Offsets(NamedTuple):
-    """The block's shared memory (``TmaTiling.smem_layout``) as unsigned byte offsets from its aligned base, as the
-    producer and the consumers address it."""
-
-    Q_OFF: np.uint64  # Q_i
-    STAGE0: np.uint64  # stage 0 (its K_j)
-    V_IN_STAGE: np.uint64  # V_j, from the start of its stage
-    Q_FULL: np.uint64  # Q_i's barrier
-    FULL0: np.uint64  # stage 0's "full" barrier
-    EMPTY0: np.uint64  # stage 0's "empty" barrier
-    STAGE: np.uint64  # from one stage to the next
-    BAR: np.uint64  # from one stage's barrier to the next stage's
-
-
-def offsets(cfg: TmaTiling) -> Offsets:
-    """:class:`Offsets` for ``cfg``."""
-    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}  # bytes
-    return Offsets(*(layout[n] for n in ("Q_i", "stage 0", "V_j in a stage", "Q_i full", "full 0", "empty 0")),
-                   STAGE=layout["stage 1"] - layout["stage 0"], BAR=u(tma.BARRIER_BYTES))
 
 
 def producer(cfg: TmaTiling):
