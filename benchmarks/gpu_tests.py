@@ -58,7 +58,11 @@ FILES = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py", "tests/test_nonf
          "tests/test_backward_warp_specialized.py"]
 PARTS = 2  # calls of the whole suite: each well inside the 10 minutes one command may run on a lent GPU machine
 MIN_SECONDS = 0.05  # a test's least estimate: pytest's own time per test
-PROCESSES = 12  # pytest processes at once, each holding its own CUDA context: most of a 16-core machine's cores
+PROCESSES = 14  # pytest processes at once, each holding its own CUDA context: most of a 16-core machine's cores
+# the thread pools of the libraries under the tests (OpenBLAS, OpenMP, MKL, PyTorch's CPU ops): one thread each per
+# process's share of the cores, unless the caller set them; left alone, each of the processes starts a pool as
+# large as the machine and they contend for its cores in the float64 references' matrix products
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def collect(files: list[str], smoke: bool) -> list[str]:
@@ -137,10 +141,12 @@ def estimate(group: list[str], per_test: dict) -> float:
     return sum(per_test.get(node.split("::")[0], mean) for node in group)
 
 
-def test_env() -> dict:
-    """The environment of the pytest processes: this checkout's src/ first on PYTHONPATH, output unbuffered."""
+def test_env(processes: int = 1) -> dict:
+    """The environment of the pytest processes: this checkout's src/ first on PYTHONPATH, output unbuffered, and
+    each process's thread pools sized to its share of the cores (:data:`THREAD_VARIABLES`, where not set)."""
     path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, processes)))
+    return {**{name: threads for name in THREAD_VARIABLES}, **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 def outcome(case: ET.Element) -> str:
@@ -195,11 +201,12 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path, tag: st
         report = report_dir / f"group_{i}.xml"
         log = log_dir / f"gpu_tests_{tag}{i}_{Path(tests[0].split('::')[0]).stem.removeprefix('test_')}.log"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "--grid",
-                   f"--junitxml={report}", "-o", "junit_family=xunit1", *tests]  # xunit1: each <testcase> says its
-        # file; -n 0: each process runs its tests itself (the processes are the parallelism here)
+                   "--durations=15", f"--junitxml={report}", "-o", "junit_family=xunit1", *tests]  # xunit1: each
+        # <testcase> says its file; -n 0: each process runs its tests itself (the processes are the parallelism
+        # here); --durations: the log names the slowest tests, setup (compiling) apart from the call
         out = open(log, "w")
-        running.append((tests, report, log, out, subprocess.Popen(command, cwd=ROOT, env=test_env(), stdout=out,
-                                                                  stderr=subprocess.STDOUT)))
+        running.append((tests, report, log, out, subprocess.Popen(command, cwd=ROOT, env=test_env(len(groups)),
+                                                                  stdout=out, stderr=subprocess.STDOUT)))
     while running:
         ended = [group for group in running if group[-1].poll() is not None]
         for group in ended:

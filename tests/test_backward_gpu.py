@@ -26,10 +26,10 @@ def inputs(rng, lead, n_q, n_k, d, d_v, dtype, causal):
     return q, k, v, o, lse, do
 
 
+@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])  # the sizes, the fastest-varying: consecutive cases
+@pytest.mark.parametrize("causal", [False, True])  # share a compiled kernel (one per head dim and dtype), and
+@pytest.mark.parametrize("d", [32, 64, 128])  # benchmarks/gpu_tests.py splits the cases into runs of consecutive ones
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 128])
-@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
 def test_against_reference_and_stage_1(rng, n, d, causal, dtype):
     lead = (1, 2) if n >= 1000 else (2, 3)
     q, k, v, o, lse, do = inputs(rng, lead, n, n, d, d, dtype, causal)

@@ -29,10 +29,10 @@ def no_fallback():
         yield
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 80, 128])
-@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
+@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])  # the sizes, the fastest-varying: consecutive cases
+@pytest.mark.parametrize("causal", [False, True])  # share a compiled kernel (one per head dim and dtype), and
+@pytest.mark.parametrize("d", [32, 64, 80, 128])  # benchmarks/gpu_tests.py splits the cases into runs of
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])  # consecutive ones
 def test_against_reference(rng, n, d, causal, dtype):
     lead = (1, 2) if n >= 1000 else (2, 3)
     q, k, v = make_qkv(rng, lead, n, n, d=d, dtype=dtype)
