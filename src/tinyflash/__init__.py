@@ -39,6 +39,7 @@ Beside the book, the tooling: ``python -m tinyflash.bench`` (benchmarks: check, 
 
 from .backward.blocked import blocked_attention_backward
 from .backward.naive import naive_attention_backward, reference_attention_backward
+from .backward.varlen import varlen_attention_backward
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
 from .cost.memory import attention_memory, format_bytes, measure_peak_bytes, tile_bytes
@@ -48,6 +49,7 @@ from .decode.paged import PagedKVCache, paged_attention, to_paged
 from .decode.split_kv import split_kv_attention
 from .forward.blocked import blocked_attention
 from .forward.naive import naive_attention, reference_attention
+from .forward.varlen import varlen_attention
 
 # The GPU stages import numba, which is slow to import and must see NUMBA_ENABLE_CUDASIM before it is
 # imported: they are loaded on first use (module __getattr__), from these modules.
@@ -65,7 +67,8 @@ __all__ = sorted([
     "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
     "blocked_attention_backward", "causal_mask", "format_bytes", "kv_cache_bytes", "measure_peak_bytes",
     "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention", "reference_attention",
-    "reference_attention_backward", "split_kv_attention", "tile_bytes", "to_paged", *_ON_FIRST_USE,
+    "reference_attention_backward", "split_kv_attention", "tile_bytes", "to_paged", "varlen_attention",
+    "varlen_attention_backward", *_ON_FIRST_USE,
 ])
 __version__ = "0.1.0"
 

@@ -1,0 +1,59 @@
+"""Packed sequences: a ragged batch without padding (FlashAttention's "varlen" layout).
+
+A training batch of documents of different lengths is usually packed end to end into one long row of
+tokens rather than padded to the longest. The batch is then described by cumulative lengths:
+
+    q        (total_q, H, d)      every sequence's queries, one after another
+    k, v     (total_k, H_kv, ·)   every sequence's keys and values, in the same order
+    cu_seqlens_q  (B + 1,) int32  sequence s owns the queries cu_seqlens_q[s] .. cu_seqlens_q[s + 1] - 1
+    cu_seqlens_k  (B + 1,) int32  and the keys cu_seqlens_k[s] .. cu_seqlens_k[s + 1] - 1
+
+and sequence s attends only to its own keys: attention is computed per sequence, with no padding, no
+score between two sequences and no work for one. Within a sequence everything is as in
+:func:`tinyflash.blocked_attention` (stage 1, which runs each sequence here): ``causal`` is aligned
+bottom-right within the sequence, and a query of a sequence without keys gets o = 0 and lse = -inf.
+
+The layout is token-major (a token's heads side by side) where the stages are head-major
+(..., H, N, d): a sequence's slice ``q[start:stop]`` is turned into a (H, n, d) view by a transpose,
+without a copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.checks import as_array, check_positive_int
+from ..core.packed import check_varlen_inputs, heads_first
+from .blocked import blocked_attention
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                     causal: bool = False, scale: float | None = None, block_q: int = 64, block_k: int = 64):
+    """Attention over a packed batch of sequences of different lengths. Returns ``(o, lse)``.
+
+    q (total_q, H, d), k (total_k, H_kv, d), v (total_k, H_kv, dv): NumPy arrays, float16, float32 or
+    float64, one dtype; H a multiple of H_kv (grouped-query heads). ``cu_seqlens_q`` and ``cu_seqlens_k``
+    (B + 1,) integers, from 0 to total_q and total_k, never decreasing: sequence s is
+    q[cu_seqlens_q[s]:cu_seqlens_q[s + 1]] with k and v[cu_seqlens_k[s]:cu_seqlens_k[s + 1]].
+    ``max_seqlen_q``/``max_seqlen_k``, if given, must be at least the longest sequence (as
+    FlashAttention asks). o (total_q, H, dv) in the input dtype; lse (H, total_q) in the compute dtype
+    (float32, float64 for float64 inputs), FlashAttention's layout. ``causal``, ``scale``, ``block_q`` and
+    ``block_k`` as for :func:`tinyflash.blocked_attention`, which computes each sequence.
+    """
+    q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    cu_q, cu_k, prob = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           causal, scale)
+    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+
+    n_heads = q.shape[1]
+    o = np.zeros((q.shape[0], n_heads, prob.d_v), dtype=prob.dtype)  # (total_q, H, dv); rows without keys: 0
+    lse = np.full((n_heads, q.shape[0]), -np.inf, dtype=prob.compute_dtype)  # (H, total_q); rows without keys: -inf
+    for s in range(cu_q.shape[0] - 1):  # one sequence: its own queries against its own keys
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        if q1 == q0 or k1 == k0:
+            continue  # no queries, or no keys (its queries keep o = 0, lse = -inf)
+        o_s, lse_s = blocked_attention(heads_first(q[q0:q1]), heads_first(k[k0:k1]), heads_first(v[k0:k1]),
+                                       causal=prob.causal, scale=prob.scale, block_q=block_q, block_k=block_k)
+        o[q0:q1] = heads_first(o_s)  # (n_q, H, dv)
+        lse[:, q0:q1] = lse_s  # (H, n_q)
+    return o, lse
