@@ -187,22 +187,26 @@ def _check_against_call(bm: BlockMask, mods: Mods, block_q: int, block_k: int) -
 
 def key_tile_schedule(block_mask, i: int, n_q: int, n_k: int, Br: int, Bc: int, causal: bool):
     """The key tiles query tile i visits, in order: a list of (j, masked), masked where the tile needs the
-    per-element mask. With a block mask, its partial tiles, then its full ones; without, the causal rule:
+    per-element mask. With a block mask, its partial and full tiles in ascending order (the order of
+    the causal loop, so that a mask that keeps every key changes no bit); without, the causal rule:
     tiles up to key_stop of the tile's last row, masked where they reach past what its first row sees."""
     if block_mask is not None:
-        partial, full = block_mask.key_tiles(i)
-        return [(int(j), True) for j in partial] + [(int(j), False) for j in full]
+        return _ascending(*block_mask.key_tiles(i))
     q_start, q_end = i * Br, min((i + 1) * Br, n_q)
     k_stop = key_stop(q_end, n_q, n_k, causal)
     first_row_stop = key_stop(q_start + 1, n_q, n_k, causal)
     return [(j, min((j + 1) * Bc, n_k) > first_row_stop) for j in range(-(-k_stop // Bc))]
 
 
+def _ascending(partial, full):
+    """[(tile, masked)] of the partial tiles (masked) and the full ones (not), in ascending order."""
+    return sorted([(int(t), True) for t in partial] + [(int(t), False) for t in full])
+
+
 def query_tile_schedule(block_mask, j: int, n_q: int, n_k: int, Br: int, Bc: int, causal: bool):
     """The query tiles key tile j meets in the backward, in order: a list of (i, masked), as above."""
     if block_mask is not None:
-        partial, full = block_mask.query_tiles(j)
-        return [(int(i), True) for i in partial] + [(int(i), False) for i in full]
+        return _ascending(*block_mask.query_tiles(j))
     k_start, k_end = j * Bc, min((j + 1) * Bc, n_k)
     tiles = []
     for i in range(-(-n_q // Br)):
