@@ -100,6 +100,16 @@ def test_stages_match_the_dense_formula(rng, lead, causal, mask, score):
         assert_close(lse, ref_lse, F64_TOL, f"{name} lse", is_lse=True)
 
 
+def test_reference_rows_keep_their_positions(rng):
+    """reference_attention(rows=...) evaluates the mods at the rows' true q_idx."""
+    q, k, v = make_qkv(rng, (2, 2), 30, 26, d=4)
+    mods = dict(score_mod=SCORE_MODS[0][1], mask_mod=MASK_MODS[0][1], causal=True)
+    rows = np.array([0, 7, 29, 13])
+    whole, some = tf.reference_attention(q, k, v, **mods), tf.reference_attention(q, k, v, rows=rows, **mods)
+    assert_close(some[0], whole[0][..., rows, :], F64_TOL, "o of the rows")
+    assert_close(some[1], whole[1][..., rows], F64_TOL, "lse of the rows", is_lse=True)
+
+
 def test_no_key_rows_give_zero_and_minus_inf(rng):
     """A mask_mod that empties rows: o = 0, lse = -inf, and their gradients 0, on both stages."""
     q, k, v = make_qkv(rng, (2,), 21, 13, d=4)
