@@ -145,6 +145,20 @@ def test_a_block_mask_of_another_shape_is_refused(rng):
             tf.blocked_attention(q, k, v, block_mask=bm, block_q=8, block_k=8)
 
 
+def test_a_block_mask_broadcast_over_heads_needs_a_mask_that_ignores_them(rng):
+    q, k, v = make_qkv(rng, (2, 3), 20, 20, d=4)
+    with pytest.raises(ValueError, match="block_mask has H = 1, but mask_mod depends on h"):
+        tf.blocked_attention(q, k, v, block_mask=tf.create_block_mask(window, 2, 1, 20, 20, block_q=8, block_k=8),
+                             block_q=8, block_k=8)
+    with pytest.raises(ValueError, match="block_mask has B = 1, but mask_mod depends on b"):
+        tf.blocked_attention(q, k, v, block_mask=tf.create_block_mask(window, 1, 3, 20, 20, block_q=8, block_k=8),
+                             block_q=8, block_k=8)
+    causal_window = lambda b, h, i, j: (j <= i) & (i - j < 12)  # noqa: E731
+    bm = tf.create_block_mask(causal_window, 1, 1, 20, 20, block_q=8, block_k=8)
+    o, _ = tf.blocked_attention(q, k, v, block_mask=bm, block_q=8, block_k=8)
+    assert_close(o, tf.naive_attention(q, k, v, mask_mod=causal_window)[0], F64_TOL, "o, a block mask for every head")
+
+
 def test_partial_tiles_need_a_mask(rng):
     """A block mask without its mask_mod (built by hand) has partial tiles no rule can mask: refused."""
     from dataclasses import replace

@@ -19,7 +19,8 @@ and the transposed lists, per key tile j, that the backward (one block per key t
 
 :func:`create_block_mask` builds it by evaluating the mask (``causal`` AND ``mask_mod``, through
 ``tinyflash.core.mods.keep_mask``) one tile at a time. B or H may be 1 to serve any batch or any
-number of heads (broadcast); the mask must then not depend on b or h, which is not checked.
+number of heads (broadcast); the mask must then not depend on b or h, which a call checks where
+it is cheap (:func:`_check_broadcast`: the first query tile, when mask_mod takes arrays).
 
 Stage 1 computes all heads of a tile at once, so it visits a tile that any (b, h) needs and
 skips the per-element mask only where the tile is full for every (b, h)
@@ -37,7 +38,7 @@ import numpy as np
 
 from .checks import check_causal, check_positive_int
 from .masks import key_stop
-from .mods import Mods, check_heads_layout, check_mod, keep_mask
+from .mods import Mods, check_heads_layout, check_mod, evaluate, index_grids, keep_mask
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the classes of a tile in to_dense()
 
@@ -182,7 +183,24 @@ def _check_against_call(bm: BlockMask, mods: Mods, block_q: int, block_k: int) -
     if mask_mod is None and not bm.causal and int(bm.kv_num_blocks.sum()) > 0:
         raise ValueError("block_mask has partial tiles but neither mask_mod nor causal says which of their keys "
                          "to keep: pass mask_mod")
-    return replace(mods, mask_mod=mask_mod)
+    mods = replace(mods, mask_mod=mask_mod)
+    if mask_mod is not None and (B < lead[0] or H < lead[1]):
+        _check_broadcast(mods, bm, lead)
+    return mods
+
+
+def _check_broadcast(mods: Mods, bm: BlockMask, lead: tuple):
+    """A block mask with B or H of 1 serves a call with more only if the mask ignores b or h: checked where
+    cheap, on the first query tile against every key, when mask_mod takes arrays (one vectorised call)."""
+    rows, cols = np.arange(min(bm.block_q, mods.n_q)), np.arange(mods.n_k)
+    result, per_element = evaluate(mods.mask_mod, index_grids(replace(mods, lead=lead), rows, cols))
+    if per_element:
+        return  # element by element would cost as much as the attention: not checked
+    keep = np.broadcast_to(np.asarray(result, dtype=bool), (*lead, len(rows), len(cols)))  # (B, H, rows, Nk)
+    for axis, name, size in ((0, "b", bm.shape[0]), (1, "h", bm.shape[1])):
+        if size == 1 and not (keep == keep.take([0], axis=axis)).all():
+            raise ValueError(f"block_mask has {'B' if axis == 0 else 'H'} = 1, but mask_mod depends on {name}: "
+                             f"build it with the call's (B, H) = {lead}")
 
 
 def key_tile_schedule(block_mask, i: int, n_q: int, n_k: int, Br: int, Bc: int, causal: bool):
