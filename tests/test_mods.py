@@ -73,6 +73,8 @@ SCORE_MODS = [
      lambda s, b, h, i, j: 2.0 * np.tanh(s / 2.0) + 0.1 * h),
     ("a branch", lambda s, b, h, i, j: s * s * 0.3 if s > 0 else s,
      lambda s, b, h, i, j: np.where(s > 0, s * s * 0.3, s)),
+    ("indices on the left", lambda s, b, h, i, j: (h + 1) * s * 0.5 - (i - j) / (s * s + 4),
+     lambda s, b, h, i, j: (h + 1) * s * 0.5 - (i - j) / (s * s + 4)),
 ]
 MASK_MODS = [
     ("window by head", lambda b, h, i, j: (j <= i + 2) & (i + 2 - j < 6 + 3 * h) | (j == b),
@@ -224,6 +226,14 @@ def test_dual_derivative_against_finite_differences(rng, case):
         assert abs(der - fd) <= 1e-6 * max(1.0, abs(fd)), (case[0], s, der, fd)
 
 
+def test_numpy_on_the_left_of_a_dual_defers_to_it():
+    """``h * s`` with h a NumPy scalar or array: a Dual (Dual.__rmul__), not an object array of Duals."""
+    for left in (np.float64(2.0), np.int64(3), np.arange(3.0)):
+        got = left * Dual(np.full(3, 1.5), np.ones(3))
+        assert isinstance(got, Dual) and np.array_equal(got.der, left * np.ones(3))
+        assert isinstance(left - Dual(1.5, 1.0), Dual) and isinstance(left / Dual(1.5, 1.0), Dual)
+
+
 def test_dual_aware_answers_math_imported_by_name_and_in_closures():
     from math import tanh
 
@@ -238,7 +248,7 @@ def test_dual_aware_answers_math_imported_by_name_and_in_closures():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("score", SCORE_MODS[:2], ids=lambda m: m[0])
+@pytest.mark.parametrize("score", [SCORE_MODS[i] for i in (0, 1, 3)], ids=lambda m: m[0])
 def test_backward_with_score_mod_against_finite_differences(rng, score, causal):
     """The naive backward (dual numbers through score_mod) against central differences; blocked against naive."""
     q, k, v = make_qkv(rng, (2, 2), 6, 5, d=3, d_v=2)

@@ -38,6 +38,9 @@ class Dual:
 
     __slots__ = ("val", "der")
     __hash__ = None  # == compares values (possibly arrays): no hash
+    # NumPy defers to the Dual's own operators: ``h * s`` with h a NumPy array or scalar calls
+    # Dual.__rmul__, instead of making an object array of Duals
+    __array_ufunc__ = None
 
     def __init__(self, val, der=0.0):
         self.val = val
