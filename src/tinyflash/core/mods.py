@@ -71,6 +71,7 @@ class Mods:
     n_k: int
     causal: bool
     base: IndexBase = NO_BASE
+    dual_score_mod: object = None  # score_mod with math answered by dual numbers (core/dual.py), made once a call
 
     @property
     def masked(self) -> bool:
@@ -113,7 +114,8 @@ def make_mods(score_mod, mask_mod, prob, base=None, *, always: bool = False) -> 
     if base is not None and not isinstance(base, IndexBase):
         raise TypeError(f"_index_base must be a tinyflash.core.mods.IndexBase; got {type(base).__name__}")
     check_heads_layout(prob.lead, "score_mod, mask_mod or block_mask")
-    return Mods(score_mod, mask_mod, tuple(prob.lead), prob.n_q, prob.n_k, prob.causal, base or NO_BASE)
+    return Mods(score_mod, mask_mod, tuple(prob.lead), prob.n_q, prob.n_k, prob.causal, base or NO_BASE,
+                None if score_mod is None else dual_aware(score_mod))
 
 
 def index_grids(mods: Mods, rows, cols):
@@ -188,7 +190,8 @@ def _score_mod(mods: Mods, S, rows, cols, derivative: bool):
     if not derivative:
         result, per_element = evaluate(mods.score_mod, args)
         return _grid(result, per_element, S.shape, S.dtype), None
-    result, per_element = evaluate(dual_aware(mods.score_mod), args, dual=True)  # math answered by dual numbers
+    dual_mod = mods.dual_score_mod if mods.dual_score_mod is not None else dual_aware(mods.score_mod)
+    result, per_element = evaluate(dual_mod, args, dual=True)  # math answered by dual numbers
     results = result if per_element else [result]
     values = [r.val if isinstance(r, Dual) else r for r in results]
     slopes = [r.der if isinstance(r, Dual) else 0.0 for r in results]  # a constant result: derivative 0
