@@ -135,3 +135,59 @@ def test_backward_refuses_wrong_lse_layout(rng):
     o, lse = tf.varlen_attention(q, k, v, cu_q, cu_k)
     with pytest.raises(ValueError, match=r"lse must have shape \(2, 10\)"):
         tf.varlen_attention_backward(q, k, v, o, lse.T.copy(), o, cu_q, cu_k)
+
+
+def test_mods_see_the_sequence_index_and_its_own_positions(rng):
+    """A score_mod and mask_mod in a packed batch: b is the sequence's index, q_idx and kv_idx count from
+    its start; each sequence equals the reference on it alone, with the mods given that b."""
+    q, k, v, cu_q, cu_k = packed_inputs(rng, [7, 12, 5], [9, 12, 5], 2, 2, 4, 4)
+    window = tf.sliding_window(4)  # kv_idx <= q_idx, q_idx - kv_idx < 4, in the sequence's own positions
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + 0.25 * b - 0.1 * h  # depends on the sequence and the head
+
+    o, lse = tf.varlen_attention(q, k, v, cu_q, cu_k, score_mod=score_mod, mask_mod=window, block_q=4, block_k=5)
+    for s in range(3):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        sm = lambda score, b, h, qi, ki, s=s: score_mod(score, s, h, qi, ki)  # noqa: E731 (b of this sequence)
+        o_s, lse_s = tf.reference_attention(q[q0:q1].swapaxes(0, 1), k[k0:k1].swapaxes(0, 1),
+                                            v[k0:k1].swapaxes(0, 1), score_mod=sm, mask_mod=window)
+        assert_close(o[q0:q1], o_s.swapaxes(0, 1), F64_TOL, f"sequence {s} o")
+        assert_close(lse[:, q0:q1], lse_s, F64_TOL, f"sequence {s} lse", is_lse=True)
+
+
+def test_equals_document_mask_on_the_packed_row(rng):
+    """Packing without padding is the document mask on one long sequence: the same o, lse and gradients."""
+    lengths = [6, 11, 3]
+    q, k, v, cu_q, cu_k = packed_inputs(rng, lengths, lengths, 2, 2, 8, 8)
+    ids = np.repeat(np.arange(3), lengths)  # the document of each packed token
+    document_of = tf.document_mask(ids)  # mask_mod: the same document only
+    o, lse = tf.varlen_attention(q, k, v, cu_q, cu_k, causal=True)
+    row = [x.swapaxes(0, 1) for x in (q, k, v)]  # (H, total, ·): the packed row as one sequence
+    o_doc, lse_doc = tf.reference_attention(*row, causal=True, mask_mod=document_of)
+    assert_close(o, o_doc.swapaxes(0, 1), F64_TOL, "varlen o against the document mask")
+    assert_close(lse, lse_doc, F64_TOL, "varlen lse against the document mask", is_lse=True)
+    do = rng.standard_normal(o.shape)
+    grads = tf.varlen_attention_backward(q, k, v, o, lse, do, cu_q, cu_k, causal=True)
+    grads_doc = tf.reference_attention_backward(*row, do.swapaxes(0, 1), causal=True, mask_mod=document_of)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, grads_doc):
+        assert_close(got, want.swapaxes(0, 1), F64_TOL, f"varlen {name} against the document mask")
+
+
+def test_sinks_and_their_gradient(rng):
+    """Sinks (one logit per head) in every sequence; a sequence without keys has lse = its sink; dsinks is the
+    sum over the sequences of what each gives alone."""
+    q, k, v, cu_q, cu_k = packed_inputs(rng, [5, 3, 8], [6, 0, 8], 3, 3, 4, 4)
+    sinks = rng.standard_normal(3)
+    o, lse = tf.varlen_attention(q, k, v, cu_q, cu_k, causal=True, sinks=sinks)
+    assert np.array_equal(lse[:, cu_q[1]:cu_q[2]], np.repeat(sinks[:, None], 3, axis=1))
+    assert not np.any(o[cu_q[1]:cu_q[2]])
+    do = rng.standard_normal(o.shape)
+    *_, dsinks = tf.varlen_attention_backward(q, k, v, o, lse, do, cu_q, cu_k, causal=True, sinks=sinks)
+    want = np.zeros(3)
+    for s in (0, 2):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        *_, ds = tf.reference_attention_backward(*(x.swapaxes(0, 1) for x in (q[q0:q1], k[k0:k1], v[k0:k1],
+                                                                               do[q0:q1])), causal=True, sinks=sinks)
+        want += ds
+    assert_close(dsinks, want, F64_TOL, "varlen dsinks")

@@ -12,6 +12,9 @@ and sequence s attends only to its own keys: attention is computed per sequence,
 score between two sequences and no work for one. Within a sequence everything is as in
 :func:`tinyflash.blocked_attention` (stage 1, which runs each sequence here): ``causal`` is aligned
 bottom-right within the sequence, and a query of a sequence without keys gets o = 0 and lse = -inf.
+A ``score_mod`` or ``mask_mod`` (``tinyflash.core.mods``) sees b = the sequence's index and q_idx,
+kv_idx counted from the sequence's start: a sliding window or a causal rule written as a mask_mod
+means the same in a packed batch as in a sequence alone.
 
 The layout is token-major (a token's heads side by side) where the stages are head-major
 (..., H, N, d): a sequence's slice ``q[start:stop]`` is turned into a (H, n, d) view by a transpose,
@@ -23,12 +26,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.checks import as_array, check_positive_int
+from ..core.mods import IndexBase, check_mod
+from ..core.sinks import check_sinks
 from ..core.packed import check_varlen_inputs, heads_first
 from .blocked import blocked_attention
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
-                     causal: bool = False, scale: float | None = None, block_q: int = 64, block_k: int = 64):
+                     causal: bool = False, score_mod=None, mask_mod=None, sinks=None, scale: float | None = None,
+                     block_q: int = 64, block_k: int = 64):
     """Attention over a packed batch of sequences of different lengths. Returns ``(o, lse)``.
 
     q (total_q, H, d), k (total_k, H_kv, d), v (total_k, H_kv, dv): NumPy arrays, float16, float32 or
@@ -38,22 +44,30 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     ``max_seqlen_q``/``max_seqlen_k``, if given, must be at least the longest sequence (as
     FlashAttention asks). o (total_q, H, dv) in the input dtype; lse (H, total_q) in the compute dtype
     (float32, float64 for float64 inputs), FlashAttention's layout. ``causal``, ``scale``, ``block_q`` and
-    ``block_k`` as for :func:`tinyflash.blocked_attention`, which computes each sequence.
+    ``block_k`` as for :func:`tinyflash.blocked_attention`, which computes each sequence. ``score_mod``
+    and ``mask_mod`` as there, with b the sequence's index and q_idx, kv_idx its own positions; ``sinks``
+    (H,), one logit per query head, as there too.
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     cu_q, cu_k, prob = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            causal, scale)
     block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+    score_mod, mask_mod = check_mod(score_mod, "score_mod", 5), check_mod(mask_mod, "mask_mod", 4)
+    sinks = check_sinks(sinks, (q.shape[1],))
 
     n_heads = q.shape[1]
     o = np.zeros((q.shape[0], n_heads, prob.d_v), dtype=prob.dtype)  # (total_q, H, dv); rows without keys: 0
     lse = np.full((n_heads, q.shape[0]), -np.inf, dtype=prob.compute_dtype)  # (H, total_q); rows without keys: -inf
     for s in range(cu_q.shape[0] - 1):  # one sequence: its own queries against its own keys
         q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
-        if q1 == q0 or k1 == k0:
-            continue  # no queries, or no keys (its queries keep o = 0, lse = -inf)
+        if q1 == q0 or k1 == k0:  # no queries, or no keys: its queries keep o = 0, and lse = -inf or the sink's
+            if sinks is not None:  # logit, the one term of their softmax
+                lse[:, q0:q1] = sinks.astype(prob.compute_dtype)[:, None]
+            continue
         o_s, lse_s = blocked_attention(heads_first(q[q0:q1]), heads_first(k[k0:k1]), heads_first(v[k0:k1]),
-                                       causal=prob.causal, scale=prob.scale, block_q=block_q, block_k=block_k)
+                                       causal=prob.causal, scale=prob.scale, block_q=block_q, block_k=block_k,
+                                       score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
+                                       _index_base=IndexBase(batch=s))
         o[q0:q1] = heads_first(o_s)  # (n_q, H, dv)
         lse[:, q0:q1] = lse_s  # (H, n_q)
     return o, lse
