@@ -248,7 +248,7 @@ def test_main_writes_named_figures(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown"):
         plots.make_figures(tmp_path, ["memory_model", "nope"])
     assert plots.FIGURE_NAMES == ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic",
-                                  "time_gpu", "training_memory", "kv_cache", "gpt_training")
+                                  "time_gpu", "training_memory", "kv_cache", "gpt_training", "block_sparsity")
 
 
 def test_remeasure_gpu_calls_the_benchmark_with_the_csv_path(tmp_path, monkeypatch):
@@ -313,6 +313,23 @@ def test_kv_cache_figure(tmp_path):
     rows = {(r["variant"], r["dtype"], int(r["context"])): int(r["bytes"]) for r in read_rows(tmp_path / "kv_cache.csv")}
     assert rows["MHA", "float16", 4096] == 4 * rows["GQA", "float16", 4096] == 32 * rows["MQA", "float16", 4096]
     assert rows["GQA", "float16", 1024] == 2 * rows["GQA", "int8", 1024]
+
+
+def test_block_sparsity_figure(tmp_path):
+    """The block-mask figure and its data at N = 2,048 (16 × 16 tiles): the fractions counted by hand."""
+    from tinyflash.plots import block_sparsity as plot_block_sparsity
+
+    png = plot_block_sparsity.plot_block_sparsity(tmp_path / "b.png", tmp_path / "b.csv", n=2048, picture_n=1024)
+    assert_png(png)
+    rows = {r["variant"]: {k: float(r[k]) for k in ("empty", "partial", "full")} for r in read_rows(tmp_path / "b.csv")}
+    assert rows["dense (softcap, ALiBi)"] == {"empty": 0.0, "partial": 0.0, "full": 1.0}
+    tiles = 16 * 16  # causal: 16 diagonal tiles partial, the 120 below full, the 120 above empty
+    assert rows["causal"] == {"empty": 120 / tiles, "partial": 16 / tiles, "full": 120 / tiles}
+    # a window of 1,024 keys = 8 tiles: per query tile the diagonal and the window's far edge are partial,
+    # the 7 between full (fewer in the first 8 rows of tiles)
+    assert rows["sliding window 1,024"]["partial"] == (16 + 8) / tiles
+    for fractions in rows.values():
+        assert sum(fractions.values()) == pytest.approx(1.0)
 
 
 def test_provenance_names_every_run():

@@ -18,9 +18,10 @@ writes its data to ``figures/data/*.csv`` beside the PNG:
 | training_memory.png         | what the backward keeps and takes      | tracemalloc (committed CSV)        |
 | kv_cache.png                | KV-cache bytes vs context, MHA/GQA/MQA | decode.cache_memory (formula)      |
 | gpt_training.png            | a GPT's loss with tinyflash and SDPA   | examples/train_gpt.py (GPU CSV)    |
+| block_sparsity.png          | empty, partial, full tiles per mask    | core.block_mask (counted)          |
 
 The figures themselves are drawn in memory.py, traffic.py, gpu.py, training_memory.py,
-kv_cache.py and training_run.py beside this file; common.py holds what they share. Tooling, not teaching code: nothing in
+kv_cache.py, training_run.py and block_sparsity.py beside this file; common.py holds what they share. Tooling, not teaching code: nothing in
 the teaching modules imports this package.
 """
 
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import matplotlib
 
+from .block_sparsity import plot_block_sparsity
 from .gpu import plot_memory_gpu_measured, plot_time_gpu
 from .kv_cache import plot_kv_cache
 from .memory import plot_memory_cpu_measured, plot_memory_model
@@ -42,7 +44,7 @@ from .training_memory import plot_training_memory
 from .training_run import plot_gpt_training
 
 FIGURE_NAMES = ("memory_model", "memory_cpu_measured", "memory_gpu_measured", "hbm_traffic", "time_gpu",
-                "training_memory", "kv_cache", "gpt_training")
+                "training_memory", "kv_cache", "gpt_training", "block_sparsity")
 GPU_CSV_NAME = "bench_h200.csv"
 GPT_CSV_NAME = "gpt_training_h200.csv"  # examples/train_gpt.py --csv, run on the H200
 
@@ -84,6 +86,7 @@ def make_figures(out: Path, names=FIGURE_NAMES, *, gpu_csv: Path | None = None, 
             remeasure=remeasure_cpu or not (data / "training_memory.csv").exists()),
         "kv_cache": lambda p: plot_kv_cache(p, data / "kv_cache.csv"),
         "gpt_training": lambda p: plot_gpt_training(p, data / GPT_CSV_NAME),
+        "block_sparsity": lambda p: plot_block_sparsity(p, data / "block_sparsity.csv"),
     }
     written = []
     for name in names:
