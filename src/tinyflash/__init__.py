@@ -41,12 +41,14 @@ from .backward.blocked import blocked_attention_backward
 from .backward.naive import naive_attention_backward, reference_attention_backward
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
+from .core.quantize import FP8Inputs, quantize_fp8
 from .cost.memory import attention_memory, format_bytes, measure_peak_bytes, tile_bytes
 from .cost.traffic import HBMCounter
 from .decode.cache_memory import kv_cache_bytes
 from .decode.paged import PagedKVCache, paged_attention, to_paged
 from .decode.split_kv import split_kv_attention
 from .forward.blocked import blocked_attention
+from .forward.fp8 import fp8_attention
 from .forward.naive import naive_attention, reference_attention
 
 # The GPU stages import numba, which is slow to import and must see NUMBA_ENABLE_CUDASIM before it is
@@ -62,9 +64,9 @@ _ON_FIRST_USE = {
 }
 
 __all__ = sorted([
-    "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
-    "blocked_attention_backward", "causal_mask", "format_bytes", "kv_cache_bytes", "measure_peak_bytes",
-    "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention", "reference_attention",
+    "FP8Inputs", "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
+    "blocked_attention_backward", "causal_mask", "format_bytes", "fp8_attention", "kv_cache_bytes", "measure_peak_bytes",
+    "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention", "quantize_fp8", "reference_attention",
     "reference_attention_backward", "split_kv_attention", "tile_bytes", "to_paged", *_ON_FIRST_USE,
 ])
 __version__ = "0.1.0"
