@@ -10,13 +10,12 @@ Stages, each checked against the one before and against a float64 reference:
 4. :func:`hopper_attention` — the same loop with Hopper's warpgroup multiplies (``wgmma``), on
    compute capability 9.0.
 
-FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per tensor, head
-or block, optionally rotated) and :func:`fp8_attention` (stage 1's loop as the FP8 kernel will run it).
-
 All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv). The backward pass
 (``*_attention_backward``, and :mod:`tinyflash.torch` for PyTorch autograd) and decoding with a KV
 cache (``split_kv_attention``, ``paged_attention`` and their ``cuda_`` kernels) follow the same
-conventions.
+conventions. FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per
+tensor, head or block, optionally rotated) and :func:`fp8_attention` (stage 1's loop on them, as the FP8
+kernel will run it).
 
 The package is the book; each folder holds one idea:
 
