@@ -12,9 +12,10 @@ survive; the root-mean-square error of O against the float64 reference, for
   ``fp8_attention``, the emulated FP8 forward (P in e4m3 after FlashAttention-3's offset);
 * the same two with ``rotated``: Q and K rotated by a random Hadamard matrix before quantization (incoherent
   processing);
-* rows that take FP8's error apart: ``e4m3 P only`` (float32 inputs, only P rounded to e4m3, with the offset)
-  and ``e4m3 V only`` (only V quantized, per tensor): the parts that scaling and rotating Q and K cannot remove
-  (V is not rotated); ``fp8 per tensor, P offset 0``: P rounded in [0, 1], without FlashAttention-3's offset.
+* rows that take FP8's error apart, each rounding alone with everything else in float32: ``e4m3 P only`` (P
+  rounded to e4m3, with the offset), ``e4m3 V only`` (V quantized per tensor), ``e4m3 Q, K only`` (Q and K
+  quantized per tensor), and that with the rotation; ``fp8 per tensor, P offset 0``: P rounded in [0, 1],
+  without FlashAttention-3's offset.
 
 Every method's O is rounded to bfloat16 at the end, as the kernels write it. One CSV row per (d, seed, method),
 with ``rmse_vs_per_tensor`` = the per-tensor FP8 RMSE over this one's (above 1: more accurate than per tensor).
@@ -41,8 +42,8 @@ from .record import CsvWriter, environment
 FIELDS = ["device", "date", "numpy", "ml_dtypes", "commit", "method", "batch", "heads", "n", "d", "block", "seed",
           "outlier_fraction", "outlier_scale", "rmse", "rmse_vs_per_tensor"]
 METHODS = {  # name: (granularity, rotate, p_offset) of the FP8 forward, or the name of a NumPy computation
-    "bfloat16": "bfloat16", "e4m3 P only": "e4m3 P", "e4m3 V only": "e4m3 V",
-    "fp8 per tensor, P offset 0": ("tensor", False, 0),
+    "bfloat16": "bfloat16", "e4m3 P only": "e4m3 P", "e4m3 V only": "e4m3 V", "e4m3 Q, K only": "e4m3 QK",
+    "e4m3 Q, K only, rotated": "e4m3 QK rotated", "fp8 per tensor, P offset 0": ("tensor", False, 0),
     "fp8 per tensor": ("tensor", False, P_OFFSET), "fp8 per block": ("block", False, P_OFFSET),
     "fp8 per tensor, rotated": ("tensor", True, P_OFFSET), "fp8 per block, rotated": ("block", True, P_OFFSET),
 }
@@ -86,6 +87,10 @@ def method_output(method: str, q, k, v, seed: int, block: int = BLOCK) -> np.nda
     elif how == "e4m3 V":  # V's rounding alone: V quantized per tensor, the rest in float32, P unrounded
         fp8 = quantize_fp8(q, k, v)
         o = rounded_attention(q, k, fp8.v.astype(np.float32) * fp8.descale_v, lambda p: p)
+    elif how in ("e4m3 QK", "e4m3 QK rotated"):  # Q's and K's rounding alone (per tensor): Q Kᵀ is the same rotated or not
+        fp8 = quantize_fp8(q, k, v, rotate=how.endswith("rotated"), seed=seed)
+        q8, k8 = fp8.q.astype(np.float32) * fp8.descale_q, fp8.k.astype(np.float32) * fp8.descale_k
+        o = rounded_attention(q8, k8, v, lambda p: p)
     else:
         granularity, rotate, p_offset = how
         fp8 = quantize_fp8(q, k, v, granularity=granularity, block=block, rotate=rotate, seed=seed)
