@@ -21,7 +21,7 @@ to the one whose last mantissa bit is 0 (round half to even), magnitudes beyond 
 :func:`decode_e4m3` their values. Plain NumPy: the spacing of the numbers around x comes from ``np.frexp`` (x's
 binary exponent), and ``np.rint`` rounds x / spacing to an integer, half to even. ml_dtypes'
 ``float8_e4m3fn`` (the NumPy type PyTorch's ``torch.float8_e4m3fn`` matches bit for bit) implements the same
-format; the tests check these functions against it for every byte and for millions of floats.
+format; the tests check these functions against it for every byte, every tie and a million random floats.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ one float32 ``descale`` per group of entries, chosen so that the group's largest
     x8      = round_e4m3(x / descale)          x ≈ x8 · descale
 
 Mapping the absolute maximum to 448, the top of the range, leaves the smallest entries as far above the
-subnormals (below 2^-6, where e4m3 loses relative precision) as the group allows; no entry saturates. Every
+subnormals (below 2^-6, where e4m3 loses relative precision) as the group allows, and clips no entry (the
+float32 descale is rounded up where it must be, so that |x| / descale stays <= 448). Every
 normal entry then errs by at most 2^-4 of itself. The kernel multiplies the bytes as they are and applies the
 descales to its float32 results: S = (Q8 K8ᵀ) · descale_q · descale_k · scale, and O's ``descale_v`` at the end.
 
@@ -78,7 +79,9 @@ def descales(x, granularity: str, block: int) -> np.ndarray:
         padded = np.zeros((*x.shape[:-2], t * block, x.shape[-1]))  # (..., T·block, d), zero rows after N
         padded[..., :n, :] = a
         amax = padded.reshape(*x.shape[:-2], t, block * x.shape[-1]).max(axis=-1)  # (..., H, T)
-    return np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)  # a group of zeros: any descale will do
+    exact = np.where(amax > 0, amax / E4M3_MAX, 1.0)  # float64; a group of zeros: any descale will do
+    stored = exact.astype(np.float32)  # the kernel reads float32: round up where float32 rounded down, so that
+    return np.where(stored < exact, np.nextafter(stored, np.float32(np.inf)), stored)  # |x| / descale <= 448
 
 
 def quantize_e4m3(x, descale, granularity: str, block: int) -> np.ndarray:
