@@ -116,6 +116,7 @@ def test_quantize_round_trip_within_half_a_spacing(rng, granularity, rotate):
         bound = np.maximum(UNIT_ROUNDOFF * np.abs(x), SMALLEST_SUBNORMAL / 2 * scale) * (1 + 2**-40)  # float64 slack
         assert (np.abs(back - x) <= bound).all(), np.abs(back - x).max()
         assert np.abs(x8.astype(np.float64)).max() == E4M3_MAX
+        assert (np.abs(x) <= E4M3_MAX * scale).all()  # the float32 descale clips nothing
     assert out.descale_q.shape == {"tensor": (), "head": (2, 3), "block": (2, 3, 3)}[granularity]
 
 
