@@ -67,9 +67,10 @@ _ON_FIRST_USE = {
 
 __all__ = sorted([
     "FP8Inputs", "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
-    "blocked_attention_backward", "causal_mask", "format_bytes", "fp8_attention", "kv_cache_bytes", "measure_peak_bytes",
-    "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention", "quantize_fp8", "reference_attention",
-    "reference_attention_backward", "split_kv_attention", "tile_bytes", "to_paged", *_ON_FIRST_USE,
+    "blocked_attention_backward", "causal_mask", "format_bytes", "fp8_attention", "kv_cache_bytes",
+    "measure_peak_bytes", "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention",
+    "quantize_fp8", "reference_attention", "reference_attention_backward", "split_kv_attention", "tile_bytes",
+    "to_paged", *_ON_FIRST_USE,
 ])
 __version__ = "0.1.0"
 
