@@ -66,8 +66,9 @@ def _descale_blocks(descale, name: str, lead: tuple, n: int, block: int) -> np.n
     if d.shape not in ((), lead, (*lead, t)):
         raise ValueError(f"{name} must have shape () (per tensor), {lead} (per head) or {(*lead, t)} (per block of "
                          f"{block} rows: the forward's tile; quantize_fp8 with block={block}); got {d.shape}")
-    if not (np.isfinite(d).all() and (d > 0).all()):
-        raise ValueError(f"{name} must be finite and > 0; got {d}")
+    bad = d[~(np.isfinite(d) & (d > 0))]
+    if bad.size:
+        raise ValueError(f"{name} must be finite and > 0; got {bad.size} entries that are not, the first {bad[0]}")
     d = d.astype(np.float32)
     if d.shape == (*lead, t):
         return d  # (..., H, T)
