@@ -13,7 +13,9 @@ Stages, each checked against the one before and against a float64 reference:
 All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv). The backward pass
 (``*_attention_backward``, and :mod:`tinyflash.torch` for PyTorch autograd) and decoding with a KV
 cache (``split_kv_attention``, ``paged_attention`` and their ``cuda_`` kernels) follow the same
-conventions.
+conventions. FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per
+tensor, head or block, optionally rotated) and :func:`fp8_attention` (stage 1's loop on them, as the FP8
+kernel will run it).
 
 The package is the book; each folder holds one idea:
 
@@ -44,6 +46,7 @@ from .backward.varlen import varlen_attention_backward
 from .core.block_mask import BlockMask, create_block_mask
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
+from .core.quantize import FP8Inputs, quantize_fp8
 from .core.variants import alibi, document_mask, prefix_lm, relative_bias, sliding_window, softcap
 from .cost.memory import attention_memory, format_bytes, measure_peak_bytes, tile_bytes
 from .cost.traffic import HBMCounter
@@ -51,6 +54,7 @@ from .decode.cache_memory import kv_cache_bytes
 from .decode.paged import PagedKVCache, paged_attention, to_paged
 from .decode.split_kv import split_kv_attention
 from .forward.blocked import blocked_attention
+from .forward.fp8 import fp8_attention
 from .forward.naive import naive_attention, reference_attention
 from .forward.varlen import varlen_attention
 
@@ -67,12 +71,13 @@ _ON_FIRST_USE = {
 }
 
 __all__ = sorted([
-    "BlockMask", "HBMCounter", "OnlineSoftmax", "PagedKVCache", "alibi", "attention_memory", "blocked_attention",
-    "blocked_attention_backward", "causal_mask", "create_block_mask", "document_mask", "format_bytes",
-    "kv_cache_bytes", "measure_peak_bytes", "naive_attention", "naive_attention_backward", "online_softmax",
-    "paged_attention", "prefix_lm", "reference_attention", "reference_attention_backward", "relative_bias",
-    "sliding_window", "softcap", "split_kv_attention", "tile_bytes", "to_paged", "varlen_attention",
-    "varlen_attention_backward", *_ON_FIRST_USE,
+    "BlockMask", "FP8Inputs", "HBMCounter", "OnlineSoftmax", "PagedKVCache", "alibi", "attention_memory",
+    "blocked_attention", "blocked_attention_backward", "causal_mask", "create_block_mask", "document_mask",
+    "format_bytes", "fp8_attention", "kv_cache_bytes", "measure_peak_bytes", "naive_attention",
+    "naive_attention_backward", "online_softmax", "paged_attention", "prefix_lm", "quantize_fp8",
+    "reference_attention", "reference_attention_backward", "relative_bias", "sliding_window", "softcap",
+    "split_kv_attention", "tile_bytes", "to_paged", "varlen_attention", "varlen_attention_backward",
+    *_ON_FIRST_USE,
 ])
 __version__ = "0.1.0"
 

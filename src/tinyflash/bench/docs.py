@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..backward.kernels import VERSIONS as BACKWARD
 from ..forward.kernels import VERSIONS as FORWARD
-from . import cells, model_sentences, sweep_tables, tables
+from . import cells, fp8_accuracy, model_sentences, sweep_tables, tables
 from .record import data_dir, number, read_csv, repository
 from .suites import BENCHMARKS
 
@@ -327,6 +327,11 @@ def accuracy_block() -> str:
             f"{rows[0]['date'][:10]}, {rows[0]['device']}, torch {rows[0]['torch']}).")
 
 
+def fp8_accuracy_block() -> str:
+    rows = record("fp8_accuracy")
+    return fp8_accuracy.table(rows) + "\n\n" + fp8_accuracy.sentence(rows)
+
+
 def cold_start_block() -> str:
     return tables.cold_start_table(record("cold_start_h200"))
 
@@ -368,6 +373,7 @@ BLOCKS = {
     "deterministic": deterministic_sentence, "training-step": table("training_step_h200"),
     "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": table("decode_whole_call_h200"),
     "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,
+    "fp8-accuracy": fp8_accuracy_block,
     "gpu-tests": gpu_tests, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
     "memory-fit": model_sentences.memory_fit, "traffic": model_sentences.traffic, "cpu-memory": model_sentences.cpu_memory,
     "training-memory": model_sentences.training_memory, "kv-cache": model_sentences.kv_cache,

@@ -18,6 +18,8 @@
                  descriptors and the 128-byte swizzle; wgmma_emulation.py emulates them (asynchrony included)
     tma.py       Hopper's tensor memory accelerator (TMA copies), mbarriers, setmaxnreg and named barriers;
                  tma_emulation.py emulates them (barrier phases and transaction bytes included)
+    fp8.py       the FP8 conversions (cvt: two float32 to an e4m3 pair, an e4m3 pair to two float16);
+                 fp8_emulation.py emulates them
     tensor_map.py  the host's side of TMA: tensor maps encoded by the driver (a Python description on the
                  simulator), kept per array address
 
