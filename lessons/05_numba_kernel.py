@@ -71,7 +71,7 @@ assert CUDA_CORES[-1] == DEFAULT
 # The kernels are printed from their source files (lib.excerpt), so what you read here is what
 # runs. First stage 1's loop over key/value tiles (forward/blocked.py), for one query tile Q_i:
 show("stage 1, tinyflash.blocked_attention (NumPy): the key/value loop of one query tile",
-     excerpt(tf.blocked_attention, "for j in range(Tc)", "online_softmax_update"))
+     excerpt(tf.blocked_attention, "for j, masked in key_tile_schedule", "online_softmax_update"))
 # v1, the kernel to read first: one thread per query row. The block's threads load K_j and V_j into
 # shared memory together, then each thread runs stage 1's lines for its own row: scores, mask,
 # row max, rescale (alpha), P·V. m_i, l_i and acc are that row's, in registers.
