@@ -157,7 +157,7 @@ def test_bad_inputs_are_refused_before_a_launch(rng):
     with pytest.raises(ValueError, match=r"supports d = dv a multiple of 8 up to 256; got q \(4, 36\)"):
         q36, k36, v36 = make_qkv(rng, (), 4, 4, 36, dtype=np.float16)
         tf.tensor_core_attention_backward(q36, k36, v36, q36, lse, q36)
-    with pytest.raises(ValueError, match=r"supports d = dv a multiple of 8 up to 256; got q \(4, 64\), v \(4, 32\)"):
+    with pytest.raises(ValueError, match=r"d = dv a multiple of 8 up to 256; got q \(4, 64\), v \(4, 32\)"):
         tf.tensor_core_attention_backward(q, k, v[:, :32], o[:, :32], lse, o[:, :32])
     with pytest.raises(ValueError, match="do must have shape"):
         tf.tensor_core_attention_backward(q, k, v, o, lse, o[:3])
@@ -187,6 +187,20 @@ def test_tilings():
         BackwardTensorCoreTiling(D=100, WARPS=1, BR=16).validate()
     with pytest.raises(ValueError, match="DKV_COLUMN_GROUPS must divide WARPS"):
         BackwardTensorCoreTiling(D=256, WARPS=3, BR=48, DKV_COLUMN_GROUPS=2).validate()
+
+
+def test_the_default_kernel_at_each_head_dim():
+    """On a Hopper GPU the warp-specialised wgmma kernel (v4) at d = 64 and 128, v2 at every other head dim; v2
+    elsewhere; and a named kernel that does not take the head dim is refused before anything runs."""
+    for d in (64, 128):
+        assert VERSIONS.default("tensor_core_attention_backward", "bfloat16", d, d, capability=(9, 0)).name == "v4"
+    for d in (8, 40, 96, 192, 200, 256):
+        assert VERSIONS.default("tensor_core_attention_backward", "bfloat16", d, d, capability=(9, 0)).name == "v2"
+        assert VERSIONS.default("tensor_core_attention_backward", "float16", d, d, capability=(8, 0)).name == "v2"
+    q = np.ones((4, 96), np.float16)
+    with pytest.raises(ValueError, match=r"^backward kernel v3 takes d = dv one of \(64, 128\); got d = 96 \(kernel "
+                                         r"v2 takes a multiple of 8 up to 256\)$"):
+        tf.tensor_core_attention_backward(q, q, q, q, np.zeros(4, np.float32), q, kernel="v3")
 
 
 @pytest.mark.parametrize("n_q, n_k, causal", [(34, 20, True), (20, 34, True)])  # without the mask: the GPU tests
