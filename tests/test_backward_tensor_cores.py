@@ -175,12 +175,28 @@ def test_warps_share_dq_by_columns(rng):
     check((q, k, v, do), tf.cuda_attention_backward(q, k, v, o, lse, do, kernel="v2", config=cfg), False, "2 warps")
 
 
+@pytest.mark.parametrize("d", [96, 200])
+# slow on the simulator (4 warps, two key tiles, the second ragged): the GPU's tilings of the new families
+def test_the_gpu_s_tilings_at_other_head_dims(rng, d):
+    """The GPU's own tiling (``default_tiling``), causal, ragged, two query heads on one K/V head: at d = 96 4
+    warps of 16 keys, query tiles of 32 rows, dQ_i split by rows and columns; at d = 200 (224 padded) 4 warps in
+    two pairs on 16 keys each, each warp of a pair with half of dK's and dV's columns."""
+    cfg = default_tiling(d)
+    assert (cfg.WARPS, cfg.BR, cfg.DKV_COLUMN_GROUPS) == ((4, 32, 1) if d == 96 else (4, 32, 2))
+    q, k, v = make_qkv(rng, (2,), 35, cfg.BC + 5, d, dtype=np.float16)
+    k, v = k[:1], v[:1]
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    o, lse = tf.naive_attention(q, k, v, causal=True)
+    grads = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, config=cfg)
+    check((q, k, v, do), grads, True, f"{cfg}")
+
+
 def test_tilings():
     assert default_tiling(128).smem_bytes <= 227 * 1024 and default_tiling(64).BC == 128
-    for d in range(8, 257, 8):  # every head dim has a tiling on the GPU (the H200's shared memory without one)
+    for d in range(8, 257, 8):  # every head dim has a tiling that an A100 (163 KB a block) and a Hopper GPU run
         cfg = default_tiling(d)
-        assert cfg.D == d and cfg.smem_bytes <= 227 * 1024 and cfg.DKV_COLUMN_GROUPS == (1 if d <= 128 else 2), cfg
-    assert (default_tiling(256).BC, default_tiling(256).BR) == (64, 64)
+        assert cfg.D == d and cfg.smem_bytes <= 163 * 1024 and cfg.DKV_COLUMN_GROUPS == (1 if d <= 128 else 2), cfg
+    assert (default_tiling(256).BC, default_tiling(256).BR, default_tiling(96).BC) == (64, 32, 64)
     with pytest.raises(ValueError, match="its 16-row tiles a multiple or a divisor of WARPS"):
         BackwardTensorCoreTiling(D=64, WARPS=4, BR=48).validate()
     with pytest.raises(ValueError, match="D must be a multiple of 8 up to 256"):

@@ -30,7 +30,7 @@ so that the next query tile is in flight while one is computed, and dSᵀ (Bc ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from numba.cuda import types
 
@@ -125,17 +125,23 @@ class BackwardTensorCoreTiling(Tiling):
 
 
 def default_tiling(d: int) -> BackwardTensorCoreTiling:
-    """The tiling used on a GPU: 8 warps, query tiles of 64 rows, each warp a quarter of dQ_i's rows and half of
-    its columns. Up to DP = 128 (d padded to a multiple of 32) a warp owns 16 keys (Bc = 128): FlashAttention-2's
-    block shape at d = 128, and on an H200 the fastest of those tried at d = 64 and 128 (``python -m
-    tinyflash.bench backward-tensor-core-tiles``): a key tile twice as long as with 4 warps reads Q_i and dO_i and
-    adds to dQ half as often. Past DP = 128 two warps share 16 keys, each with half of dK_j's and dV_j's columns
-    (Bc = 64, FlashAttention-2's at d = 256), and the query tiles shrink to 32 rows where 64 would need more shared
-    memory than a block of this GPU may have (d = 256 on an A100)."""
-    if padded_head_dim(d) <= 128:
+    """The tiling used on a GPU. At DP = 32, 64 and 128 (d padded to a multiple of 32): 8 warps of 16 keys
+    (Bc = 128), query tiles of 64 rows, each warp a quarter of dQ_i's rows and half of its columns;
+    FlashAttention-2's block shape at d = 128, and on an H200 the fastest of those tried at d = 64 and 128
+    (``python -m tinyflash.bench backward-tensor-core-tiles``): a key tile twice as long as with 4 warps reads Q_i
+    and dO_i and adds to dQ half as often.
+
+    At the other head dims, query tiles of 32 rows, which keep every lane's registers within ptxas's 255 without
+    spills (``benchmarks/ptxas_report.py``: at 64 rows the kernel spills at DP = 96, 192 and 256); past DP = 128
+    two warps on each 16 keys, each with half of dK_j's and dV_j's columns. 8 warps where DP is a multiple of 64
+    (DP = 192, 256: Bc = 64, FlashAttention-2's at d = 256; 141 KB of shared memory at d = 256, within an A100's
+    163 KB a block), else 4, so that dQ_i's 8-column tiles split among the warps in groups of an even size (a
+    warp's ldmatrix takes them in pairs) and each tile's 16-byte pieces among the threads."""
+    dp = padded_head_dim(d)
+    if dp in (32, 64, 128):
         return BackwardTensorCoreTiling(D=d, WARPS=8, BR=64).validate()
-    wide = BackwardTensorCoreTiling(D=d, WARPS=8, BR=64, DKV_COLUMN_GROUPS=2)
-    return (wide if not wide.problems() else replace(wide, BR=32)).validate()
+    return BackwardTensorCoreTiling(D=d, WARPS=8 if dp % 64 == 0 else 4, BR=32,
+                                    DKV_COLUMN_GROUPS=1 if dp <= 128 else 2).validate()
 
 
 def simulator_tiling(d: int) -> BackwardTensorCoreTiling:
