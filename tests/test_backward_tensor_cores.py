@@ -84,6 +84,14 @@ def test_head_dims(rng, d, causal):
     assert all(np.array_equal(x, c) for x, c in zip(inputs, copies))  # inputs untouched
 
 
+@pytest.mark.smoke  # the first tier's one run of the new kinds of head dim (one block, a few queries and keys)
+def test_a_padded_head_dim_past_128(rng):
+    """d = 136, padded to 160 with zero columns, two warps on 16 keys each with half of dK's and dV's columns,
+    causal with Nq > Nk (a query that sees no key)."""
+    inputs, grads = gradients(rng, (1,), (1,), 6, 5, 136, True)
+    check(inputs, grads, True, "d=136")
+
+
 @pytest.mark.parametrize("d", [96, 192])
 def test_grouped_heads_at_other_head_dims(rng, d):
     """Grouped-query heads (two query heads on one K/V head) at d = 96 (one warp) and 192 (two warps on the same

@@ -185,7 +185,7 @@ def backward_tile_peers(point) -> list:
                               f"v1 BR={br} BC={bc} NT={nt} TM={tm} TK={tk}") for br, bc, nt, tm, tk in BACKWARD_TILINGS[d]]
 
 
-BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128))  # (WARPS, BR) of backward kernel v2 tried per head dim
+BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128), (8, 32))  # (WARPS, BR) of backward kernel v2 tried per d
 
 
 def backward_tensor_core_tile_peers(point) -> list:
