@@ -17,7 +17,8 @@ one reached through its registry (``VERSIONS[name]``: its build and its tiling o
 * the decode combine kernel as Hopper launches it (waiting for the split kernel inside: ``after_split``), float16
   and float32 output;
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
-* backward v2 (``v2_tensor_cores``) at its default tilings, d = 64 and 128, float16 and bfloat16;
+* backward v2 (``v2_tensor_cores``) at its default tilings, d in BACKWARD_DIMS (64, 96, 128, 192, 256, and 200:
+  padded to 224), float16 and bfloat16, for sm_90 (dQ's paired atomics) and for ``sm_80`` (an A100: two atomics);
 * backward v3 (``v3_wgmma``) and v4 (``v4_warp_specialized``) at their default tilings, d = 64 and 128, float16
   and bfloat16, for ``sm_90a``; v4 also with dQ added by TMA (``DQ_BY_TMA``).
 
@@ -34,6 +35,7 @@ from typing import Callable
 
 ARCH = "sm_90"
 TENSOR_CORE_DIMS = (32, 40, 64, 96, 128, 200, 256)  # the head dims of the tensor-core forward and decode kernels compiled
+BACKWARD_DIMS = (64, 96, 128, 192, 200, 256)  # those of backward v2 (mma.sync)
 
 
 @dataclass(frozen=True)
@@ -180,16 +182,20 @@ def backward_jobs() -> list[Job]:
 
 
 def backward_tensor_core_jobs() -> list[Job]:
-    """Backward v2 (tensor cores) at its default tilings, d = 64 and 128, float16 and bfloat16."""
+    """Backward v2 (tensor cores) at its default tilings, d in BACKWARD_DIMS, float16 and bfloat16: for sm_90 with
+    dQ's paired atomics, and for sm_80 (an A100) with two atomics, as each runs."""
     from tinyflash.backward.kernels import VERSIONS
 
     v2, found = VERSIONS["v2"], []
-    for element in ("float16", "bfloat16"):
-        for d in v2.head_dims:
-            cfg = v2.tilings[0](d)
-            variant = f"d={d} {element} warps={cfg.WARPS} keys={cfg.BC} BR={cfg.BR}"
-            found.append(Job("backward v2", variant, lambda cfg=cfg, element=element:  # paired atomics, as on sm_90
-                             (v2.build(cfg, element, pair_atomics=True), v2.signature)))
+    for arch, pairs in ((ARCH, True), ("sm_80", False)):
+        for element in ("float16", "bfloat16"):
+            for d in BACKWARD_DIMS:
+                cfg = v2.tilings[0](d)
+                variant = (f"d={d} {element} warps={cfg.WARPS} keys={cfg.BC} BR={cfg.BR}"
+                           + (f" dkv_groups={cfg.DKV_COLUMN_GROUPS}" if cfg.DKV_COLUMN_GROUPS > 1 else "")
+                           + ("" if arch == ARCH else f" {arch}"))
+                found.append(Job("backward v2", variant, lambda cfg=cfg, element=element, pairs=pairs:
+                                 (v2.build(cfg, element, pair_atomics=pairs), v2.signature), arch))
     return found
 
 

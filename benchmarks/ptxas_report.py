@@ -1,5 +1,5 @@
-"""Every kernel of this checkout compiled for the H200 (sm_90) without a GPU: registers, spills, stack
-frame and instruction counts, one CSV row per kernel.
+"""Every kernel of this checkout compiled for the H200 (sm_90; backward v2 for the A100's sm_80 too) without a GPU:
+registers, spills, stack frame and instruction counts, one CSV row per kernel.
 
     PYTHONPATH=src python benchmarks/ptxas_report.py [--csv figures/data/ptxas_sm90.csv] [--ptx-dir DIR]
                                                      [--nvdisasm PATH] [--only TEXT] [--jobs N] [--sweep]
@@ -135,7 +135,7 @@ def compile_job(job, ptx_dir: str | None, nvdisasm: str | None) -> dict:
 
     kernel, signature = job.build()
     options = kernel.targetoptions
-    cc = (*CC, "a") if job.arch.endswith("a") else CC  # sm_90a: numba's compute_90a, as on a 9.0 device
+    cc = (int(job.arch[3]), int(job.arch[4]), *job.arch[5:])  # sm_90a: numba's compute_90a, as on a 9.0 device
     ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=cc, fastmath=options.get("fastmath") or False,
                               launch_bounds=options.get("launch_bounds"))
     cap = options.get("max_registers")
@@ -199,8 +199,8 @@ def main(argv=None) -> int:
     _JOBS[:] = [j for j in jobs(args.sweep) if not args.only or args.only in j.kernel or args.only in j.variant]
     if args.ptx_dir:
         Path(args.ptx_dir).mkdir(parents=True, exist_ok=True)
-    print(f"{len(_JOBS)} kernels for {ARCH} (the wgmma ones for {ARCH}a): numba-cuda {fixed['numba_cuda']}, {fixed['ptxas']}, "
-          f"commit {fixed['commit'] or '-'}, {fixed['date']}", flush=True)
+    print(f"{len(_JOBS)} kernels for {ARCH} (the wgmma ones for {ARCH}a, backward v2 for sm_80 too): numba-cuda "
+          f"{fixed['numba_cuda']}, {fixed['ptxas']}, commit {fixed['commit'] or '-'}, {fixed['date']}", flush=True)
     tasks = [(i, args.ptx_dir, args.nvdisasm) for i in range(len(_JOBS))]
     writer, failed = CsvWriter(args.csv, fields=FIELDS), []
     # forked workers inherit the jobs (their build functions are closures, which do not pickle); nothing here

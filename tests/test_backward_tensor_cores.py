@@ -2,7 +2,9 @@
 its PTX instructions run through their emulations (``gpu/ptx_emulation.py``).
 
 The simulator runs one Python thread per CUDA thread: one warp, 16 keys and 16 query rows per tile, N <= 40,
-d = 64 (one test at 128). Gradients are checked against the float64 reference by FlashAttention's rule for
+d = 64 (one test at 128); past d = 128 two warps on the same 16 keys, each with half of dK's and dV's columns
+(the tiling's DKV_COLUMN_GROUPS, as on a GPU), and head dims that are not multiples of 32, padded with zero
+columns (d = 40 to 64, d = 200 to 224). Gradients are checked against the float64 reference by FlashAttention's rule for
 gradients (3 × the error of naive attention in the same precision); the GPU tests
 (``test_backward_tensor_cores_gpu.py``) take realistic sizes.
 """
@@ -69,10 +71,39 @@ def test_head_dim_128(rng):
     check(inputs, grads, True, "d=128")
 
 
-def check_bfloat16(rng, kernel, n_q, n_k, causal):
+@pytest.mark.parametrize("d", [40, 96, 200, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(rng, d, causal):
+    """Every kind of head dim: padded to DP with zero columns (40, 200), 12 16-byte pieces a row for 32 threads
+    (96), two warps on 16 keys sharing dK's and dV's columns (200, 256); ragged both ways, causal with Nq > Nk
+    (rows that see no key)."""
+    n_q, n_k = (21, 17) if causal else (17, 21)
+    inputs, grads = gradients(rng, (1,), (1,), n_q, n_k, d, causal)
+    copies = [x.copy() for x in inputs]
+    check(inputs, grads, causal, f"d={d} {n_q}x{n_k} causal={causal}")
+    assert all(np.array_equal(x, c) for x, c in zip(inputs, copies))  # inputs untouched
+
+
+@pytest.mark.smoke  # the first tier's one run of the new kinds of head dim (one block, a few queries and keys)
+def test_a_padded_head_dim_past_128(rng):
+    """d = 136, padded to 160 with zero columns, two warps on 16 keys each with half of dK's and dV's columns,
+    causal with Nq > Nk (a query that sees no key)."""
+    inputs, grads = gradients(rng, (1,), (1,), 6, 5, 136, True)
+    check(inputs, grads, True, "d=136")
+
+
+@pytest.mark.parametrize("d", [96, 192])
+def test_grouped_heads_at_other_head_dims(rng, d):
+    """Grouped-query heads (two query heads on one K/V head) at d = 96 (one warp) and 192 (two warps on the same
+    keys): dk and dv summed over the group."""
+    inputs, grads = gradients(rng, (2,), (1,), 18, 11, d, True)
+    check(inputs, grads, True, f"GQA 2/1 d={d}")
+
+
+def check_bfloat16(rng, kernel, n_q, n_k, causal, d=64):
     """Backward kernel ``kernel``'s main kernel on bfloat16 bit patterns (NumPy has no bfloat16): D and dQ's scale
     in NumPy around it; each gradient within FlashAttention's rule, bfloat16's rounding of the result allowed."""
-    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), n_q, n_k, d=64))
+    q, k, v = (from_bits(to_bits(x, "bfloat16"), "bfloat16") for x in make_qkv(rng, (), n_q, n_k, d=d))
     do = from_bits(to_bits(rng.standard_normal(q.shape), "bfloat16"), "bfloat16")
     o, lse = tf.reference_attention(q, k, v, causal=causal)
     prob = check_attention_inputs(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), causal=causal,
@@ -102,6 +133,10 @@ def test_bfloat16(rng):
     check_bfloat16(rng, "v2", 19, 23, True)
 
 
+def test_bfloat16_at_d_192(rng):
+    check_bfloat16(rng, "v2", 17, 13, False, d=192)
+
+
 def test_cuda_attention_backward_runs_v2_on_float16(rng):
     """kernel="v2" through stage 2's wrapper: the same kernel, its float16 arrays handed over as words."""
     (q, k, v, do), grads = gradients(rng, (), (), 13, 13, 64, False)
@@ -127,9 +162,11 @@ def test_bad_inputs_are_refused_before_a_launch(rng):
         tf.tensor_core_attention_backward(*(x.astype(np.float32) for x in (q, k, v, o)), lse, o.astype(np.float32))
     with pytest.raises(TypeError, match="lse must have dtype float32"):
         tf.tensor_core_attention_backward(q, k, v, o, lse.astype(np.float16), o)
-    with pytest.raises(ValueError, match=r"supports d = dv in \(64, 128\)"):
-        q32, k32, v32 = make_qkv(rng, (), 4, 4, 32, dtype=np.float16)
-        tf.tensor_core_attention_backward(q32, k32, v32, q32, lse, q32)
+    with pytest.raises(ValueError, match=r"supports d = dv a multiple of 8 up to 256; got q \(4, 36\)"):
+        q36, k36, v36 = make_qkv(rng, (), 4, 4, 36, dtype=np.float16)
+        tf.tensor_core_attention_backward(q36, k36, v36, q36, lse, q36)
+    with pytest.raises(ValueError, match=r"d = dv a multiple of 8 up to 256; got q \(4, 64\), v \(4, 32\)"):
+        tf.tensor_core_attention_backward(q, k, v[:, :32], o[:, :32], lse, o[:, :32])
     with pytest.raises(ValueError, match="do must have shape"):
         tf.tensor_core_attention_backward(q, k, v, o, lse, o[:3])
     with pytest.raises(TypeError, match="^causal must be True or False"):
@@ -146,12 +183,48 @@ def test_warps_share_dq_by_columns(rng):
     check((q, k, v, do), tf.cuda_attention_backward(q, k, v, o, lse, do, kernel="v2", config=cfg), False, "2 warps")
 
 
+@pytest.mark.parametrize("d", [96, 200])
+# slow on the simulator (4 warps, two key tiles, the second ragged): the GPU's tilings of the new families
+def test_the_gpu_s_tilings_at_other_head_dims(rng, d):
+    """The GPU's own tiling (``default_tiling``), causal, ragged, two query heads on one K/V head: at d = 96 4
+    warps of 16 keys, query tiles of 32 rows, dQ_i split by rows and columns; at d = 200 (224 padded) 4 warps in
+    two pairs on 16 keys each, each warp of a pair with half of dK's and dV's columns."""
+    cfg = default_tiling(d)
+    assert (cfg.WARPS, cfg.BR, cfg.DKV_COLUMN_GROUPS) == ((4, 32, 1) if d == 96 else (4, 32, 2))
+    q, k, v = make_qkv(rng, (2,), 35, cfg.BC + 5, d, dtype=np.float16)
+    k, v = k[:1], v[:1]
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    o, lse = tf.naive_attention(q, k, v, causal=True)
+    grads = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, config=cfg)
+    check((q, k, v, do), grads, True, f"{cfg}")
+
+
 def test_tilings():
     assert default_tiling(128).smem_bytes <= 227 * 1024 and default_tiling(64).BC == 128
+    for d in range(8, 257, 8):  # every head dim has a tiling that an A100 (163 KB a block) and a Hopper GPU run
+        cfg = default_tiling(d)
+        assert cfg.D == d and cfg.smem_bytes <= 163 * 1024 and cfg.DKV_COLUMN_GROUPS == (1 if d <= 128 else 2), cfg
+    assert (default_tiling(256).BC, default_tiling(256).BR, default_tiling(96).BC) == (64, 32, 64)
     with pytest.raises(ValueError, match="its 16-row tiles a multiple or a divisor of WARPS"):
         BackwardTensorCoreTiling(D=64, WARPS=4, BR=48).validate()
-    with pytest.raises(ValueError, match="D must be one of"):
-        BackwardTensorCoreTiling(D=96, WARPS=1, BR=16).validate()
+    with pytest.raises(ValueError, match="D must be a multiple of 8 up to 256"):
+        BackwardTensorCoreTiling(D=100, WARPS=1, BR=16).validate()
+    with pytest.raises(ValueError, match="DKV_COLUMN_GROUPS must divide WARPS"):
+        BackwardTensorCoreTiling(D=256, WARPS=3, BR=48, DKV_COLUMN_GROUPS=2).validate()
+
+
+def test_the_default_kernel_at_each_head_dim():
+    """On a Hopper GPU the warp-specialised wgmma kernel (v4) at d = 64 and 128, v2 at every other head dim; v2
+    elsewhere; and a named kernel that does not take the head dim is refused before anything runs."""
+    for d in (64, 128):
+        assert VERSIONS.default("tensor_core_attention_backward", "bfloat16", d, d, capability=(9, 0)).name == "v4"
+    for d in (8, 40, 96, 192, 200, 256):
+        assert VERSIONS.default("tensor_core_attention_backward", "bfloat16", d, d, capability=(9, 0)).name == "v2"
+        assert VERSIONS.default("tensor_core_attention_backward", "float16", d, d, capability=(8, 0)).name == "v2"
+    q = np.ones((4, 96), np.float16)
+    with pytest.raises(ValueError, match=r"^backward kernel v3 takes d = dv one of \(64, 128\); got d = 96 \(kernel "
+                                         r"v2 takes a multiple of 8 up to 256\)$"):
+        tf.tensor_core_attention_backward(q, q, q, q, np.zeros(4, np.float32), q, kernel="v3")
 
 
 @pytest.mark.parametrize("n_q, n_k, causal", [(34, 20, True), (20, 34, True)])  # without the mask: the GPU tests

@@ -1,7 +1,8 @@
 """The tensor-core backward (backward kernel v2) on a real GPU at realistic sizes (``pytest -m gpu``).
 
-N in {1, 17, 128, 1000, 4096} (ragged tiles everywhere but 128 and 4096), d = 64 and 128, causal and not,
-float16 and bfloat16 as PyTorch tensors, grouped-query heads; every gradient against the float64
+N in {1, 17, 128, 1000, 4096} (ragged tiles everywhere but 128 and 4096), d = 64, 96, 128, 192 and 256 (and
+40 and 200, padded with zero columns to 64 and 224), causal and not, float16 and bfloat16 as PyTorch tensors,
+grouped-query heads at each of those head dims; every gradient against the float64
 reference by FlashAttention's rule for gradients (3 × the error of the naive backward in the same type,
 S and P stored in it: ``tinyflash.bench.checking``); dk and dv bitwise reproducible, dq within rounding.
 """
@@ -27,9 +28,18 @@ def inputs(seed, heads, kv_heads, n, d, dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
 def test_against_the_float64_reference(rng, n, d, causal, dtype):
+    check_against_the_float64_reference(rng, n, d, causal, dtype, "v2")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [40, 200])
+@pytest.mark.parametrize("n", [17, 1000])
+def test_padded_head_dims(rng, n, d, causal, dtype):
+    """Head dims that are not multiples of 32: zero columns up to 64 and 224 in shared memory, d written."""
     check_against_the_float64_reference(rng, n, d, causal, dtype, "v2")
 
 
@@ -51,13 +61,14 @@ def check_against_the_float64_reference(rng, n, d, causal, dtype, kernel):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_grouped_query_heads(rng, dtype):
-    check_grouped_query_heads(rng, dtype, "v2")
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_grouped_query_heads(rng, d, dtype):
+    check_grouped_query_heads(rng, dtype, "v2", d)
 
 
-def check_grouped_query_heads(rng, dtype, kernel):
+def check_grouped_query_heads(rng, dtype, kernel, d=128):
     """8 query heads on 2 K/V heads: dk and dv are the sums over each group, K and V never repeated."""
-    q, k, v, do = inputs(int(rng.integers(2**31)), 8, 2, 1000, 128, dtype)
+    q, k, v, do = inputs(int(rng.integers(2**31)), 8, 2, 1000, d, dtype)
     o, lse = tf.tensor_core_attention(q, k, v, causal=True)
     dq, dk, dv = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, kernel=kernel)
     kr, vr = (x.repeat_interleave(4, dim=1) for x in (k, v))
@@ -93,10 +104,11 @@ def check_reproducible(rng, kernel):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_mode_reproduces_dq_bit_for_bit(rng, causal, dtype):
+@pytest.mark.parametrize("d", [128, 192])
+def test_deterministic_mode_reproduces_dq_bit_for_bit(rng, d, causal, dtype):
     """deterministic=True: the key tiles add to dQ in turn; three runs give the same dq, bit for bit, and it
-    is within the rule. 16 query heads on 4 K/V heads, N = 4,097 (a ragged last tile), d = 128."""
-    q, k, v, do = inputs(int(rng.integers(2**31)), 16, 4, 4097, 128, dtype)
+    is within the rule. 16 query heads on 4 K/V heads, N = 4,097 (a ragged last tile), d = 128 and 192."""
+    q, k, v, do = inputs(int(rng.integers(2**31)), 16, 4, 4097, d, dtype)
     o, lse = tf.tensor_core_attention(q, k, v, causal=causal)
     runs = [tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
             for _ in range(3)]

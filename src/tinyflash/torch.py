@@ -12,14 +12,13 @@ on the tensor-core path a training step can be captured in a CUDA graph (``torch
 kernels go to PyTorch's current stream, the outputs come from its allocator.
 
 The forward saves (q, k, v, o, lse) — O(N) beyond the inputs, not the N × N matrix P — and the backward
-recomputes P from them. float16 and bfloat16 with d = dv go to the tensor cores
-(:func:`tinyflash.tensor_core_attention`, d a multiple of 8 up to 256 — on a Hopper GPU, compute
-capability 9.0, :func:`tinyflash.hopper_attention` at d = 64, 128 and 256, the faster forward — and
-:func:`tinyflash.tensor_core_attention_backward`, d = 64 or 128), and may have fewer K/V heads than query
-heads (grouped-query attention: k.grad and v.grad sum over each group); float16 and bfloat16 at other head
-dims, and float32, to the CUDA cores (:func:`tinyflash.cuda_attention` and
-:func:`tinyflash.cuda_attention_backward`, without grouped heads), whose launches go to the default stream
-and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does unless a
+recomputes P from them. float16 and bfloat16 with d = dv a multiple of 8 up to 256 go to the tensor cores
+(:func:`tinyflash.tensor_core_attention` — on a Hopper GPU, compute capability 9.0,
+:func:`tinyflash.hopper_attention` at d = 64, 128 and 256, the faster forward — and
+:func:`tinyflash.tensor_core_attention_backward`), and may have fewer K/V heads than query heads
+(grouped-query attention: k.grad and v.grad sum over each group); d ≠ dv, and float32, go to the CUDA cores
+(:func:`tinyflash.cuda_attention` and :func:`tinyflash.cuda_attention_backward`, without grouped heads),
+whose launches go to the default stream and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does unless a
 tensor is passed in.
 
 The causal mask is bottom-right aligned (the project's rule, :func:`tinyflash.core.masks.key_stop`: the
@@ -71,22 +70,12 @@ def _refuse_capture_off_tensor_cores(q, head_dims: tuple) -> None:
                            f"d = {q.shape[-1]}")
 
 
-def _refuse_deterministic_off_tensor_cores(q, deterministic: bool) -> None:
+def _refuse_deterministic_off_tensor_cores(q, v, deterministic: bool) -> None:
     """Only the tensor-core backward has a deterministic dQ: a ValueError for inputs the CUDA cores take."""
     if deterministic:
-        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv in "
-                         f"{BACKWARD_HEAD_DIMS}); got {q.dtype}, d = {q.shape[-1]}")
-
-
-def _refuse_backward_off_tensor_cores(q, k) -> None:
-    """Where the forward runs on the tensor cores but the backward cannot (d not in BACKWARD_HEAD_DIMS), the
-    CUDA-core backward takes the gradient, but not with grouped K/V heads: a ValueError now, not after the
-    forward pass."""
-    if k.shape[:-2] != q.shape[:-2]:
-        raise ValueError(f"tinyflash.torch.attention has no backward with grouped K/V heads at d = {q.shape[-1]} "
-                         f"(the tensor-core backward takes d = dv in {BACKWARD_HEAD_DIMS}, the CUDA cores' any d "
-                         "without grouped heads); the forward alone runs under torch.no_grad() or on inputs that "
-                         "require no grad")
+        raise ValueError(f"deterministic=True needs the tensor cores (float16 or bfloat16, d = dv "
+                         f"{head_dims_text(BACKWARD_HEAD_DIMS)}); got {q.dtype}, d = {q.shape[-1]}, "
+                         f"dv = {v.shape[-1]}")
 
 
 # Operands inside a custom operator are detached views: numba reads a tensor through
@@ -120,7 +109,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, 
     if on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):
         return tensor_core_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale,
                                               deterministic=deterministic)
-    _refuse_deterministic_off_tensor_cores(q, deterministic)
+    _refuse_deterministic_off_tensor_cores(q, v, deterministic)
     _refuse_capture_off_tensor_cores(q, BACKWARD_HEAD_DIMS)
     return cuda_attention_backward(*saved, do.detach().contiguous(), causal=causal, scale=scale)
 
@@ -150,10 +139,9 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, deterministic: bool = False):
     """Differentiable attention on CUDA tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): the numba
-    kernels forward and backward, on the tensor cores for float16 and bfloat16 (the forward at d = dv a multiple
-    of 8 up to 256, the backward at d = dv = 64 or 128; k and v may then have fewer heads than q), on the CUDA
-    cores for float16, bfloat16 and float32 otherwise. Returns o
-    (..., Nq, dv). ``causal`` is bottom-right aligned: SDPA's ``is_causal=True`` when Nq == Nk (module
+    kernels forward and backward, on the tensor cores for float16 and bfloat16 at d = dv a multiple of 8 up to
+    256 (k and v may then have fewer heads than q), on the CUDA cores for float16, bfloat16 and float32 otherwise.
+    Returns o (..., Nq, dv). ``causal`` is bottom-right aligned: SDPA's ``is_causal=True`` when Nq == Nk (module
     docstring). ``deterministic``: q.grad bitwise reproducible from run to run (tensor cores only; k.grad and
     v.grad always are), at a cost in time (docs/results.md). Works under ``torch.compile(fullgraph=True)``; a
     CUDA graph can capture it on the tensor cores."""
@@ -168,8 +156,6 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, d
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
     if not on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):  # refused now, not after a forward pass
-        _refuse_deterministic_off_tensor_cores(q, deterministic)
-        if on_tensor_cores(q, k, v) and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            _refuse_backward_off_tensor_cores(q, k)
+        _refuse_deterministic_off_tensor_cores(q, v, deterministic)
     o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
     return o

@@ -46,14 +46,14 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # one mma.sync: (16 × 16) · (16 × 8)
 MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 on float16 and bfloat16, cp.async, ldmatrix: Ampere on
 PAD_WORDS = 4  # 16 bytes of padding after each row in shared memory: ldmatrix without bank conflicts
 ELEMENTS = ("float16", "bfloat16")  # the 16-bit input types the tensor cores multiply here
-# d = dv that a warp's tile takes in the forward (v6) and decode's split kernel: multiples of 8 (rows of 16-byte
-# pieces, one cp.async each) up to 256, as FlashAttention-2. In shared memory and in the fragments a row is
-# padded with zero columns to DP, d rounded up to 32 (one ldmatrix of K_j covers 32 dims: two mma steps);
-# only d columns are read from HBM and written back.
+# d = dv that a warp's tile takes in the forward (v6), the backward (v2) and decode's split kernel: multiples of 8
+# (rows of 16-byte pieces, one cp.async each) up to 256, as FlashAttention-2. In shared memory and in the
+# fragments a row is padded with zero columns to DP, d rounded up to 32 (one ldmatrix of K_j covers 32 dims: two
+# mma steps); only d columns are read from HBM and written back.
 MAX_HEAD_DIM = 256
 HEAD_DIMS = tuple(range(8, MAX_HEAD_DIM + 1, 8))
 PAD_DIMS_TO = 2 * 16  # DP: d rounded up to a multiple of this
-BACKWARD_HEAD_DIMS = (64, 128)  # the backward's kernel v2 (its tilings are sized for these)
+BACKWARD_HEAD_DIMS = HEAD_DIMS  # the backward's kernel v2 (mma.sync): the same head dims
 # Fast approximate exp2 and division, fused multiply-adds, denormals flushed to zero; but not the flags that
 # assume no inf or NaN ('ninf', 'nnan'): the mask and the rows that see no key rely on -inf.
 FAST_MATH = {"afn", "arcp", "contract"}
@@ -69,7 +69,9 @@ class WarpTile:
     """What a warp's tile is made of: the 16-bit ``element`` type, head dim D, BC keys per tile, ROW_TILES
     16-row tiles per warp; Q_i's A operands read from shared memory per key tile (Q_IN_SMEM) or held in
     registers; the running state rescaled lazily (LAZY_RESCALE) or at every tile; ``out_packed``: the output
-    written as 16-bit pairs (the input's type) or as float32."""
+    written as 16-bit pairs (the input's type) or as float32; COLUMN_GROUPS warps share a row tile's acc, each
+    holding DP / COLUMN_GROUPS of its columns (``p_times_v`` then reads V_j from the address of the warp's first
+    column: the backward's dK_j and dV_j past d = 128, which would not fit in one warp's registers)."""
 
     element: str
     D: int
@@ -78,6 +80,7 @@ class WarpTile:
     Q_IN_SMEM: bool = False
     LAZY_RESCALE: bool = False
     out_packed: bool = True
+    COLUMN_GROUPS: int = 1
 
     @property
     def DP(self) -> int:  # the head dim of the fragments and of a row in shared memory (d padded with zeros)
@@ -96,8 +99,8 @@ class WarpTile:
         return self.BC // MMA_N
 
     @property
-    def O_TILES(self) -> int:  # 16 × 8 tiles of O_i per row tile (padded)
-        return self.DP // MMA_N
+    def O_TILES(self) -> int:  # 16 × 8 tiles of O_i per row tile (padded) held by one warp
+        return self.DP // (MMA_N * self.COLUMN_GROUPS)
 
     @property
     def OUT_TILES(self) -> int:  # those written to HBM: the d columns

@@ -2,11 +2,12 @@
 
 :func:`tensor_core_attention_backward` does what :func:`tinyflash.cuda_attention_backward` does (check, allocate,
 launch three kernels), for what the tensor cores multiply: float16 or bfloat16 inputs with float32 accumulation,
-d = dv = 64 or 128, and grouped-query heads (dK and dV summed over the query heads of a group, K and V never
-repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator set to zero (``kernels/rows.py``),
-the main kernel (the registry's rule: v4 on Hopper, v2 elsewhere and in deterministic mode; or the one a call names:
-v2, ``kernels/v2_tensor_cores.py``, on mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4,
-``kernels/v4_warp_specialized.py``, v3 warp-specialised with TMA), dQ scaled and rounded. The 16-bit arrays travel
+d = dv a multiple of 8 up to 256, and grouped-query heads (dK and dV summed over the query heads of a group, K and
+V never repeated). The three kernels: D = rowsum(dO ∘ O) with dQ's float32 accumulator set to zero
+(``kernels/rows.py``), the main kernel (the registry's rule: v4 on Hopper at d = 64 and 128, v2 elsewhere, at the
+other head dims and in deterministic mode; or the one a call names: v2, ``kernels/v2_tensor_cores.py``, on
+mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4, ``kernels/v4_warp_specialized.py``, v3
+warp-specialised with TMA), dQ scaled and rounded. The 16-bit arrays travel
 as uint32 words of two values, whatever their format: only the tensor cores and the conversions know which. The
 checks, the plans and the launches of the main kernel are the host layer's (``tinyflash.host``).
 """
@@ -29,7 +30,7 @@ from ..host.launch import launch_backward_tensor_cores
 from ..host.plans import PLANS, backward_key
 from ..host.registry import KernelVersion
 from ..host.sized import sized_backward
-from ..warp_tile import BACKWARD_HEAD_DIMS, MIN_COMPUTE_CAPABILITY, MMA_M
+from ..warp_tile import BACKWARD_HEAD_DIMS, MIN_COMPUTE_CAPABILITY, MMA_M, head_dims_text
 from .kernels import VERSIONS
 from .kernels.rows import (FINISH_DQ_WORDS_SIGNATURE, ROW_DOT_ROWS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK,
                            word_rows)
@@ -106,11 +107,14 @@ def plan_backward(arrays, causal, scale, deterministic=False, kernel=None, confi
     if deterministic and version is not None and "dq" not in version.deterministic:
         raise ValueError(f"deterministic=True needs kernel v2: backward kernel {version.name} (wgmma) adds dq by "
                          "atomics in any order and has no deterministic mode")
-    if prob.d != prob.d_v or prob.d not in BACKWARD_HEAD_DIMS:  # every main kernel's
-        raise ValueError(f"{WHO} supports d = dv in {BACKWARD_HEAD_DIMS}; got q {tuple(q.shape)}, "
+    if prob.d != prob.d_v or prob.d not in BACKWARD_HEAD_DIMS:  # v2's, every main kernel's at most
+        raise ValueError(f"{WHO} supports d = dv {head_dims_text(BACKWARD_HEAD_DIMS)}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention_backward takes any head dim up to 256)")
+    if version is not None and not version.accepts(element, prob.d, prob.d_v):
+        raise ValueError(f"backward kernel {version.name} takes d = dv {head_dims_text(version.head_dims)}; got "
+                         f"d = {prob.d} (kernel v2 takes {head_dims_text(BACKWARD_HEAD_DIMS)})")
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
-    version = version or VERSIONS.default(WHO, deterministic=deterministic)  # the rule for this GPU
+    version = version or VERSIONS.default(WHO, element, prob.d, prob.d_v, deterministic=deterministic)  # this GPU's
     require_compute_capability(MIN_COMPUTE_CAPABILITY, WHO)  # every main kernel multiplies on the tensor cores
     version.requirement(f"{WHO}(kernel='{version.name}')")
     heads = math.prod(prob.lead)
@@ -130,17 +134,17 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     """The backward pass on the tensor cores: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and ``do`` = ∂L/∂o.
 
     The contract of :func:`tinyflash.cuda_attention_backward`, for float16 or bfloat16 q, k, v, o, do (all one
-    type; lse float32, as :func:`tinyflash.tensor_core_attention` returns it), d = dv in (64, 128), and k, v
-    with fewer heads than q (grouped-query attention: dk and dv are the sums over each group's query heads).
+    type; lse float32, as :func:`tinyflash.tensor_core_attention` returns it), d = dv a multiple of 8 up to 256,
+    and k, v with fewer heads than q (grouped-query attention: dk and dv are the sums over each group's query heads).
     NumPy float16 in, NumPy out; device arrays (CuPy, numba, PyTorch; bfloat16 as PyTorch tensors) in, the
     same library's out. dk and dv are bitwise reproducible; dq, added by atomics from every key tile, only up
     to rounding, unless ``deterministic``: then the key tiles add to each query tile in turn, in one order, and
     dq is bitwise reproducible too (at a cost in time: docs/results.md).
 
     ``kernel`` names the main kernel: 'v2' (mma.sync, compute capability 8.0 on), 'v3' (Hopper's wgmma,
-    compute capability 9.0 only; no deterministic mode) or 'v4' (v3 warp-specialised, TMA; the same limits);
-    None: the registry's rule (``tinyflash.backward.kernels.VERSIONS``): v4 on a Hopper GPU, else v2, and v2 if
-    ``deterministic``. ``config``: a tiling of that kernel (None: its own for this GPU, or for numba's simulator).
+    compute capability 9.0 only, d = 64 or 128; no deterministic mode) or 'v4' (v3 warp-specialised, TMA; the same
+    limits); None: the registry's rule (``tinyflash.backward.kernels.VERSIONS``): v4 on a Hopper GPU at d = 64 and
+    128, else v2, and v2 if ``deterministic``. ``config``: a tiling of that kernel (None: its own for this GPU, or for numba's simulator).
 
     For PyTorch and CuPy arrays on a GPU the checks and the sizing of the three launches are done once per
     combination of shapes, dtypes, ``causal``, ``scale``, ``deterministic``, ``kernel`` and ``config``

@@ -217,11 +217,13 @@ def backward_stage3(deterministic: bool = False, kernel: str = "v2") -> Peer:
     return Peer("tinyflash", f"{kernel} deterministic" if deterministic else kernel, make, ("float16", "bfloat16"))
 
 
-def backward_stage3_tiling(cfg, pair_atomics: bool = True, kernel: str = "v2") -> Peer:
+def backward_stage3_tiling(cfg, pair_atomics: bool | None = True, kernel: str = "v2") -> Peer:
     """Backward kernel ``kernel`` (v2, or v3 and v4: wgmma, paired atomics always) with the tiling ``cfg``, v2's dQ
-    added by paired or scalar atomics, through its driver launches (as tensor_core_attention_backward's plan runs
+    added by paired or scalar atomics (None: as this GPU adds them), through its driver launches (as tensor_core_attention_backward's plan runs
     them, with this tiling): the sweep behind ``default_tiling``."""
-    label = (f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES} pairs={pair_atomics}"
+    label = (f"v2 warps={cfg.WARPS} BR={cfg.BR} BC={cfg.BC} row_tiles={cfg.ROW_TILES}"
+             + (f" dkv_groups={cfg.DKV_COLUMN_GROUPS}" if cfg.DKV_COLUMN_GROUPS > 1 else "")
+             + ("" if pair_atomics is None else f" pairs={pair_atomics}")
              if kernel == "v2" else f"{kernel} warpgroups={cfg.WARPGROUPS} BR={cfg.BR} BC={cfg.BC}"
              + (f" stages={cfg.STAGES} dq_by_tma={cfg.DQ_BY_TMA}" if kernel == "v4" else "")
              + (" grid order" if kernel == "v4" and not cfg.LONGEST_FIRST else ""))

@@ -185,7 +185,7 @@ def backward_tile_peers(point) -> list:
                               f"v1 BR={br} BC={bc} NT={nt} TM={tm} TK={tk}") for br, bc, nt, tm, tk in BACKWARD_TILINGS[d]]
 
 
-BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128))  # (WARPS, BR) of backward kernel v2 tried per head dim
+BACKWARD_TENSOR_CORE_TILINGS = ((4, 64), (8, 64), (8, 128), (8, 32))  # (WARPS, BR) of backward kernel v2 tried per d
 
 
 def backward_tensor_core_tile_peers(point) -> list:
@@ -208,6 +208,24 @@ def backward_tensor_core_tile_peers(point) -> list:
     v4 = [chosen, replace(chosen, STAGES=3), replace(chosen, BR=192 - chosen.BR), replace(chosen, DQ_BY_TMA=True)]
     v4 += [replace(chosen, LONGEST_FIRST=False)] if point["causal"] else []
     return found + [p.backward_stage3_tiling(cfg, kernel="v4") for cfg in v4 if not cfg.problems()]
+
+
+BACKWARD_HEAD_DIM_TILINGS = ((4, 32), (8, 32), (4, 64), (8, 64))  # (WARPS, BR) of v2 tried beside d = 64 and 128
+
+
+def backward_head_dim_peers(point) -> list:
+    """SDPA's flash backward (the baseline) and backward kernel v2 at each tiling of BACKWARD_HEAD_DIM_TILINGS that
+    takes the head dim (two warps on each 16 keys past DP = 128, as ``default_tiling``), dQ added as this GPU adds
+    it: the sweep behind ``tensor_core_tiling.default_tiling`` at the head dims beside 64 and 128."""
+    from ..backward.kernels.tensor_core_tiling import BackwardTensorCoreTiling
+    from ..warp_tile import padded_head_dim
+
+    d = point["d"]
+    groups = 1 if padded_head_dim(d) <= 128 else 2
+    tilings = [BackwardTensorCoreTiling(D=d, WARPS=warps, BR=br, DKV_COLUMN_GROUPS=groups)
+               for warps, br in BACKWARD_HEAD_DIM_TILINGS]
+    return [p.backward_sdpa("flash", ("float16", "bfloat16"))] + [p.backward_stage3_tiling(cfg, pair_atomics=None)
+                                                                 for cfg in tilings if not cfg.problems()]
 
 
 DECODE_TILINGS = ({"keys": 16, "stages": 4}, {"keys": 16, "stages": 3}, {"keys": 32, "stages": 3},
@@ -302,6 +320,13 @@ BENCHMARKS = {b.name: b for b in (
               "stages, beside SDPA's flash backward",
               "backward", {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_tile_peers, library="torch", by_n={4096: {"batch": 4}}, rounds=3),
+    Benchmark("backward-head-dims", "backward kernel v2 at head dims beside 64 and 128, at its candidate tilings, "
+              "beside SDPA's flash backward", "backward",
+              {"dtype": ("bfloat16",), "d": (96, 192, 256), "causal": (False, True), "n": (8192,)},
+              backward_head_dim_peers, library="torch", rounds=3),
+    Benchmark("training-head-dims", "a training step through tinyflash.torch at head dims beside 64 and 128 against "
+              "SDPA flash", "training", {"dtype": ("bfloat16",), "d": (96, 192, 256), "causal": (True,), "n": (8192,)},
+              training_step_peers, library="torch"),
     Benchmark("training-step", "forward and backward through autograd: tinyflash.torch against SDPA flash",
               "training", {"dtype": ("float16", "bfloat16"), "d": (128,), "causal": (True,), "n": (4096, 16384)},
               training_step_peers, library="torch", by_n={4096: {"batch": 4}}),

@@ -26,8 +26,9 @@ from ...host.registry import SIXTEEN_BIT, Default, KernelVersion, Registry
 from ...warp_tile import MIN_COMPUTE_CAPABILITY
 from . import hopper_tiling, tensor_core_tiling, tiling, tma_tiling, v1_atomic_dq, v2_tensor_cores, v3_wgmma, v4_warp_specialized
 
-TENSOR_CORES = {"dtypes": SIXTEEN_BIT, "max_head_dim": 128, "head_dims": tensor_core_tiling.HEAD_DIMS,
-                "options": ("config", "deterministic")}  # v3 and v4 refuse deterministic=True, with the reason
+TENSOR_CORES = {"dtypes": SIXTEEN_BIT, "options": ("config", "deterministic")}  # v3, v4 refuse deterministic=True
+MMA_SYNC_DIMS = {"max_head_dim": 256, "head_dims": tensor_core_tiling.HEAD_DIMS}  # v2: every multiple of 8 up to 256
+WGMMA_DIMS = {"max_head_dim": 128, "head_dims": hopper_tiling.HEAD_DIMS}  # v3, v4: d = 64 and 128
 
 # mma.sync on 16-bit inputs, cp.async, ldmatrix: a clear error on a GPU older than Ampere
 TENSOR_CORES_NEEDED = partial(require_compute_capability, MIN_COMPUTE_CAPABILITY)
@@ -43,15 +44,17 @@ VERSIONS = Registry("backward kernel", (
              options=("config", "vector"), deterministic=("dk", "dv"), stage=2),
     _version("v2", v2_tensor_cores, "tensor cores: every product an mma.sync, a warp's keys as the mma rows so that Pᵀ "
              "and dSᵀ stay in registers for dV and dK; dS through shared memory for dQ (atomics, in key-tile order in "
-             "deterministic mode); float16 and bfloat16, d = 64 or 128; grouped-query heads summed in the block",
-             tilings=(tensor_core_tiling.default_tiling, tensor_core_tiling.simulator_tiling), arguments="words",
-             deterministic=("dq", "dk", "dv"), requirement=TENSOR_CORES_NEEDED, stage=3, **TENSOR_CORES),
+             "deterministic mode); float16 and bfloat16, d a multiple of 8 up to 256 (padded to a multiple of "
+             "32; past 128 two warps share a warp's keys, each with half of dK's and dV's columns); grouped-query "
+             "heads summed in the block", tilings=(tensor_core_tiling.default_tiling, tensor_core_tiling.simulator_tiling),
+             arguments="words", deterministic=("dq", "dk", "dv"), requirement=TENSOR_CORES_NEEDED, stage=3,
+             **TENSOR_CORES, **MMA_SYNC_DIMS),
     _version("v3", v3_wgmma, "Hopper's warpgroup multiplies (wgmma, FlashAttention-3's backward): a warpgroup's 64 keys "
              "as the rows of every product but dQ_i; Sᵀ, dPᵀ from shared memory, Pᵀ and dSᵀ from registers for dV, dK; "
              "dQ_i = dS K_j from the stored dSᵀ read transposed (trans-a); swizzled tiles; no deterministic mode; "
              "compute capability 9.0", tilings=(hopper_tiling.default_tiling, hopper_tiling.simulator_tiling),
              arguments="words", deterministic=("dk", "dv"), requirement=hopper_tiling.require_hopper, stage=4,
-             **TENSOR_CORES),
+             **TENSOR_CORES, **WGMMA_DIMS),
     _version("v4", v4_warp_specialized, "warp specialisation (FlashAttention-3's backward structure): a producer "
              "warpgroup loads K_j, V_j and each Q_i, dO_i by TMA (lse_i, D_i by its first warp) into a ring of stages "
              "with full and empty mbarriers; the two consumer warpgroups only multiply, as in v3, and meet once per "
@@ -59,10 +62,11 @@ VERSIONS = Registry("backward kernel", (
              "tiles of 128 rows at d = 64 (the warpgroups split dQ_i by rows); with the tiling's DQ_BY_TMA, dQ_i "
              "through shared memory and TMA reduce-adds; no deterministic mode; compute capability 9.0",
              tilings=(tma_tiling.default_tiling, tma_tiling.simulator_tiling), arguments="maps", deterministic=("dk", "dv"),
-             requirement=hopper_tiling.require_hopper, stage=4, **TENSOR_CORES),
+             requirement=hopper_tiling.require_hopper, stage=4, **TENSOR_CORES, **WGMMA_DIMS),
 ), defaults=(
     Default("cuda_attention_backward", "v1"),
     Default("tensor_core_attention_backward", "v2", when={"deterministic": True}),  # the one with that mode
-    Default("tensor_core_attention_backward", "v4", capability=(9, 0)),  # Hopper: the fastest (docs/results.md)
+    Default("tensor_core_attention_backward", "v4", capability=(9, 0)),  # Hopper: the fastest (docs/results.md),
+    # at d = 64 and 128; v2 at the other head dims
     Default("tensor_core_attention_backward", "v2"),
 ))

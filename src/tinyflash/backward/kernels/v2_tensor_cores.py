@@ -17,10 +17,14 @@ What changed since v1 (the CUDA-core backward):
   dV_j sum over grouped-query heads in registers, K and V read once.
 * Q_i, dO_i (cp.async), lse_i and D_i come in two stages: the next query tile is in flight while one is
   computed.
+* Any head dim d = dv, a multiple of 8 up to 256: rows padded with zero columns to DP (a multiple of 32) in shared
+  memory and in the fragments, only d columns read and written; past DP = 128 two warps on the same keys, each
+  with half of dK_j's and dV_j's columns (the tiling's DKV_COLUMN_GROUPS).
 
 The loop reads like FlashAttention-2's backward (``tinyflash.backward.blocked``): for each query tile that
 sees the key tile, S and P recomputed from lse, dP, dS = P ∘ (dP − D), then dV, dK, dQ. Its tiling is
-``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS``, 16-bit inputs.
+``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS`` (every multiple of 8 up to
+256), 16-bit inputs.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def loads(cfg: BackwardTensorCoreTiling):
     layout = layout_words(cfg)
     DO_IN, LSE_IN, D_IN = layout["dO_i in a stage"], layout["lse_i in a stage"], layout["D_i in a stage"]
     Q_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT  # cp.async per thread
-    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
+    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT, cfg.DP // 2)  # zero columns from d up to DP
     LOG2E_ = float32(LOG2E)
 
     @cuda.jit(device=True, inline="always")
@@ -105,20 +109,24 @@ def query_gradients(cfg: BackwardTensorCoreTiling, element: str):
     """``(store_ds, ds_times_k)``: the warps' dSᵀ into shared memory, then each warp's share of dQ_i = dS K_j."""
     ROW_TILES, DQ_TILES, S_TILES = cfg.ROW_TILES, cfg.DQ_TILES, cfg.warp_tile(element).S_TILES
     KEY_STEPS = cfg.BC // MMA_K  # mma steps over the keys of dS K_j
-    DQ_N = cfg.warp_tile(element).O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    DQ_N = cfg.DP // MMA_N // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    GROUPS, SHARED = cfg.DKV_COLUMN_GROUPS, cfg.DKV_COLUMN_GROUPS > 1  # warps on the same keys
     DS_OFF, DS_WORDS = layout_words(cfg)["dS"], cfg.DS_WORDS  # a row of dSᵀ (words)
     DSW = u(DS_WORDS)
     KEYS8_BYTES = 8 * cfg.ROW_WORDS * 4  # 8 rows of K_j
     mma, pack = ptx.mma_m16n8k16(element), ptx.pack(element)
 
     @cuda.jit(device=True, inline="always")
-    def store_ds(smem, dp, warp, g, t):
-        """The warp's dSᵀ, packed to 16-bit pairs, into shared memory: row = key of the tile, columns = queries."""
+    def store_ds(smem, dp, key_warp, dkv_group, g, t):
+        """The warp's dSᵀ, packed to 16-bit pairs, into shared memory: row = key of the tile, columns = queries.
+        Warps on the same keys (``key_warp``) hold the same dSᵀ: each stores every GROUPS-th 8-query tile."""
         for r in range(ROW_TILES):
             for half in range(2):
-                row = warp * uint64(ROW_TILES * MMA_M) + uint64(r * MMA_M + half * 8) + g
+                row = key_warp * uint64(ROW_TILES * MMA_M) + uint64(r * MMA_M + half * 8) + g
                 for n in range(S_TILES):
-                    smem[DS_OFF + row * DSW + uint64(n) * FOUR + t] = pack(dp[r, n, 2 * half], dp[r, n, 2 * half + 1])
+                    if not SHARED or uint64(n % GROUPS) == dkv_group:
+                        smem[DS_OFF + row * DSW + uint64(n) * FOUR + t] = pack(dp[r, n, 2 * half],
+                                                                               dp[r, n, 2 * half + 1])
 
     @cuda.jit(device=True, inline="always")
     def ds_times_k(dq, ds_lane_addr, k_lane_addr):
@@ -146,8 +154,8 @@ def dq_additions(cfg: BackwardTensorCoreTiling, element: str, deterministic: boo
     """``(wait_turn, add_dq, pass_turn)``: a warp's dQ_i added to dQ's float32 accumulator by atomics; in
     deterministic mode in the key tiles' order."""
     D_, DQ_TILES = u(cfg.D), cfg.DQ_TILES  # elements per row in HBM
-    DQ_N = cfg.warp_tile(element).O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
-    DETERMINISTIC, PAIR_ATOMICS = bool(deterministic), bool(pair_atomics)
+    DQ_N = cfg.DP // MMA_N // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    DETERMINISTIC, PAIR_ATOMICS, PADDED = bool(deterministic), bool(pair_atomics), cfg.DP > cfg.D
 
     @cuda.jit(device=True, inline="always")
     def wait_turn(dQ_turn, at, rank, tid):
@@ -168,20 +176,27 @@ def dq_additions(cfg: BackwardTensorCoreTiling, element: str, deterministic: boo
             cuda.atomic.add(dQ_turn, at, 1)
 
     @cuda.jit(device=True, inline="always")
+    def add_pair(dQ_acc, at, x0, x1):
+        """dQ_acc[at] += x0 and dQ_acc[at + 1] += x1: one atomic request, or one per element."""
+        if PAIR_ATOMICS:
+            ptx.red_add_f32x2(dQ_acc, at, x0, x1)
+        else:
+            cuda.atomic.add(dQ_acc, at, x0)
+            cuda.atomic.add(dQ_acc, at + ONE, x1)
+
+    @cuda.jit(device=True, inline="always")
     def add_dq(dQ_acc, dq, dq_row0, dq_col0, q_off, g, t, n_q):
-        """dQ_acc += the warp's dq (rows dq_row0 + 16qt + g, + 8; columns dq_col0 + 8n + 2t, +1), rows below Nq,
-        by atomics: one per pair of columns, or one per element."""
+        """dQ_acc += the warp's dq (rows dq_row0 + 16qt + g, + 8; columns dq_col0 + 8n + 2t, +1), rows below Nq
+        and columns below d (the rest is the padding to DP), by atomics: one per pair of columns, or one per
+        element."""
         for qt in range(DQ_TILES):
             for half in range(2):
                 row = dq_row0 + uint64(qt * MMA_M + half * 8) + g
                 if row < n_q:
                     for n in range(DQ_N):
-                        at = q_off + row * D_ + dq_col0 + uint64(n) * EIGHT + TWO * t
-                        if PAIR_ATOMICS:
-                            ptx.red_add_f32x2(dQ_acc, at, dq[qt, n, 2 * half], dq[qt, n, 2 * half + 1])
-                        else:
-                            cuda.atomic.add(dQ_acc, at, dq[qt, n, 2 * half])
-                            cuda.atomic.add(dQ_acc, at + ONE, dq[qt, n, 2 * half + 1])
+                        col = dq_col0 + uint64(n) * EIGHT + TWO * t
+                        if not PADDED or col < D_:
+                            add_pair(dQ_acc, q_off + row * D_ + col, dq[qt, n, 2 * half], dq[qt, n, 2 * half + 1])
 
     return wait_turn, add_dq, pass_turn
 
@@ -189,19 +204,22 @@ def dq_additions(cfg: BackwardTensorCoreTiling, element: str, deterministic: boo
 def key_writes(cfg: BackwardTensorCoreTiling, element: str):
     """``write_dk_dv``: the block's only writes of dK_j and dV_j, from the warps' accumulators."""
     DW, ROW_TILES, O_TILES = u(cfg.D // 2), cfg.ROW_TILES, cfg.warp_tile(element).O_TILES  # words per row in HBM
+    D_, PADDED = u(cfg.D), cfg.DP > cfg.D  # elements per row in HBM; zero columns in the fragments from d to DP
     pack = ptx.pack(element)
 
     @cuda.jit(device=True, inline="always")
-    def write_dk_dv(dK, dV, dk, dv, kv_off, warp_key, g, t, n_k, scale):
-        """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the warp's keys below Nk, as 16-bit pairs."""
+    def write_dk_dv(dK, dV, dk, dv, kv_off, warp_key, dkv_col0, g, t, n_k, scale):
+        """dK_j = scale · Σ dSᵀ Q_i and dV_j = Σ Pᵀ dO_i for the warp's keys below Nk and its columns dkv_col0 ..
+        below d, as 16-bit pairs."""
         for r in range(ROW_TILES):
             for half in range(2):
                 key = warp_key + uint64(r * MMA_M + half * 8)
                 if key < n_k:
                     for n in range(O_TILES):
-                        at = kv_off + key * DW + uint64(n) * FOUR + t
-                        dK[at] = pack(dk[r, n, 2 * half] * scale, dk[r, n, 2 * half + 1] * scale)
-                        dV[at] = pack(dv[r, n, 2 * half], dv[r, n, 2 * half + 1])
+                        if not PADDED or dkv_col0 + uint64(n) * EIGHT < D_:
+                            at = kv_off + key * DW + dkv_col0 // TWO + uint64(n) * FOUR + t
+                            dK[at] = pack(dk[r, n, 2 * half] * scale, dk[r, n, 2 * half + 1] * scale)
+                            dV[at] = pack(dv[r, n, 2 * half], dv[r, n, 2 * half + 1])
 
     return write_dk_dv
 
@@ -223,14 +241,15 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
     ROW_TILES, DQ_TILES = cfg.ROW_TILES, cfg.DQ_TILES
     DQ_ROW_WARPS = u(cfg.DQ_ROW_WARPS)  # warp w: dQ_i's row tiles from w mod DQ_ROW_WARPS, column group w div it
     K_STEPS, S_TILES, O_TILES = spec.K_STEPS, spec.S_TILES, spec.O_TILES
-    DQ_N = O_TILES // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    DQ_N = cfg.DP // MMA_N // cfg.DQ_COLUMN_GROUPS  # 8-column tiles of dQ_i per warp
+    GROUPS = u(cfg.DKV_COLUMN_GROUPS)  # warps on the same keys: warp w the keys of w div GROUPS, columns of w mod it
     layout = layout_words(cfg)
     K_OFF, V_OFF, STAGE0, DS_OFF = layout["K_j"], layout["V_j"], layout["stage 0"], layout["dS"]
     STAGE, DO_IN = layout["stage 1"] - layout["stage 0"], layout["dO_i in a stage"]
     DSW = u(cfg.DS_WORDS)  # a row of dSᵀ (words)
     WARP_KEY_BYTES = ROW_TILES * MMA_M * cfg.ROW_WORDS * 4  # a warp's 16 · ROW_TILES rows of K_j or V_j
     KV_CHUNKS = cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
-    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT)
+    copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT, cfg.DP // 2)  # zero columns from d up to DP
     DETERMINISTIC = bool(deterministic)
     load_query_tile, probabilities = loads(cfg), softmax_backward(cfg, element)
     store_ds, ds_times_k = query_gradients(cfg, element)
@@ -246,7 +265,9 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         kv_head, k_start = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.x) * BC
         n_q, n_k, group = uint64(n_q), uint64(n_k), uint64(kv_group)
         kv_off = kv_head * n_k * DW
-        warp_key = k_start + warp * uint64(ROW_TILES * MMA_M)  # the warp's first key; +g: the lane's
+        key_warp, dkv_group = warp // GROUPS, warp % GROUPS  # the warp's keys; its columns of dK_j and dV_j
+        dkv_col0 = dkv_group * uint64(O_TILES * MMA_N)  # the first of those columns
+        warp_key = k_start + key_warp * uint64(ROW_TILES * MMA_M)  # the warp's first key; +g: the lane's
         base = ptx.shared_address(smem, ZERO)
         # the query tiles that see this key tile: causal, queries below k_start - (Nk - Nq) see none of its keys
         q_first = k_start + n_q - n_k if causal and k_start + n_q > n_k else ZERO
@@ -264,8 +285,9 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         cuda.syncthreads()  # K_j, V_j and the first query tile have landed
 
         k_lane, block_lane = lane_rows(lane)
-        k_warp = base + uint32(K_OFF * FOUR) + uint32(warp) * uint32(WARP_KEY_BYTES) + block_lane  # A operands
-        v_warp = base + uint32(V_OFF * FOUR) + uint32(warp) * uint32(WARP_KEY_BYTES) + block_lane
+        k_warp = base + uint32(K_OFF * FOUR) + uint32(key_warp) * uint32(WARP_KEY_BYTES) + block_lane  # A operands
+        v_warp = base + uint32(V_OFF * FOUR) + uint32(key_warp) * uint32(WARP_KEY_BYTES) + block_lane
+        dkv_lane = block_lane + uint32(dkv_col0 * TWO)  # Q_i's, dO_i's B operands at the warp's columns of dK, dV
         dq_warp, dq_group = warp % DQ_ROW_WARPS, warp // DQ_ROW_WARPS  # the warp's share of dQ_i: rows, columns
         k_block = base + uint32(K_OFF * FOUR) + block_lane + uint32(dq_group * uint64(DQ_N * MMA_K))  # dQ's B operands
         # dSᵀ as dQ's A operands (ldmatrix.trans): lanes 0-7 keys 0-7 and lanes 16-23 keys 8-15 at the warp's first
@@ -301,9 +323,9 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
             masked = (k_start + BC > n_k or q_start + BR > n_q
                       or k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal))
             probabilities(s, dp, smemf, stage_word, warp_key + g, q_start, t, n_q, n_k, causal, masked, scale_log2)
-            p_times_v(dv, s, stage + uint32(DO_IN * FOUR) + block_lane)  # dV_j += Pᵀ dO_i
-            p_times_v(dk, dp, stage + block_lane)  # dK_j += dSᵀ Q_i
-            store_ds(smem, dp, warp, g, t)
+            p_times_v(dv, s, stage + uint32(DO_IN * FOUR) + dkv_lane)  # dV_j += Pᵀ dO_i
+            p_times_v(dk, dp, stage + dkv_lane)  # dK_j += dSᵀ Q_i
+            store_ds(smem, dp, key_warp, dkv_group, g, t)
             cuda.syncthreads()  # every warp's dSᵀ is in shared memory
             ds_times_k(dq, ds_lane, k_block)
             turn = head * q_tiles + q_start // BR  # deterministic mode: this query tile's counter
@@ -316,7 +338,7 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
             cuda.syncthreads()  # everyone's have, and no warp still reads this stage or dSᵀ
             pass_turn(dQ_turn, turn, tid)
 
-        write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, g, t, n_k, scale)
+        write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, dkv_col0, g, t, n_k, scale)
 
     return flash_bwd_tc
 
