@@ -35,3 +35,8 @@ def unpack_e4m3x2(pair):
     halves = np.array([pair & 0xFF, pair >> 8], dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16)
     bits = halves.view(np.uint16)
     return np.uint32(int(bits[0]) | (int(bits[1]) << 16))
+
+
+def e4m3_values(bits) -> np.ndarray:
+    """The float32 values of e4m3 bytes (an array of uint8): what the FP8 tensor cores read (``wgmma_emulation``)."""
+    return np.asarray(bits, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)

@@ -48,6 +48,24 @@ How a descriptor reads such a tile (the canonical layouts of CUTLASS's ``make_gm
   LBO = the distance from one of the tile's 64-column pieces to the next (R · 128 bytes), used when N > 64
   (N = 256: four pieces, each LBO after the one before). A may be MN-major too (``trans_a``; the
   backward's dS read from the stored dSᵀ), the same with m for n.
+
+**FP8 (e4m3).** ``wgmma.mma_async.m64nNk32.f32.e4m3.e4m3`` (element ``"e4m3"`` of :func:`mma_async_ss` and
+:func:`mma_async_rs`) multiplies a 64 × 32 A by a 32 × N B: k = 32, since a value is one byte and a k-step
+still spans 32 bytes of a row. The accumulators are float32 and laid out as above. What changes:
+
+* **K-major only.** The transposes (``trans_a``, ``trans_b``) exist for 16-bit types alone; both operands of an
+  FP8 multiply are read along k. For S = Q Kᵀ that is what the tiles already are. For O += P V, B = V_j must
+  be stored transposed (Vᵀ: d rows of keys bytes) so that a row of the tile runs along k, the keys.
+* **One byte per element.** A 128-byte swizzled row holds 128 e4m3 values, not 64; the swizzle, SBO = 1024
+  and the 32-byte k-step are the same bytes as before. Element (row r, k) of a K-major tile is at
+  ``start + (r // 8)·SBO + (r % 8)·128 + k``, k < 32; the k-th 32 columns of a 128-column tile start 32k
+  bytes on.
+* **A in registers** (``rs``) is four 32-bit words per lane, each holding four e4m3 values (the first in the
+  low byte): word j holds row 16w + g + 8·(j % 2), columns 4t + 16·(j // 2) .. + 3 (CUTLASS's
+  ``ALayout_64x32``; the PTX ISA's figure "WGMMA .m64nNk32 register fragment layout for matrix A"). In
+  bytes this is the 16-bit table of :func:`mma_async_rs`, so the same four loads fill it; but it is not the
+  accumulator's layout (a lane's accumulators hold columns 2t, 2t + 1 of each 8), so P_ij leaves S_ij's
+  registers only after its bytes are exchanged among the lanes of each group of four.
 """
 
 from __future__ import annotations
@@ -61,11 +79,13 @@ from .runtime import simulator_enabled
 
 WARPGROUP = 128  # threads of a warpgroup: 4 warps
 WGMMA_M, WGMMA_K = 64, 16  # one wgmma.mma_async m64nNk16 on 16-bit inputs
+WGMMA_K_FP8 = 32  # one wgmma.mma_async m64nNk32 on 8-bit inputs: k-steps span 32 bytes either way
+WGMMA_TYPES = {**PTX_TYPES, "e4m3": "e4m3"}  # the element types, by their PTX names
 SWIZZLE_ROW_BYTES = 128  # a row of a 128-byte-swizzled tile: 64 16-bit values
 SWIZZLE_ATOM_BYTES = 1024  # 8 such rows: the swizzle's period, and the alignment a tile needs
 SWIZZLE_ROW_VALUES = SWIZZLE_ROW_BYTES // 2
 SWIZZLE_128B = 1  # the descriptor's code for the 128-byte swizzle (bits 62-63)
-N_SIZES = tuple(range(8, 257, 8))  # N of m64nNk16 for 16-bit inputs
+N_SIZES = tuple(range(8, 257, 8))  # N of m64nNk16 (16-bit inputs) and m64nNk32 (e4m3) with float32 D
 
 
 def descriptor_bits(leading_bytes: int, stride_bytes: int, swizzle: int = SWIZZLE_128B) -> int:
@@ -122,16 +142,18 @@ def _intrinsics():
             builder.store(builder.extract_value(out, i), p)
 
     def make_mma(element, n, from_registers, trans_b, trans_a=False):
-        e = PTX_TYPES[element]
+        e = WGMMA_TYPES[element]
+        k = WGMMA_K_FP8 if element == "e4m3" else WGMMA_K
         half = n // 2  # accumulators per lane
+        # the immediates after p: scale-a, scale-b (1: not negated), then the transposes (16-bit types only)
+        transposes = "" if element == "e4m3" else (f", {int(trans_b)}" if from_registers else
+                                                   f", {int(trans_a)}, {int(trans_b)}")
         if from_registers:  # operands after the tied accumulators: a0..a3, the B descriptor, scale-d
             a, b, scale = "{" + ",".join(f"${2 * half + i}" for i in range(4)) + "}", f"${2 * half + 4}", 2 * half + 5
-            tail = f"p, 1, 1, {int(trans_b)}"
         else:
             a, b, scale = f"${2 * half}", f"${2 * half + 1}", 2 * half + 2
-            tail = f"p, 1, 1, {int(trans_a)}, {int(trans_b)}"
         text = (f"{{ .reg .pred p; setp.ne.b32 p, ${scale}, 0; "
-                f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{e}.{e} {{D}}, {a}, {b}, {tail}; }}")
+                f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{e}.{e} {{D}}, {a}, {b}, p, 1, 1{transposes}; }}")
 
         if from_registers:
             @intrinsic
@@ -191,11 +213,14 @@ def _implementation():
 _impl = _implementation()  # the one place where the real instruction or its emulation is chosen
 
 
-def _check(element: str, n: int):
-    if element not in PTX_TYPES:
-        raise ValueError(f"element must be one of {tuple(PTX_TYPES)}; got {element!r}")
+def _check(element: str, n: int, trans_b: bool = False, trans_a: bool = False):
+    if element not in WGMMA_TYPES:
+        raise ValueError(f"element must be one of {tuple(WGMMA_TYPES)}; got {element!r}")
     if n not in N_SIZES:
-        raise ValueError(f"N of wgmma m64nNk16 must be a multiple of 8 from 8 to 256; got {n}")
+        raise ValueError(f"N of wgmma m64nNk16 / m64nNk32 must be a multiple of 8 from 8 to 256; got {n}")
+    if element == "e4m3" and (trans_a or trans_b):
+        raise ValueError(f"e4m3 operands must be K-major: trans_a and trans_b must be False; got trans_a={trans_a}, "
+                         f"trans_b={trans_b} (store the tile transposed instead, as Vᵀ for P·V)")
 
 
 def mma_async_ss(element: str, n: int, trans_b: bool = False, trans_a: bool = False):
@@ -205,13 +230,17 @@ def mma_async_ss(element: str, n: int, trans_b: bool = False, trans_a: bool = Fa
     updated in place once the batch is waited for; ``scale_d`` (uint32) 0: D = A·B, else D = A·B + D.
     A is K-major, or MN-major with ``trans_a`` (a row of the tile is one k, along m: the backward's dS K_j
     reads dS from the dSᵀ that its registers hold); B K-major, or MN-major with ``trans_b``. Both
-    transposes are allowed for 16-bit types only, which these are.
+    transposes are allowed for 16-bit types only.
 
     PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 d, a-desc, b-desc, p, 1, 1, trans_a, trans_b;``
     (``.bf16.bf16`` for bfloat16), p = (scale_d != 0). Multiply-adds: 64 · n · 16 (n = 128: 131,072, 64
     mma.sync's worth).
+
+    ``element="e4m3"``: A (64 × 32) and B (32 × n) of one-byte e4m3 values, both K-major (no transposes),
+    float32 D. PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 d, a-desc, b-desc, p, 1, 1;``
+    Multiply-adds: 64 · n · 32, twice a 16-bit instruction's in about the same time.
     """
-    _check(element, n)
+    _check(element, n, trans_b, trans_a)
     return _impl.make_mma(element, n, False, trans_b, trans_a)
 
 
@@ -222,9 +251,14 @@ def mma_async_rs(element: str, n: int, trans_b: bool = False):
     layout packed to 16-bit pairs is this layout: P_ij goes from S_ij's registers to the tensor cores.
 
     PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 d, {a0, a1, a2, a3}, b-desc, p, 1, 1, trans_b;``
-    ``trans_b`` (B MN-major) is allowed for 16-bit types only, which these are.
+    ``trans_b`` (B MN-major) is allowed for 16-bit types only.
+
+    ``element="e4m3"``: A (64 × 32) in registers, each word four e4m3 values, low byte first: a0 row g,
+    columns 4t .. 4t + 3; a1 row g + 8; a2 row g, columns 4t + 16 .. 4t + 19; a3 row g + 8 (the module
+    docstring; the same bytes as the 16-bit table). B (32 × n) K-major.
+    PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 d, {a0, a1, a2, a3}, b-desc, p, 1, 1;``
     """
-    _check(element, n)
+    _check(element, n, trans_b)
     return _impl.make_mma(element, n, True, trans_b)
 
 
@@ -266,5 +300,5 @@ visible to the async proxy, through which wgmma reads its operands; then a barri
 PTX: ``fence.proxy.async.shared::cta;`` PTX ISA: "Memory Consistency Model: Proxies", "membar / fence".
 """
 
-__all__ = ["SWIZZLE_128B", "WARPGROUP", "commit_group", "descriptor", "descriptor_bits", "fence", "fence_operands",
-           "fence_proxy_async", "mma_async_rs", "mma_async_ss", "swizzled_chunk", "wait_group"]
+__all__ = ["SWIZZLE_128B", "WARPGROUP", "WGMMA_K_FP8", "WGMMA_TYPES", "commit_group", "descriptor", "descriptor_bits",
+           "fence", "fence_operands", "fence_proxy_async", "mma_async_rs", "mma_async_ss", "swizzled_chunk", "wait_group"]

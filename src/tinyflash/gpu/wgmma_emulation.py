@@ -19,6 +19,12 @@ What is not emulated: the shared memory is read when mma_async is issued, not so
 field of a descriptor (every tile here starts 1024-byte aligned; a non-zero field raises); the
 async proxy (``fence.proxy.async``: the simulator has one coherent shared memory, so it does nothing).
 Each product is exact in float64 and rounded once to float32 per instruction, as ``ptx_emulation``'s mma.
+
+FP8 (``e4m3``, m64nNk32) reads one byte per element through the same descriptors and swizzle (a k-step is 32
+one-byte values instead of 16 two-byte ones) and decodes the bytes with ``fp8_emulation``. Its 32 products
+and their sum are exact in float64 too (each product has at most 8 significant bits, between 2^-18 and
+448², so the sum needs fewer than 53 bits); the hardware's own FP8 accumulation is not documented to be float32
+exact, which this emulation does not model.
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ from functools import lru_cache
 
 import numpy as np
 
+from .fp8_emulation import e4m3_values
 from .ptx_emulation import _exchange, a_fragment, from_bits
 
 M, K = 64, 16  # m64nNk16
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "e4m3": 1}
+K_STEP_BYTES = 32  # every form reads 32 bytes of k per row: k = 16 two-byte or 32 one-byte values
 
 
 def _state():
@@ -54,44 +63,75 @@ SWIZZLE_CHUNKS = {0: 1, 1: 8, 2: 4, 3: 2}  # 16-byte chunks per swizzled row, by
 
 
 @lru_cache(maxsize=4096)
-def operand_addresses(desc: int, mn: int, k_major: bool) -> np.ndarray:
-    """(mn, 16): the shared byte address of element (i, k) of an operand that a descriptor names: A (i a row of
-    the 64 × 16 A) or Bᵀ (i a column of the 16 × N B); K-major or MN-major. CUTLASS's canonical layouts
-    (``make_gmma_desc``), in bytes, for 16-bit values (8 per 16-byte chunk), W chunks per swizzled row:
+def operand_addresses(desc: int, mn: int, k_major: bool, element_bytes: int = 2) -> np.ndarray:
+    """(mn, k): the shared byte address of element (i, k) of an operand that a descriptor names: A (i a row of
+    the 64 × k A) or Bᵀ (i a column of the k × N B); K-major or MN-major. CUTLASS's canonical layouts
+    (``make_gmma_desc``), in bytes, for 16-bit values (k = 16, 8 per 16-byte chunk), W chunks per swizzled row:
 
         K-major, no swizzle:  (i % 8)·16 + (i // 8)·SBO + (k // 8)·LBO + 2(k % 8)
         K-major, swizzled:    (i % 8)·16W + (i // 8)·SBO + 2k
         MN-major, no swizzle: 2(i % 8) + (i // 8)·SBO + (k % 8)·16 + (k // 8)·LBO
         MN-major, swizzled:   2(i % 8W) + (i // 8W)·LBO + (k % 8)·16W + (k // 8)·SBO
 
-    then, swizzled, bits 4 .. 4 + log2(W) of the address XOR its bits 7 .. 7 + log2(W)."""
+    then, swizzled, bits 4 .. 4 + log2(W) of the address XOR its bits 7 .. 7 + log2(W). One-byte values
+    (``element_bytes=1``, e4m3: k = 32, K-major only) take the K-major rows with the byte of k, kb = k, in
+    place of 2k: (kb // 16)·LBO + kb % 16 unswizzled, kb swizzled."""
     f = decode(desc)
     if f["base_offset"]:
         raise NotImplementedError("a descriptor's base offset is not emulated: start tiles 1024-byte aligned")
+    if element_bytes == 1 and not k_major:
+        raise ValueError("one-byte operands (e4m3) are K-major only: wgmma has no transpose for them")
     w = SWIZZLE_CHUNKS[f["swizzle"]]
-    i, k = np.arange(mn)[:, None], np.arange(K)[None, :]  # (mn, 1), (1, 16)
+    i, k = np.arange(mn)[:, None], np.arange(K_STEP_BYTES // element_bytes)[None, :]  # (mn, 1), (1, k)
     if k_major:
-        offset = ((i % 8) * 16 * w + (i // 8) * f["stride"] + 2 * k if f["swizzle"] else
-                  (i % 8) * 16 + (i // 8) * f["stride"] + (k // 8) * f["leading"] + 2 * (k % 8))
+        kb = element_bytes * k  # the byte of k in the row
+        offset = ((i % 8) * 16 * w + (i // 8) * f["stride"] + kb if f["swizzle"] else
+                  (i % 8) * 16 + (i // 8) * f["stride"] + (kb // 16) * f["leading"] + kb % 16)
     else:
         offset = (2 * (i % (8 * w)) + (i // (8 * w)) * f["leading"] + (k % 8) * 16 * w + (k // 8) * f["stride"]
                   if f["swizzle"] else
                   2 * (i % 8) + (i // 8) * f["stride"] + (k % 8) * 16 + (k // 8) * f["leading"])
-    address = f["start"] + offset  # (mn, 16)
+    address = f["start"] + offset  # (mn, k)
     if f["swizzle"]:
         address = address ^ (((address >> 7) & (w - 1)) << 4)
     return address
 
 
 def read_operand(desc, mn: int, k_major: bool, element: str) -> np.ndarray:
-    """(mn, 16) float64: the operand a descriptor names, read from this thread's shared memory (the array its
-    last ``ptx.shared_address`` was given; addresses are byte offsets into it)."""
+    """(mn, k) float64: the operand a descriptor names, read from this thread's shared memory (the array its
+    last ``ptx.shared_address`` was given; addresses are byte offsets into it); k = 16, or 32 for e4m3."""
     smem = threading.current_thread()._tinyflash_smem
-    halves = np.asarray(smem).view(np.uint16)  # little-endian: the low half of a word first
-    address = operand_addresses(int(desc), mn, k_major)
-    if (address % 2).any() or address.max() // 2 >= halves.size:
-        raise IndexError(f"wgmma operand outside shared memory (descriptor {int(desc):#x}, {halves.size * 2} bytes)")
-    return from_bits(halves[address // 2], element).astype(np.float64)
+    size = ELEMENT_BYTES[element]
+    values = np.asarray(smem).view(np.uint16 if size == 2 else np.uint8)  # little-endian: low bytes first
+    address = operand_addresses(int(desc), mn, k_major, size)
+    if (address % size).any() or address.max() // size >= values.size:
+        raise IndexError(f"wgmma operand outside shared memory (descriptor {int(desc):#x}, {values.nbytes} bytes)")
+    bits = values[address // size]
+    return (e4m3_values(bits) if size == 1 else from_bits(bits, element)).astype(np.float64)
+
+
+def a_fragment_e4m3(lane: int) -> list[tuple[int, int]]:
+    """A (16 × 32, row-major, one byte each) of a warp's rows of wgmma m64nNk32 in registers: the 16 elements of
+    ``lane`` in register order a0.byte0 .. a0.byte3, a1.byte0, .., a3.byte3 (``wgmma.py``'s docstring;
+    CUTLASS's ``ALayout_64x32``): word j holds row g + 8·(j % 2), columns 4t + 16·(j // 2) + byte."""
+    g, t = lane // 4, lane % 4
+    return [(g + 8 * (j % 2), 4 * t + 16 * (j // 2) + byte) for j in range(4) for byte in range(4)]
+
+
+def _warp_rows_of_a(words: np.ndarray, element: str) -> np.ndarray:
+    """(64, k) float64: A with the 16 rows of this thread's warp filled from ``words``, the (32 lanes, 4) words
+    of its lanes (the other rows zero: the warp holds only its rows of D)."""
+    warp = (threading.current_thread().thread_id % 128) // 32
+    if element == "e4m3":
+        values = e4m3_values(words.astype("<u4").view(np.uint8).reshape(-1))  # lane, word, byte (low first)
+        table, k = a_fragment_e4m3, 32
+    else:
+        values = from_bits(np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1), element)
+        table, k = a_fragment, K
+    rows, cols = map(np.array, zip(*[place for lane in range(32) for place in table(lane)]))
+    a = np.zeros((M, k))
+    a[16 * warp + rows, cols] = values
+    return a
 
 
 def accumulator_place(tid: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,8 +152,9 @@ def _issue(acc, product, scale_d, n):
     thread = threading.current_thread()
     rows, cols = accumulator_place(thread.thread_id, n)
     flat = acc.reshape(-1)
-    before = state["latest"].get(id(acc), flat[:n // 2].astype(np.float64))  # chained multiplies see the newest
-    value = product[rows, cols] + (before if int(scale_d) else 0.0)
+    value = product[rows, cols]
+    if int(scale_d):  # D = A·B + D; with scale_d = 0, D's old registers (never set, perhaps) are not read
+        value = value + state["latest"].get(id(acc), flat[:n // 2].astype(np.float64))  # chained: the newest
     value = value.astype(np.float32)
     state["latest"][id(acc)] = value
     state["open"].append((flat, id(acc), value))
@@ -121,21 +162,16 @@ def _issue(acc, product, scale_d, n):
 
 def make_mma(element: str, n: int, from_registers: bool, trans_b: bool, trans_a: bool = False):
     """Emulated ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.<element>.<element>`` (ss or rs form; A read
-    MN-major with ``trans_a``, B with ``trans_b``)."""
+    MN-major with ``trans_a``, B with ``trans_b``), or ``m64n{n}k32.f32.e4m3.e4m3`` (both K-major)."""
     b_major_k = not trans_b
-    a_rows, a_cols = map(np.array, zip(*[(r, c) for lane in range(32) for r, c in a_fragment(lane)]))
 
     def b_operand(desc_b):
-        return read_operand(desc_b, n, b_major_k, element).T  # (16, n)
+        return read_operand(desc_b, n, b_major_k, element).T  # (k, n)
 
     if from_registers:
         def mma_async_rs(acc, a0, a1, a2, a3, desc_b, scale_d):
             lanes, _ = _exchange((a0, a1, a2, a3))  # the warp's words of its 16 rows of A
-            words = np.array(lanes, dtype=np.uint32)  # (32 lanes, 4 words)
-            halves = from_bits(np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1), element)
-            a = np.zeros((M, K))  # only this warp's 16 rows are filled: the only rows of D it holds
-            warp = (threading.current_thread().thread_id % 128) // 32
-            a[16 * warp + a_rows, a_cols] = halves
+            a = _warp_rows_of_a(np.array(lanes, dtype=np.uint32), element)  # (64, k); words (32 lanes, 4)
             _issue(acc, a @ b_operand(desc_b), scale_d, n)
 
         return mma_async_rs
