@@ -64,8 +64,12 @@ still spans 32 bytes of a row. The accumulators are float32 and laid out as abov
   low byte): word j holds row 16w + g + 8·(j % 2), columns 4t + 16·(j // 2) .. + 3 (CUTLASS's
   ``ALayout_64x32``; the PTX ISA's figure "WGMMA .m64nNk32 register fragment layout for matrix A"). In
   bytes this is the 16-bit table of :func:`mma_async_rs`, so the same four loads fill it; but it is not the
-  accumulator's layout (a lane's accumulators hold columns 2t, 2t + 1 of each 8), so P_ij leaves S_ij's
-  registers only after its bytes are exchanged among the lanes of each group of four.
+  accumulator's layout (a lane's accumulators hold columns 2t, 2t + 1 of each 8): P_ij goes from S_ij's
+  registers to the tensor cores after its bytes move among the four lanes of each group (or after the keys
+  are renumbered to match, in P and V alike).
+* **Accumulation.** D is float32, but the FP8 tensor cores add the products with fewer bits: an instruction
+  errs by up to about 2^-13 of Σ|a||b| (``tests/test_wgmma_fp8_ptx.py`` says where that comes from), far
+  more than float32's 2^-24. Long sums of FP8 products lose more than float32 sums would.
 """
 
 from __future__ import annotations
@@ -238,7 +242,7 @@ def mma_async_ss(element: str, n: int, trans_b: bool = False, trans_a: bool = Fa
 
     ``element="e4m3"``: A (64 × 32) and B (32 × n) of one-byte e4m3 values, both K-major (no transposes),
     float32 D. PTX: ``wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 d, a-desc, b-desc, p, 1, 1;``
-    Multiply-adds: 64 · n · 32, twice a 16-bit instruction's in about the same time.
+    Multiply-adds: 64 · n · 32, twice a 16-bit instruction's (Hopper's FP8 rate is twice its 16-bit rate).
     """
     _check(element, n, trans_b, trans_a)
     return _impl.make_mma(element, n, False, trans_b, trans_a)
@@ -301,4 +305,5 @@ PTX: ``fence.proxy.async.shared::cta;`` PTX ISA: "Memory Consistency Model: Prox
 """
 
 __all__ = ["SWIZZLE_128B", "WARPGROUP", "WGMMA_K_FP8", "WGMMA_TYPES", "commit_group", "descriptor", "descriptor_bits",
-           "fence", "fence_operands", "fence_proxy_async", "mma_async_rs", "mma_async_ss", "swizzled_chunk", "wait_group"]
+           "fence", "fence_operands", "fence_proxy_async", "mma_async_rs", "mma_async_ss", "swizzled_chunk",
+           "wait_group"]

@@ -23,8 +23,8 @@ Each product is exact in float64 and rounded once to float32 per instruction, as
 FP8 (``e4m3``, m64nNk32) reads one byte per element through the same descriptors and swizzle (a k-step is 32
 one-byte values instead of 16 two-byte ones) and decodes the bytes with ``fp8_emulation``. Its 32 products
 and their sum are exact in float64 too (each product has at most 8 significant bits, between 2^-18 and
-448², so the sum needs fewer than 53 bits); the hardware's own FP8 accumulation is not documented to be float32
-exact, which this emulation does not model.
+448², so the sum needs fewer than 53 bits). The hardware's FP8 accumulation keeps fewer bits than float32 (about
+13: ``tests/test_wgmma_fp8_ptx.py``), which this emulation does not model: it is exact where the GPU is not.
 """
 
 from __future__ import annotations
