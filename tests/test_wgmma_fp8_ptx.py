@@ -197,6 +197,24 @@ def test_mma_async_rs_e4m3(rng, n, keys):
     run_rs(rng, n, keys)
 
 
+def test_one_byte_tile_read_back_by_descriptor():
+    """e4m3 bytes written by swizzled_chunk's rule (16-byte chunks of 16 values) come back in order through a
+    descriptor's one-byte addresses, every 32-column k-step of a d = 256 tile (two 128-column pieces)."""
+    from tinyflash.gpu.wgmma_emulation import operand_addresses
+
+    rows, d = 32, 256
+    where = np.zeros((rows, d), np.int64)  # byte address of element (row, column)
+    for r in range(rows):
+        for c in range(d):
+            chunk = c // 16
+            where[r, c] = ((chunk // 8) * rows + r) * ROW_BYTES + ((chunk % 8) ^ (r % 8)) * 16 + c % 16
+    assert len(np.unique(where)) == rows * d
+    for kk in range(d // K_STEP):
+        start = (kk // 4) * rows * ROW_BYTES + (kk % 4) * K_STEP  # k_step_offset, on the host
+        desc = wgmma.descriptor_bits(16, 1024) | (start >> 4)
+        assert np.array_equal(operand_addresses(desc, rows, True, 1), where[:, K_STEP * kk:K_STEP * (kk + 1)])
+
+
 def test_e4m3_is_k_major_only():
     """The transposes exist for 16-bit types alone: asking for one with e4m3 is a ValueError before any kernel."""
     with pytest.raises(ValueError, match="K-major"):

@@ -14,8 +14,9 @@
     host_only.py a kernel that launches nothing: the host's part of a call, tested or timed without a GPU
     ptx.py       tensor-core PTX instructions (mma.sync, ldmatrix, cp.async, cvt), one function each
     ptx_emulation.py   the same instructions emulated for numba's simulator, and their fragment layouts
-    wgmma.py     Hopper's warpgroup multiply (wgmma: fence, mma_async, commit, wait), its shared-memory
-                 descriptors and the 128-byte swizzle; wgmma_emulation.py emulates them (asynchrony included)
+    wgmma.py     Hopper's warpgroup multiply (wgmma: fence, mma_async on 16-bit or e4m3 inputs, commit, wait),
+                 its shared-memory descriptors and the 128-byte swizzle; wgmma_emulation.py emulates them
+                 (asynchrony included)
     tma.py       Hopper's tensor memory accelerator (TMA copies), mbarriers, setmaxnreg and named barriers;
                  tma_emulation.py emulates them (barrier phases and transaction bytes included)
     fp8.py       the FP8 conversions (cvt: two float32 to an e4m3 pair, an e4m3 pair to two float16);

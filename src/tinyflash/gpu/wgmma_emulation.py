@@ -154,7 +154,8 @@ def _issue(acc, product, scale_d, n):
     flat = acc.reshape(-1)
     value = product[rows, cols]
     if int(scale_d):  # D = A·B + D; with scale_d = 0, D's old registers (never set, perhaps) are not read
-        value = value + state["latest"].get(id(acc), flat[:n // 2].astype(np.float64))  # chained: the newest
+        before = state["latest"].get(id(acc))  # chained multiplies see the newest value in flight
+        value = value + (flat[:n // 2].astype(np.float64) if before is None else before)
     value = value.astype(np.float32)
     state["latest"][id(acc)] = value
     state["open"].append((flat, id(acc), value))
