@@ -1,0 +1,290 @@
+"""tinyflash.flex_attention on the tensor cores (v6's flex_fwd) at the simulator's sizes: score_mod and mask_mod
+compiled into the kernel, causal with them, rows with no key, grouped-query heads, a block mask with empty, partial
+and full tiles, the kernel cache, and the checks of bad arguments.
+
+Each result is checked against a float64 reference computed densely here from the same functions (the scores
+scaled, score_mod applied element by element, -inf where causal or mask_mod masks), o by FlashAttention's rule
+against the same computation in float32 rounded to the input type (tinyflash's naive stage does the same), lse
+within F32_TOL.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from conftest import make_qkv
+
+import tinyflash as tf
+from tinyflash.core.masks import causal_mask
+from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule, round_to
+from tinyflash.forward.kernels import VERSIONS
+from tinyflash.forward.kernels import tensor_core_tiling as tct
+
+pytestmark = pytest.mark.simulator
+
+
+def dense(q, k, v, score_mod, mask_mod, causal, scale, dtype):
+    """o, lse by the formula in ``dtype`` (float64 or float32): S = scale · q kᵀ, score_mod and the masks element by
+    element, softmax, P V; a row with no key gives o = 0, lse = -inf. q (*lead, Nq, d) with lead (), (H,), (B, H)."""
+    lead, (n_q, d), n_k = q.shape[:-2], q.shape[-2:], k.shape[-2]
+    q4 = q.reshape((-1, *q.shape[-3:]) if q.ndim == 4 else (1, -1, n_q, d)).astype(dtype)  # (B, H, Nq, d)
+    k4, v4 = (x.reshape(q4.shape[0], -1, n_k, d).astype(dtype) for x in (k, v))  # (B, H_kv, Nk, d)
+    g = q4.shape[1] // k4.shape[1]  # query heads per K/V head
+    k4, v4 = np.repeat(k4, g, axis=1), np.repeat(v4, g, axis=1)  # (B, H, Nk, d)
+    S = dtype(scale) * np.einsum("bhqd,bhkd->bhqk", q4, k4)  # (B, H, Nq, Nk)
+    keep = np.broadcast_to(causal_mask(n_q, n_k) if causal else True, S.shape).copy()
+    for b, h, i, j in np.ndindex(S.shape):
+        if score_mod is not None:
+            S[b, h, i, j] = score_mod(S[b, h, i, j], b, h, i, j)
+        if mask_mod is not None:
+            keep[b, h, i, j] &= bool(mask_mod(b, h, i, j))
+    S = np.where(keep, S, -np.inf)
+    m = S.max(-1, keepdims=True)  # (B, H, Nq, 1)
+    m_safe = np.where(np.isfinite(m), m, 0)
+    P = np.exp(S - m_safe)
+    l = P.sum(-1, keepdims=True)
+    o = np.where(l > 0, (P @ v4) / np.where(l > 0, l, 1), 0)  # (B, H, Nq, d)
+    lse = np.where(l[..., 0] > 0, (m_safe + np.log(np.where(l > 0, l, 1)))[..., 0], -np.inf)
+    return o.reshape((*lead, n_q, d)), lse.reshape((*lead, n_q))
+
+
+def check(o, lse, q, k, v, score_mod=None, mask_mod=None, causal=False, scale=None, dtype="float16", what=""):
+    """o by FlashAttention's rule against the float32 computation rounded to ``dtype``; lse within F32_TOL."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    ref_o, ref_lse = dense(q, k, v, score_mod, mask_mod, causal, scale, np.float64)
+    naive = round_to(dense(q, k, v, score_mod, mask_mod, causal, scale, np.float32)[0], dtype)
+    assert o.shape == ref_o.shape and lse.shape == ref_lse.shape
+    assert_fa_rule(np.asarray(o, dtype=np.float64), naive, ref_o, np.float16 if dtype == "float16" else dtype,
+                   what=f"{what} o")
+    assert_close(lse, ref_lse, F32_TOL, f"{what} lse", is_lse=True)
+    return ref_o, ref_lse
+
+
+def softcap(s, b, h, q_idx, kv_idx):
+    return 2.0 * math.tanh(s / 2.0)
+
+
+def alibi(s, b, h, q_idx, kv_idx):
+    return s - 0.25 * (h + 1) * abs(q_idx - kv_idx)  # a slope per head; signed indices
+
+
+def sliding_window(b, h, q_idx, kv_idx):
+    return (q_idx - kv_idx <= 6) & (kv_idx - q_idx <= 6)
+
+
+def test_smoke_score_and_mask(rng):
+    """The first tier's one run: a softcap and a window on two heads, ragged tiles on both sides."""
+    q, k, v = make_qkv(rng, (2,), 17, 40, d=16, dtype=np.float16)
+    copies = [x.copy() for x in (q, k, v)]
+    o, lse = tf.flex_attention(q, k, v, score_mod=softcap, mask_mod=sliding_window)
+    assert o.dtype == np.float16 and o.shape == q.shape and lse.dtype == np.float32 and lse.shape == q.shape[:-1]
+    check(o, lse, q, k, v, softcap, sliding_window, what="smoke")
+    assert all(np.array_equal(x, c) for x, c in zip((q, k, v), copies))  # inputs untouched
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("n_q, n_k", [(1, 17), (17, 40), (40, 17), (40, 40)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_mod_with_causal(rng, n_q, n_k, causal):
+    """score_mod alone, and with causal (Nq > Nk: the first rows see no key)."""
+    q, k, v = make_qkv(rng, (2,), n_q, n_k, d=16, dtype=np.float16)
+    o, lse = tf.flex_attention(q, k, v, score_mod=alibi, causal=causal)
+    check(o, lse, q, k, v, alibi, None, causal, what=f"alibi {n_q}x{n_k} causal={causal}")
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("n_q, n_k", [(17, 40), (40, 17)])
+def test_causal_and_mask_with_empty_rows(rng, n_q, n_k):
+    """causal AND a mask_mod that empties some rows whole (q_idx % 5 == 3): o = 0, lse = -inf there."""
+    q, k, v = make_qkv(rng, (1, 2), n_q, n_k, d=32, dtype=np.float16)
+    mask = lambda b, h, q_idx, kv_idx: (q_idx % 5 != 3) & (kv_idx % 2 == h)  # noqa: E731
+    o, lse = tf.flex_attention(q, k, v, mask_mod=mask, causal=True, scale=0.3)
+    ref_o, ref_lse = check(o, lse, q, k, v, None, mask, True, 0.3, what=f"causal + mask {n_q}x{n_k}")
+    empty = np.isneginf(ref_lse)
+    assert empty.any() and np.all(o[empty] == 0) and np.all(np.isneginf(lse[empty]))
+
+
+@pytest.mark.grid
+def test_grouped_query_heads_see_the_query_head(rng):
+    """GQA (4 query heads, 2 K/V heads, batch 2): h is the query head, b the batch."""
+    q, k, v = make_qkv(rng, (2, 4), 17, 17, d=16, dtype=np.float16)
+    k, v = k[:, :2].copy(), v[:, :2].copy()
+    score = lambda s, b, h, q_idx, kv_idx: s + 0.5 * h - 0.75 * b * (kv_idx % 3)  # noqa: E731
+    mask = lambda b, h, q_idx, kv_idx: (kv_idx + h + b) % 4 != 0  # noqa: E731
+    o, lse = tf.flex_attention(q, k, v, score_mod=score, mask_mod=mask)
+    check(o, lse, q, k, v, score, mask, what="GQA")
+
+
+@pytest.mark.grid
+def test_bfloat16_and_a_captured_table(rng):
+    """bfloat16 (ml_dtypes' arrays) with a relative bias read from a captured NumPy table (a constant of the kernel)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = make_qkv(rng, (2,), 17, 40, d=32, dtype=np.float32)
+    q, k, v = (x.astype(ml_dtypes.bfloat16) for x in (q, k, v))
+    table = rng.standard_normal(17 + 40).astype(np.float32)  # bias by q_idx - kv_idx + 39
+
+    def bias(s, b, h, q_idx, kv_idx):
+        return s + table[q_idx - kv_idx + 39]
+
+    o, lse = tf.flex_attention(q, k, v, score_mod=bias, causal=True)
+    assert o.dtype == q.dtype
+    check(o.astype(np.float32), lse, q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), bias, None,
+          True, dtype="bfloat16", what="bfloat16 table")
+
+
+@dataclass(frozen=True, eq=False)
+class StandInBlockMask:
+    """FlexAttention's block mask layout (what tinyflash.create_block_mask returns), built here from a dense mask."""
+
+    kv_num_blocks: np.ndarray
+    kv_indices: np.ndarray
+    full_kv_num_blocks: np.ndarray
+    full_kv_indices: np.ndarray
+    block_q: int
+    block_k: int
+    causal: bool = False
+    mask_mod: object = None
+
+
+def stand_in_block_mask(keep, block_q, block_k, causal=False, mask_mod=None):
+    """The block mask of ``keep`` (B, H, Nq, Nk) bool: per query tile, its partial and its full key tiles."""
+    B, H, n_q, n_k = keep.shape
+    Tr, Tc = -(-n_q // block_q), -(-n_k // block_k)
+    kinds = np.zeros((B, H, Tr, Tc), dtype=np.int8)  # 0 empty, 1 partial, 2 full
+    for i, j in np.ndindex(Tr, Tc):
+        tile = keep[:, :, i * block_q:(i + 1) * block_q, j * block_k:(j + 1) * block_k]
+        kinds[:, :, i, j] = np.where(tile.all((-2, -1)), 2, np.where(tile.any((-2, -1)), 1, 0))
+    lists = []
+    for kind in (1, 2):
+        hit = kinds == kind
+        num = hit.sum(-1).astype(np.int32)  # (B, H, Tr)
+        idx = np.argsort(~hit, axis=-1, kind="stable").astype(np.int32)  # (B, H, Tr, Tc) the hits first
+        idx[np.arange(Tc) >= num[..., None]] = 0
+        lists += [num, idx]
+    return StandInBlockMask(*lists, block_q=block_q, block_k=block_k, causal=causal, mask_mod=mask_mod), kinds
+
+
+def documents(b, h, q_idx, kv_idx):
+    """Three documents packed in one sequence of 40: keys 0-31, 32-35, 36-39 (queries alike). The document's
+    number is an int (q_idx // 32 + ...): a sum of two comparisons would be a logical or on NumPy's bools (the
+    simulator's scalars) and a count on the GPU's."""
+    return q_idx // 32 + (q_idx >= 36) == kv_idx // 32 + (kv_idx >= 36)
+
+
+def keep_of(mask_mod, lead, n_q, n_k, causal):
+    """(B, H, Nq, Nk) bool: causal AND mask_mod."""
+    keep = np.empty((*lead, n_q, n_k), dtype=bool)
+    for b, h, i, j in np.ndindex(keep.shape):
+        keep[b, h, i, j] = bool(mask_mod(b, h, i, j))
+    return keep & (causal_mask(n_q, n_k) if causal else True)
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("block_q, block_k", [(16, 16), (32, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_mask(rng, block_q, block_k, causal):
+    """Packed documents: the block mask has empty, partial and full tiles (causal in tiles of 32: no full one);
+    with block_k = 2 Bc each key tile is two kernel tiles, the last one (40 keys: 8 in the last tile) only one.
+    The result is the dense mask's."""
+    q, k, v = make_qkv(rng, (1, 2), 40, 40, d=16, dtype=np.float16)
+    bm, kinds = stand_in_block_mask(keep_of(documents, (1, 2), 40, 40, causal), block_q, block_k, causal, documents)
+    assert set(kinds.ravel().tolist()) == ({0, 1} if causal and block_q == 32 else {0, 1, 2})
+    o, lse = tf.flex_attention(q, k, v, mask_mod=documents, block_mask=bm, causal=causal, score_mod=softcap)
+    check(o, lse, q, k, v, softcap, documents, causal, what=f"block mask {block_q}x{block_k} causal={causal}")
+
+
+@pytest.mark.grid
+def test_block_mask_broadcast_over_heads_and_its_mask_mod(rng):
+    """A block mask with H = 1 serves every head; without a mask_mod the block mask's own is used."""
+    q, k, v = make_qkv(rng, (3,), 33, 40, d=16, dtype=np.float16)
+    keep = keep_of(documents, (1, 1), 33, 40, False)
+    bm, _ = stand_in_block_mask(keep, 16, 16, mask_mod=documents)
+    o, lse = tf.flex_attention(q, k, v, block_mask=bm)
+    check(o, lse, q, k, v, None, documents, what="broadcast block mask")
+
+
+@pytest.mark.grid
+def test_block_mask_skips_empty_tiles(rng):
+    """The kernel never reads an empty tile: K and V of the tile that the block mask empties hold NaN, and the
+    result is still the dense mask's (a tile read would put NaN into every row, masked or not: 0 · NaN)."""
+    q, k, v = make_qkv(rng, (1, 1), 16, 48, d=16, dtype=np.float16)
+    window = lambda b, h, q_idx, kv_idx: (kv_idx >= q_idx) & (kv_idx < q_idx + 16)  # noqa: E731
+    bm, kinds = stand_in_block_mask(keep_of(window, (1, 1), 16, 48, False), 16, 16, mask_mod=window)
+    assert kinds[0, 0, 0].tolist() == [1, 1, 0]  # keys 32-47: empty
+    k_nan, v_nan = k.copy(), v.copy()
+    k_nan[..., 32:, :] = np.nan
+    v_nan[..., 32:, :] = np.nan
+    o, lse = tf.flex_attention(q, k_nan, v_nan, block_mask=bm)
+    check(o, lse, q, k, v, None, window, what="NaN in an empty tile")
+
+
+def test_the_kernel_cache(rng):
+    """Two lambdas of the same code with equal captured numbers share a kernel; a different number gets another
+    (checked on the build, without a launch)."""
+
+    def window(size):
+        return lambda b, h, q_idx, kv_idx: abs(q_idx - kv_idx) <= size
+
+    from tinyflash.host.flex import user_function
+
+    v6, cfg = VERSIONS["v6"], tct.simulator_tiling(16)
+    build = lambda mod: v6.build(cfg, "float16", 1, mask_mod=user_function(mod, "mask_mod", 4))  # noqa: E731
+    assert build(window(3)) is build(window(3))
+    assert build(window(3)) is not build(window(4))
+    assert build(window(3)) is not v6.build(cfg, "float16", 1)
+
+
+@pytest.mark.grid
+def test_different_captured_numbers_give_different_results(rng):
+    q, k, v = make_qkv(rng, (1,), 17, 17, d=16, dtype=np.float16)
+    for size in (2, 5):
+        mask = lambda b, h, q_idx, kv_idx: abs(q_idx - kv_idx) <= size  # noqa: E731
+        o, lse = tf.flex_attention(q, k, v, mask_mod=mask)
+        check(o, lse, q, k, v, None, mask, what=f"window {size}")
+
+
+class NotAFunction:
+    pass
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"score_mod": 3}, TypeError, "score_mod must be a function"),
+    ({"mask_mod": "causal"}, TypeError, "mask_mod must be a function"),
+    ({"score_mod": lambda s, b, h: s}, TypeError, "score_mod must take 5"),
+    ({"mask_mod": lambda b, h, q_idx, kv_idx, extra: True}, TypeError, "mask_mod must take 4"),
+    ({"mask_mod": lambda b, h, q_idx, kv_idx: NOT_A_NUMBER is None}, TypeError, "mask_mod reads a value of type"),
+    ({"block_mask": np.zeros((1, 1, 2))}, TypeError, "block_mask must be a tinyflash.BlockMask"),
+])
+def test_bad_arguments(rng, kwargs, error, words):
+    """Raised before any launch, naming the argument."""
+    q, k, v = make_qkv(rng, (1,), 17, 17, d=16, dtype=np.float16)
+    with pytest.raises(error, match=words):
+        tf.flex_attention(q, k, v, **kwargs)
+
+
+NOT_A_NUMBER = NotAFunction()  # a global of a type numba cannot compile into a kernel
+
+
+def test_bad_block_masks(rng):
+    """A block mask of the wrong shape, of the wrong block size for the kernel's tiles, or built for another causal."""
+    q, k, v = make_qkv(rng, (2,), 33, 40, d=16, dtype=np.float16)
+    keep = keep_of(documents, (1, 2), 33, 40, False)
+    with pytest.raises(ValueError, match="block_mask does not fit this call"):
+        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(keep[..., :20, :], 16, 16)[0])
+    with pytest.raises(ValueError, match="block_mask does not fit this call"):
+        three_heads = np.broadcast_to(keep[:, :1], (1, 3, 33, 40))
+        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(three_heads, 16, 16)[0])
+    with pytest.raises(ValueError, match="block_k = 24 a multiple of its key tile Bc = 16"):
+        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(keep, 16, 24)[0])
+    with pytest.raises(ValueError, match="built with causal=True"):
+        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(keep, 16, 16, causal=True)[0])
+
+
+def test_tiling_for_block_mask():
+    """The GPU's tilings shrunk to fit FlexAttention's default block mask (128 × 128) and smaller ones."""
+    cfg = tct.default_tiling(128, False, 16384)  # 8 warps × 32 rows: Br = 256
+    fitted = cfg.for_block_mask(128, 128)
+    assert fitted.BR == 128 and fitted.BC == 64 and 128 % fitted.BR == 0
+    assert cfg.for_block_mask(32, 32).BR == 32 and cfg.for_block_mask(32, 32).BC == 32
+    assert cfg.for_block_mask(128, 8) is None  # no key tile of 8
