@@ -59,6 +59,10 @@ WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1,
 # flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group,
 # head_group
 SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
+# flex_fwd's: those, then the scale, the block mask's four lists (int32) and its seven numbers
+# (block_sparse.BM_FIELDS), as numba's launch passes them
+INTS = types.Array(types.int32, 1, "C")
+FLEX_SIGNATURE = SIGNATURE + (types.float32,) + (INTS,) * 4 + (types.int64,) * 7
 
 
 def block_order(cfg: TensorCoreTiling, grouped: bool):
