@@ -18,7 +18,8 @@ conventions.
 The package is the book; each folder holds one idea:
 
     core/       the rules of the mathematics, each written once: input checks, the causal mask,
-                the online softmax, the tolerance rules
+                the online softmax, the tolerance rules; masks and score modifications as Python
+                functions (mods, dual numbers, the block mask, ready-made variants, sinks)
     cost/       what attention costs in bytes: the memory of each array, the traffic to and from HBM
     forward/    the forward pass: naive.py, blocked.py, cuda.py (stage 2), tensor_cores.py (stage 3),
                 hopper.py (stage 4), kernels/ (the kernel versions v1-v10 and their registry)
@@ -39,8 +40,10 @@ Beside the book, the tooling: ``python -m tinyflash.bench`` (benchmarks: check, 
 
 from .backward.blocked import blocked_attention_backward
 from .backward.naive import naive_attention_backward, reference_attention_backward
+from .core.block_mask import BlockMask, create_block_mask
 from .core.masks import causal_mask
 from .core.online_softmax import OnlineSoftmax, online_softmax
+from .core.variants import alibi, document_mask, prefix_lm, relative_bias, sliding_window, softcap
 from .cost.memory import attention_memory, format_bytes, measure_peak_bytes, tile_bytes
 from .cost.traffic import HBMCounter
 from .decode.cache_memory import kv_cache_bytes
@@ -63,10 +66,11 @@ _ON_FIRST_USE = {
 }
 
 __all__ = sorted([
-    "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
-    "blocked_attention_backward", "causal_mask", "format_bytes", "kv_cache_bytes", "measure_peak_bytes",
+    "BlockMask", "HBMCounter", "OnlineSoftmax", "PagedKVCache", "attention_memory", "blocked_attention",
+    "blocked_attention_backward", "causal_mask", "create_block_mask", "format_bytes", "kv_cache_bytes", "measure_peak_bytes",
     "naive_attention", "naive_attention_backward", "online_softmax", "paged_attention", "reference_attention",
     "reference_attention_backward", "split_kv_attention", "tile_bytes", "to_paged", *_ON_FIRST_USE,
+    "alibi", "document_mask", "prefix_lm", "relative_bias", "sliding_window", "softcap",
 ])
 __version__ = "0.1.0"
 

@@ -4,6 +4,11 @@
     masks.py            the causal rule, key_stop (the kernels compile the same lines)
     online_softmax.py   the online softmax: the update and epilogue that stage 1 and lesson 02 call
     tolerance.py        error metrics and FlashAttention's tolerance rule (F32_TOL, fa_rule)
+    mods.py             score_mod and mask_mod: their checks, their evaluation on tiles of indices
+    dual.py             dual numbers: d score_mod / d score from the function alone, for the backward
+    block_mask.py       the block mask: empty, partial and full tiles; the order stage 1 visits tiles in
+    variants.py         ready-made mods: sliding window, prefix-LM, documents, softcap, ALiBi, relative bias
+    sinks.py            attention sinks: one logit per head in the softmax, and its gradient
 
 This package imports nothing else of tinyflash.
 """

@@ -20,6 +20,11 @@ The lines from "row max" to "P·V" are the online softmax, written once in
 :func:`~tinyflash.core.online_softmax.online_softmax_finish`; the causal bounds are
 :func:`tinyflash.core.masks.key_stop`. The kernels name their phases after these lines.
 Only Br × Bc scores exist at any time; nothing of size Nq × Nk is ever allocated.
+
+With a mask_mod (or a block mask), the key tiles a query tile visits are the block mask's
+(``tinyflash.core.block_mask``): empty tiles skipped, partial ones masked per element, full ones
+taken whole. A score_mod rewrites each tile's scores before the mask, and attention sinks join
+the online softmax as a last chunk of one score per row with a zero value.
 """
 
 from __future__ import annotations
@@ -28,13 +33,17 @@ import numpy as np
 
 from ..core.checks import as_array, check_attention_inputs, check_positive_int
 from ..core.heads import group_query_heads, kv_heads_view, ungroup_heads
-from ..core.masks import causal_mask, key_stop
+from ..core.block_mask import call_block_mask, key_tile_schedule
+from ..core.masks import causal_mask
+from ..core.mods import make_mods, modified_scores
 from ..core.online_softmax import online_softmax_finish, online_softmax_update
+from ..core.sinks import check_sinks, sink_scores
 
 
 @np.errstate(invalid="ignore")  # NaN and ±inf inputs: NaN rows as in stage 0, no warnings (docs/using.md)
 def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = None, block_q: int = 64,
-                      block_k: int = 64, io=None):
+                      block_k: int = 64, io=None, score_mod=None, mask_mod=None, block_mask=None, sinks=None,
+                      _index_base=None):
     """Stage 1: FlashAttention's tiled loop with the online softmax, in NumPy. Returns ``(o, lse)``.
 
     Same contract as :func:`tinyflash.naive_attention`. ``block_q`` (Br) and ``block_k`` (Bc) are
@@ -42,12 +51,21 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
     key tiles that lie entirely above the diagonal are skipped, not computed and masked.
     ``io``, if given, is a :class:`tinyflash.cost.traffic.HBMCounter` told of every tile read
     from and written to main memory, as the GPU kernel would move them.
+
+    ``score_mod``, ``mask_mod`` and ``sinks`` as for :func:`tinyflash.naive_attention`. With a
+    mask_mod, the key tiles it empties are skipped and only the tiles it cuts are masked per
+    element, as a :class:`tinyflash.BlockMask` says: ``block_mask`` if given (built with
+    ``block_q``, ``block_k`` and ``causal`` equal to the call's; it brings its own mask_mod), else
+    one built from mask_mod. ``_index_base``: see tinyflash.core.mods.
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     prob = check_attention_inputs(q, k, v, causal=causal, scale=scale)
     Br, Bc = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+    mods = make_mods(score_mod, mask_mod, prob, _index_base, always=block_mask is not None)
+    block_mask, mods = call_block_mask(block_mask, mods, Br, Bc)  # None: the causal rule's tiles
+    sinks = check_sinks(sinks, prob.lead)
     compute, n_q, n_k = prob.compute_dtype, prob.n_q, prob.n_k
-    Tr, Tc = -(-n_q // Br), -(-n_k // Bc)  # number of query tiles, of key/value tiles (ceil)
+    Tr = -(-n_q // Br)  # number of query tiles (ceil)
 
     # Grouped-query attention: each query head meets its K/V head through views (core/heads.py).
     g, k_in, v_in = prob.kv_group, k, v  # k_in, v_in: the arrays in HBM, for the io counter
@@ -65,12 +83,10 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
         m_i = np.full((*lead, q_end - q_start), -np.inf, dtype=compute)  # (..., Br) running row max
         l_i = np.zeros((*lead, q_end - q_start), dtype=compute)  # (..., Br) running denominator
         acc = np.zeros((*lead, q_end - q_start, prob.d_v), dtype=compute)  # (..., Br, dv) unnormalised O_i
-        # Causal: the keys any row of this tile may see end at k_stop; later tiles are skipped.
-        k_stop = key_stop(q_end, n_q, n_k, prob.causal)
-        for j in range(Tc):  # one key/value tile
+        # The key tiles this query tile visits, and which of them need the per-element mask: causal,
+        # those up to the last row's key_stop (later ones skipped); with a mask_mod, the block mask's.
+        for j, masked in key_tile_schedule(block_mask, i, n_q, n_k, Br, Bc, prob.causal):
             k_start = j * Bc
-            if k_start >= k_stop:
-                break  # this tile and all later ones are entirely masked: skip, don't compute
             k_end = min(k_start + Bc, n_k)
             K_j = k[..., k_start:k_end, :].astype(compute, copy=False)  # (..., Bc, d)
             V_j = v[..., k_start:k_end, :].astype(compute, copy=False)  # (..., Bc, dv)
@@ -79,11 +95,16 @@ def blocked_attention(q, k, v, *, causal: bool = False, scale: float | None = No
                 io.read("V", v_in[..., k_start:k_end, :])
 
             S_ij = prob.scale * (Q_i @ np.swapaxes(K_j, -1, -2))  # (..., Br, Bc) scores, on chip only
-            # mask: only a tile that reaches past the keys its first row may see holds a masked pair
-            if k_end > key_stop(q_start + 1, n_q, n_k, prob.causal):
+            if mods is not None:  # score_mod, then (masked tiles only) causal AND mask_mod
+                S_ij, _ = modified_scores(mods, S_ij, np.arange(q_start, q_end), np.arange(k_start, k_end),
+                                          mask=masked)  # (..., Br, Bc)
+            elif masked:  # causal: a tile that reaches past the keys its first row may see
                 S_ij = np.where(causal_mask(n_q, n_k, q_start, k_start, q_end - q_start, k_end - k_start),
                                 S_ij, -np.inf)  # (..., Br, Bc)
             m_i, l_i, acc, _ = online_softmax_update(m_i, l_i, acc, S_ij, V_j)  # row max, rescale, P·V
+        if sinks is not None:  # the sink: one more score per row, with a zero value (core/sinks.py)
+            S_sink = np.broadcast_to(sink_scores(sinks, prob.lead, g, compute), (*lead, q_end - q_start, 1))
+            m_i, l_i, acc, _ = online_softmax_update(m_i, l_i, acc, S_sink, np.zeros((1, prob.d_v), compute))
 
         # epilogue: O_i = acc / l_i (..., Br, dv) and lse_i = m_i + log(l_i) (..., Br), straight into HBM
         O[..., q_start:q_end, :], lse[..., q_start:q_end] = online_softmax_finish(m_i, l_i, acc)
