@@ -9,13 +9,13 @@ within F32_TOL.
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from conftest import make_qkv
 
 import tinyflash as tf
+from tinyflash.core import variants
 from tinyflash.core.masks import causal_mask
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule, round_to
 from tinyflash.forward.kernels import VERSIONS
@@ -133,38 +133,6 @@ def test_bfloat16_and_a_captured_table(rng):
           True, dtype="bfloat16", what="bfloat16 table")
 
 
-@dataclass(frozen=True, eq=False)
-class StandInBlockMask:
-    """FlexAttention's block mask layout (what tinyflash.create_block_mask returns), built here from a dense mask."""
-
-    kv_num_blocks: np.ndarray
-    kv_indices: np.ndarray
-    full_kv_num_blocks: np.ndarray
-    full_kv_indices: np.ndarray
-    block_q: int
-    block_k: int
-    causal: bool = False
-    mask_mod: object = None
-
-
-def stand_in_block_mask(keep, block_q, block_k, causal=False, mask_mod=None):
-    """The block mask of ``keep`` (B, H, Nq, Nk) bool: per query tile, its partial and its full key tiles."""
-    B, H, n_q, n_k = keep.shape
-    Tr, Tc = -(-n_q // block_q), -(-n_k // block_k)
-    kinds = np.zeros((B, H, Tr, Tc), dtype=np.int8)  # 0 empty, 1 partial, 2 full
-    for i, j in np.ndindex(Tr, Tc):
-        tile = keep[:, :, i * block_q:(i + 1) * block_q, j * block_k:(j + 1) * block_k]
-        kinds[:, :, i, j] = np.where(tile.all((-2, -1)), 2, np.where(tile.any((-2, -1)), 1, 0))
-    lists = []
-    for kind in (1, 2):
-        hit = kinds == kind
-        num = hit.sum(-1).astype(np.int32)  # (B, H, Tr)
-        idx = np.argsort(~hit, axis=-1, kind="stable").astype(np.int32)  # (B, H, Tr, Tc) the hits first
-        idx[np.arange(Tc) >= num[..., None]] = 0
-        lists += [num, idx]
-    return StandInBlockMask(*lists, block_q=block_q, block_k=block_k, causal=causal, mask_mod=mask_mod), kinds
-
-
 def documents(b, h, q_idx, kv_idx):
     """Three documents packed in one sequence of 40: keys 0-31, 32-35, 36-39 (queries alike). The document's
     number is an int (q_idx // 32 + ...): a sum of two comparisons would be a logical or on NumPy's bools (the
@@ -181,15 +149,16 @@ def keep_of(mask_mod, lead, n_q, n_k, causal):
 
 
 @pytest.mark.grid
-@pytest.mark.parametrize("block_q, block_k", [(16, 16), (32, 32)])
+@pytest.mark.parametrize("block_q, block_k", [(16, 16), (32, 32), (32, 16)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_mask(rng, block_q, block_k, causal):
     """Packed documents: the block mask has empty, partial and full tiles (causal in tiles of 32: no full one);
-    with block_k = 2 Bc each key tile is two kernel tiles, the last one (40 keys: 8 in the last tile) only one.
-    The result is the dense mask's."""
+    block_q = 2 Br puts two kernel blocks in one of its query tiles; block_k = 2 Bc makes each key tile two kernel
+    tiles, the last one (40 keys: 8 in the last tile) one. The result is the dense mask's."""
     q, k, v = make_qkv(rng, (1, 2), 40, 40, d=16, dtype=np.float16)
-    bm, kinds = stand_in_block_mask(keep_of(documents, (1, 2), 40, 40, causal), block_q, block_k, causal, documents)
-    assert set(kinds.ravel().tolist()) == ({0, 1} if causal and block_q == 32 else {0, 1, 2})
+    bm = tf.create_block_mask(documents, 1, 2, 40, 40, block_q=block_q, block_k=block_k, causal=causal)
+    full_tile = not causal or block_q == 16  # causal: no query tile of 32 rows has a full key tile
+    assert set(bm.to_dense().ravel().tolist()) == ({0, 1, 2} if full_tile else {0, 1})
     o, lse = tf.flex_attention(q, k, v, mask_mod=documents, block_mask=bm, causal=causal, score_mod=softcap)
     check(o, lse, q, k, v, softcap, documents, causal, what=f"block mask {block_q}x{block_k} causal={causal}")
 
@@ -198,8 +167,7 @@ def test_block_mask(rng, block_q, block_k, causal):
 def test_block_mask_broadcast_over_heads_and_its_mask_mod(rng):
     """A block mask with H = 1 serves every head; without a mask_mod the block mask's own is used."""
     q, k, v = make_qkv(rng, (3,), 33, 40, d=16, dtype=np.float16)
-    keep = keep_of(documents, (1, 1), 33, 40, False)
-    bm, _ = stand_in_block_mask(keep, 16, 16, mask_mod=documents)
+    bm = tf.create_block_mask(documents, 1, 1, 33, 40, block_q=16, block_k=16)
     o, lse = tf.flex_attention(q, k, v, block_mask=bm)
     check(o, lse, q, k, v, None, documents, what="broadcast block mask")
 
@@ -210,13 +178,28 @@ def test_block_mask_skips_empty_tiles(rng):
     result is still the dense mask's (a tile read would put NaN into every row, masked or not: 0 · NaN)."""
     q, k, v = make_qkv(rng, (1, 1), 16, 48, d=16, dtype=np.float16)
     window = lambda b, h, q_idx, kv_idx: (kv_idx >= q_idx) & (kv_idx < q_idx + 16)  # noqa: E731
-    bm, kinds = stand_in_block_mask(keep_of(window, (1, 1), 16, 48, False), 16, 16, mask_mod=window)
-    assert kinds[0, 0, 0].tolist() == [1, 1, 0]  # keys 32-47: empty
+    bm = tf.create_block_mask(window, 1, 1, 16, 48, block_q=16, block_k=16)
+    assert bm.to_dense()[0, 0, 0].tolist() == [1, 1, 0]  # keys 32-47: empty
     k_nan, v_nan = k.copy(), v.copy()
     k_nan[..., 32:, :] = np.nan
     v_nan[..., 32:, :] = np.nan
     o, lse = tf.flex_attention(q, k_nan, v_nan, block_mask=bm)
     check(o, lse, q, k, v, None, window, what="NaN in an empty tile")
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("which", ["softcap + sliding window", "alibi + prefix", "relative bias + documents"])
+def test_ready_made_variants(rng, which):
+    """tinyflash.core.variants' closures (numbers and NumPy arrays captured) compiled into the kernel as they stand."""
+    H, n = 2, 33
+    q, k, v = make_qkv(rng, (H,), n, n, d=16, dtype=np.float16)
+    ids = np.repeat(np.arange(3), [12, 9, 12])  # (Nq,) three documents
+    score_mod, mask_mod = {"softcap + sliding window": (variants.softcap(2.0), variants.sliding_window(7)),
+                           "alibi + prefix": (variants.alibi(H), variants.prefix_lm(5)),
+                           "relative bias + documents": (variants.relative_bias(rng.standard_normal((H, 9))),
+                                                         variants.document_mask(ids))}[which]
+    o, lse = tf.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+    check(o, lse, q, k, v, score_mod, mask_mod, what=which)
 
 
 def test_the_kernel_cache(rng):
@@ -249,8 +232,8 @@ class NotAFunction:
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
-    ({"score_mod": 3}, TypeError, "score_mod must be a function"),
-    ({"mask_mod": "causal"}, TypeError, "mask_mod must be a function"),
+    ({"score_mod": 3}, TypeError, "score_mod must be a callable"),
+    ({"mask_mod": "causal"}, TypeError, "mask_mod must be a callable"),
     ({"score_mod": lambda s, b, h: s}, TypeError, "score_mod must take 5"),
     ({"mask_mod": lambda b, h, q_idx, kv_idx, extra: True}, TypeError, "mask_mod must take 4"),
     ({"mask_mod": lambda b, h, q_idx, kv_idx: NOT_A_NUMBER is None}, TypeError, "mask_mod reads a value of type"),
@@ -267,18 +250,23 @@ NOT_A_NUMBER = NotAFunction()  # a global of a type numba cannot compile into a 
 
 
 def test_bad_block_masks(rng):
-    """A block mask of the wrong shape, of the wrong block size for the kernel's tiles, or built for another causal."""
+    """A block mask for another shape or causal, of a block size the kernel's tiles cannot walk, or with another
+    mask_mod than the call's."""
     q, k, v = make_qkv(rng, (2,), 33, 40, d=16, dtype=np.float16)
-    keep = keep_of(documents, (1, 2), 33, 40, False)
-    with pytest.raises(ValueError, match="block_mask does not fit this call"):
-        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(keep[..., :20, :], 16, 16)[0])
-    with pytest.raises(ValueError, match="block_mask does not fit this call"):
-        three_heads = np.broadcast_to(keep[:, :1], (1, 3, 33, 40))
-        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(three_heads, 16, 16)[0])
-    with pytest.raises(ValueError, match="block_k = 24 a multiple of its key tile Bc = 16"):
-        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(keep, 16, 24)[0])
-    with pytest.raises(ValueError, match="built with causal=True"):
-        tf.flex_attention(q, k, v, mask_mod=documents, block_mask=stand_in_block_mask(keep, 16, 16, causal=True)[0])
+    bad = {"does not fit this call": tf.create_block_mask(documents, 1, 2, 20, 40, block_q=16, block_k=16),
+           "Nq = 34": tf.create_block_mask(documents, 1, 2, 34, 40, block_q=16, block_k=16),
+           "block_k = 24 a multiple of its key tile Bc = 16": tf.create_block_mask(documents, 1, 2, 33, 40,
+                                                                                   block_q=16, block_k=24),
+           "built with causal=True": tf.create_block_mask(documents, 1, 2, 33, 40, block_q=16, block_k=16,
+                                                          causal=True)}
+    for words, bm in bad.items():
+        with pytest.raises(ValueError, match=words):
+            tf.flex_attention(q, k, v, mask_mod=documents, block_mask=bm)
+    with pytest.raises(ValueError, match="does not fit this call"):  # 3 heads for a call of 2
+        tf.flex_attention(q, k, v, block_mask=tf.create_block_mask(documents, 1, 3, 33, 40, block_q=16, block_k=16))
+    with pytest.raises(ValueError, match="mask_mod differs from the block_mask's own"):
+        tf.flex_attention(q, k, v, mask_mod=sliding_window,
+                          block_mask=tf.create_block_mask(documents, 1, 2, 33, 40, block_q=16, block_k=16))
 
 
 def test_tiling_for_block_mask():

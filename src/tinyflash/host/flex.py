@@ -16,12 +16,12 @@ it to every call.
 
 from __future__ import annotations
 
-import inspect
 import math
 import weakref
 
 import numpy as np
 
+from ..core.mods import check_heads_layout, check_mod
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, result
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
@@ -34,29 +34,14 @@ from .launch import simulated_warps
 # the block mask's lists, as a kernel reads them (forward/kernels/block_sparse.py)
 LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
 _on_gpu = weakref.WeakKeyDictionary()  # block mask -> its lists on the GPU (while the block mask lives)
+_NO_LISTS: dict = {}  # the lists of a call without a block mask, on the GPU
 
 
 def user_function(fn, name: str, arity: int) -> UserFunction | None:
-    """``fn`` (None, or a plain Python function of ``arity`` arguments) as the kernel takes it; else a TypeError
-    that names the argument."""
-    if fn is None:
-        return None
-    if not callable(fn):
-        raise TypeError(f"{name} must be a function or None; got {fn!r} of type {type(fn).__name__}")
-    args = "(score, b, h, q_idx, kv_idx)" if arity == 5 else "(b, h, q_idx, kv_idx)"
-    try:
-        inspect.signature(fn).bind(*range(arity))
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must take {arity} positional arguments {args}; got {fn!r}") from None
-    return UserFunction.of(fn, name)
-
-
-def batch_and_heads(lead: tuple) -> tuple[int, int]:
-    """(B, H) from q's leading dims (), (H,) or (B, H): what b and h of the user's functions count."""
-    if len(lead) > 2:
-        raise ValueError(f"flex_attention takes q of shape (Nq, d), (H, Nq, d) or (B, H, Nq, d), so that b and h "
-                         f"are defined; got leading dims {lead}")
-    return (1, 1) if not lead else (1, lead[0]) if len(lead) == 1 else tuple(lead)
+    """``fn`` (None, or a function of ``arity`` positional arguments: ``core.mods.check_mod``, the NumPy stages'
+    rule) as the kernel takes it, keyed by its code and what it reads (a TypeError names ``name`` otherwise)."""
+    fn = check_mod(fn, name, arity)
+    return None if fn is None else UserFunction.of(fn, name)
 
 
 def check_block_mask(bm, B: int, H: int, n_q: int, n_k: int, causal: bool):
@@ -79,9 +64,28 @@ def check_block_mask(bm, B: int, H: int, n_q: int, n_k: int, causal: bool):
         raise ValueError(f"block_mask does not fit this call: for (B, H) = ({B}, {H}), Nq = {n_q}, Nk = {n_k} in tiles "
                          f"of block_q = {block_q}, block_k = {block_k} its lists must be int arrays of shapes (B or 1, "
                          f"H or 1, {Tr}) and (B or 1, H or 1, {Tr}, {Tc}); got {[a.shape for a in lists]}")
+    shape = tuple(getattr(bm, "shape", (Bm, Hm, n_q, n_k)))
+    if shape[2:] != (n_q, n_k):
+        raise ValueError(f"block_mask was built for Nq = {shape[2]}, Nk = {shape[3]}; the call has Nq = {n_q}, "
+                         f"Nk = {n_k}")
     if getattr(bm, "causal", causal) != causal:
         raise ValueError(f"block_mask was built with causal={bm.causal}; the call has causal={causal}")
     return lists
+
+
+def block_mask_rule(bm, mask: UserFunction | None, mask_mod, causal: bool) -> UserFunction | None:
+    """The mask_mod of a block mask's partial tiles, as the NumPy stages take it (``core.block_mask``): the call's,
+    or the block mask's own if the call gives none; the same function or one of them, and one at all if a partial
+    tile needs it (else a ValueError)."""
+    own = getattr(bm, "mask_mod", None)
+    if mask_mod is not None and own is not None and mask_mod is not own:
+        raise ValueError("mask_mod differs from the block_mask's own mask_mod: give one of them, or the same function")
+    if mask is None and own is not None:
+        mask = user_function(own, "block_mask.mask_mod", 4)
+    if mask is None and not causal and int(np.asarray(bm.kv_num_blocks).sum()) > 0:
+        raise ValueError("block_mask has partial tiles but neither mask_mod nor causal says which of their keys to "
+                         "keep: pass mask_mod")
+    return mask
 
 
 def fitted_tiling(cfg, block_q: int, block_k: int, config_given: bool):
@@ -101,7 +105,7 @@ def block_mask_scalars(lists, bm, n_k: int, H: int, cfg, device: bool) -> dict:
     block mask, if ``device``), the strides of a batch and a head in them (0 where the mask broadcasts), Tc,
     block_q, the kernel tiles per key tile (SUB) and in the last key tile (LAST_SUB)."""
     Bm, Hm, Tr, Tc = lists[1].shape
-    flat_lists = [np.ascontiguousarray(a, dtype=np.int32).reshape(-1) for a in lists]
+    flat_lists = [np.array(a, dtype=np.int32).reshape(-1) for a in lists]  # a copy: the lists are read-only
     if device:
         from numba import cuda
 
@@ -115,9 +119,16 @@ def block_mask_scalars(lists, bm, n_k: int, H: int, cfg, device: bool) -> dict:
             "bm_block_q": int(bm.block_q), "bm_sub": sub, "bm_last_sub": -(-last_keys // cfg.BC), "heads": H}
 
 
-def no_block_mask(H: int) -> dict:
-    """The kernel's block-mask arguments for a call without one: lists of one zero, never read; the heads per batch."""
+def no_block_mask(H: int, device: bool) -> dict:
+    """The kernel's block-mask arguments for a call without one: lists of one zero, never read (on the GPU, one
+    device array for every call: a host array would be copied there and back at each launch); the heads per batch."""
     zero = np.zeros(1, dtype=np.int32)
+    if device:
+        if "none" not in _NO_LISTS:
+            from numba import cuda
+
+            _NO_LISTS["none"] = cuda.to_device(zero)
+        zero = _NO_LISTS["none"]
     return {"KV_NUM": zero, "KV_IDX": zero, "FULL_NUM": zero, "FULL_IDX": zero, "bm_batch": 0, "bm_head": 0, "bm_tc": 1,
             "bm_block_q": 1, "bm_sub": 1, "bm_last_sub": 1, "heads": H}
 
@@ -127,12 +138,13 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
     # 1. check the user's functions, the inputs and the block mask; choose the version and its tiling
     score, mask = user_function(score_mod, "score_mod", 5), user_function(mask_mod, "mask_mod", 4)
     prob, element, version, on_device = check_call(entry, q, k, v, causal, scale, kernel, flex=True)
-    (B, H), heads = batch_and_heads(prob.lead), math.prod(prob.lead)
+    (B, H), heads = check_heads_layout(tuple(prob.lead), "flex_attention"), math.prod(prob.lead)
     if heads > MAX_GRID_Y:
         raise ValueError(f"flex_attention takes at most {MAX_GRID_Y} batch · heads (one launch); got {heads}")
-    lists = None if block_mask is None else check_block_mask(block_mask, B, H, prob.n_q, prob.n_k, prob.causal)
-    if mask is None and block_mask is not None and getattr(block_mask, "mask_mod", None) is not None:
-        mask = user_function(block_mask.mask_mod, "block_mask.mask_mod", 4)  # its partial tiles' rule
+    lists = None
+    if block_mask is not None:
+        lists = check_block_mask(block_mask, B, H, prob.n_q, prob.n_k, prob.causal)
+        mask = block_mask_rule(block_mask, mask, mask_mod, prob.causal)
     on_gpu, on_simulator = version.tilings
     cfg = config or (on_simulator(prob.d) if simulator_enabled() else on_gpu(prob.d, prob.causal, prob.n_q))
     if block_mask is not None:
@@ -152,8 +164,9 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
     # 3. build the kernel for the call's functions, size the grid and launch
     if prob.n_q > 0 and heads > 0:
         n_q, n_k, d = prob.n_q, prob.n_k, prob.d
-        blocks = no_block_mask(H) if block_mask is None else block_mask_scalars(
-            lists, block_mask, n_k, H, cfg, device=not simulator_enabled())
+        device = not simulator_enabled()
+        blocks = no_block_mask(H, device) if block_mask is None else block_mask_scalars(
+            lists, block_mask, n_k, H, cfg, device)
         group = cfg.head_group(n_k, heads, prob.kv_group, prob.causal)
         # the block mask's arrays go with the scalars: every head's block reads them whole (one launch)
         args = LaunchArgs(arrays={"Q": (as_words(flat16(q)), n_q * d // 2), "K": (as_words(flat16(k)), n_k * d // 2),
