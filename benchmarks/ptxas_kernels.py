@@ -11,8 +11,8 @@ one reached through its registry (``VERSIONS[name]``: its build and its tiling o
   (not causal: one head at a time; causal: heads ordered in groups, and one head at a time, which runs
   where a group holds one head), each distinct kernel once;
 * forward v6's flex_fwd (``tinyflash.flex_attention``) at the tiling of FlexAttention's default block mask, d = 64
-  and 128, float16, with FLEX_MODS compiled in (a softcap, ALiBi, a sliding window, documents read from a captured
-  table, with and without a block mask);
+  and 128, float16, with ``tinyflash.core.variants``' closures compiled in (a softcap, ALiBi, a relative bias and
+  documents read from captured tables, a sliding window; with and without a block mask);
 * the decode split kernels of ``tinyflash.decode.kernels.VERSIONS`` at their defaults (their ``build``): on the tensor cores
   d in TENSOR_CORE_DIMS (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
@@ -31,7 +31,6 @@ float16, one head at a time: the registers and spills of every tiling a sweep ti
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable
@@ -120,42 +119,34 @@ def v6_job(cfg, element: str, grouped: bool, kernel: str = "forward v6") -> Job:
     return Job(kernel, variant, lambda: (v6.build(cfg, element, 2 if grouped else 1), v6.signature))
 
 
-def softcap(score, b, h, q_idx, kv_idx):  # FlexAttention's functions that flex_jobs compile into v6
-    return 30.0 * math.tanh(score / 30.0)
+def flex_mods() -> dict:
+    """FlexAttention's functions that flex_jobs compile into v6, from ``tinyflash.core.variants`` as they stand: name
+    -> (score_mod, mask_mod, block mask or not). The document mask and the relative bias read captured NumPy arrays
+    (8 documents of 2,048 tokens; a table of 32 heads × 257 relative positions)."""
+    from tinyflash.core import variants
 
-
-def alibi(score, b, h, q_idx, kv_idx):
-    return score - 0.0625 * (h + 1) * (q_idx - kv_idx)
-
-
-def sliding_window(b, h, q_idx, kv_idx):
-    return (q_idx >= kv_idx) & (q_idx - kv_idx < 1024)
-
-
-DOCUMENT = np.repeat(np.arange(8, dtype=np.int32), 2048)  # 8 packed documents of 2,048 tokens: a captured table
-
-
-def documents(b, h, q_idx, kv_idx):
-    return DOCUMENT[q_idx] == DOCUMENT[kv_idx]
-
-
-FLEX_MODS = {"softcap": (softcap, None, False), "alibi": (alibi, None, False),
-             "sliding window, block mask": (None, sliding_window, True),
-             "documents (a captured table), block mask": (None, documents, True),
-             "softcap + sliding window, block mask": (softcap, sliding_window, True),
-             "block mask alone": (None, None, True)}
+    documents = variants.document_mask(np.repeat(np.arange(8, dtype=np.int32), 2048))
+    bias = variants.relative_bias(np.linspace(-1.0, 1.0, 32 * 257).reshape(32, 257))
+    return {"softcap": (variants.softcap(30.0), None, False), "alibi": (variants.alibi(32), None, False),
+            "relative bias (a captured table)": (bias, None, False),
+            "sliding window, block mask": (None, variants.sliding_window(1024), True),
+            "documents (a captured table), block mask": (None, documents, True),
+            "softcap + sliding window, block mask": (variants.softcap(30.0), variants.sliding_window(1024), True),
+            "block mask alone": (None, None, True)}
 
 
 def flex_jobs() -> list[Job]:
     """v6's flex_fwd (``tinyflash.flex_attention``) at the tiling it runs for FlexAttention's default block mask
-    (128 × 128) at N = 16,384, causal, d = 64 and 128, float16, with each of FLEX_MODS compiled in."""
+    (128 × 128) at N = 16,384, causal, d = 64 and 128, float16, with each of :func:`flex_mods` compiled in."""
     from tinyflash.forward.kernels import VERSIONS
     from tinyflash.gpu.user_code import UserFunction
 
     v6, found = VERSIONS["v6"], []
     for d in (64, 128):
         cfg = v6.tilings[0](d, True, 16384).for_block_mask(128, 128)
-        for name, (score, mask, sparse) in FLEX_MODS.items():
+        found.append(Job("forward v6 flex", f"d={d} float16 warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} "
+                         "no functions (flash_fwd)", lambda c=cfg: (v6.build(c, "float16", 2), v6.signature)))
+        for name, (score, mask, sparse) in flex_mods().items():
             mods = {"score_mod": score and UserFunction.of(score, "score_mod"),
                     "mask_mod": mask and UserFunction.of(mask, "mask_mod"), "block_sparse": sparse}
             variant = f"d={d} float16 warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} {name}"
