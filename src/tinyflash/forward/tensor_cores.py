@@ -5,6 +5,9 @@ outputs, size the grid and launch), for what the tensor cores multiply: 16-bit i
 float32 accumulation. Its steps are the host layer's (``tinyflash.host.forward``), shared with stage 4; the kernel is
 ``tinyflash/forward/kernels/v6_tensor_cores.py``, its PTX instructions in ``tinyflash/gpu/ptx.py``.
 
+:func:`flex_attention` is the same stage with FlexAttention's user functions and block mask compiled into v6
+(its ``flex_fwd``), through the host layer's ``tinyflash.host.flex``.
+
 The kernel never converts an element: it moves 16-bit patterns, two per 32-bit word; only the tensor cores and the
 final rounding know which format they are (``tinyflash.host.inputs`` says how bfloat16 arrives).
 """
