@@ -84,7 +84,7 @@ def test_smoke_score_and_mask(rng):
 
 
 @pytest.mark.grid
-@pytest.mark.parametrize("n_q, n_k", [(1, 17), (17, 40), (40, 17), (40, 40)])
+@pytest.mark.parametrize("n_q, n_k", [(1, 17), (17, 1), (17, 40), (40, 17), (40, 40)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_score_mod_with_causal(rng, n_q, n_k, causal):
     """score_mod alone, and with causal (Nq > Nk: the first rows see no key)."""
@@ -216,6 +216,15 @@ def test_the_kernel_cache(rng):
     assert build(window(3)) is build(window(3))
     assert build(window(3)) is not build(window(4))
     assert build(window(3)) is not v6.build(cfg, "float16", 1)
+    ids = np.arange(40) // 8
+    same, other = variants.document_mask(ids), variants.document_mask(ids.copy())
+    assert build(same) is build(other)  # equal captured arrays
+    assert build(same) is not build(variants.document_mask(ids[::-1].copy()))
+    module = {"WINDOW": 3}  # a global the function reads: frozen into the kernel, so part of its key
+    exec("def by_global(b, h, q_idx, kv_idx):\n    return abs(q_idx - kv_idx) <= WINDOW", module)
+    first = build(module["by_global"])
+    module["WINDOW"] = 4
+    assert build(module["by_global"]) is not first
 
 
 @pytest.mark.grid
