@@ -125,8 +125,8 @@ def flex_mods() -> dict:
     (8 documents of 2,048 tokens; a table of 32 heads × 257 relative positions)."""
     from tinyflash.core import variants
 
-    documents = variants.document_mask(np.repeat(np.arange(8, dtype=np.int32), 2048))
-    bias = variants.relative_bias(np.linspace(-1.0, 1.0, 32 * 257).reshape(32, 257))
+    documents = variants.document_mask(np.repeat(np.arange(8, dtype=np.int8), 2048))  # 2 copies of 16 KiB (q, kv)
+    bias = variants.relative_bias(np.linspace(-1.0, 1.0, 32 * 257, dtype=np.float32).reshape(32, 257))  # 32 KiB
     return {"softcap": (variants.softcap(30.0), None, False), "alibi": (variants.alibi(32), None, False),
             "relative bias (a captured table)": (bias, None, False),
             "sliding window, block mask": (None, variants.sliding_window(1024), True),

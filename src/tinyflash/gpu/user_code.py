@@ -11,8 +11,9 @@ kernel; a closure that captures a different number gets its own.
 What a function may read from outside, and how it enters the key:
 
     numbers, bools, None, strings         by value (and type: 2 and 2.0 compile differently)
-    NumPy arrays                          by dtype, shape and content (numba copies them into the kernel as
-                                          constant data: small tables, a relative bias, document ids)
+    NumPy arrays                          by dtype, shape and content (numba copies them into the kernel's
+                                          constant memory: small tables, a relative bias, document ids;
+                                          at most CONSTANT_BYTES in all)
     functions (plain Python)              by their own key: one user function may call another
     modules (``math``)                    by name
     tuples of these                       element by element
@@ -29,6 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_DEPTH = 8  # functions that call functions: how deep the key follows them (deeper: a TypeError)
+# the arrays a kernel's functions capture, in bytes: numba copies them into the module's constant memory, of which
+# ptxas takes 64 KiB (``.const`` data, CUDA's limit on every GPU); 1 KiB is left for the kernel's own constants
+CONSTANT_BYTES = 64 * 1024 - 1024
 
 
 def _value_key(value, who: str, depth: int):
@@ -95,8 +99,32 @@ class UserFunction:
         return hash(self.key)
 
     @property
+    def constant_bytes(self) -> int:
+        """The bytes of the NumPy arrays the function reads from outside (which numba puts in constant memory)."""
+        return _array_bytes(self.key)
+
+    @property
     def device(self):
         """The function as a device function, inlined into the kernel that calls it."""
         from numba import cuda  # numba is imported on first use (tinyflash.gpu.where decides the simulator first)
 
         return cuda.jit(device=True, inline="always")(self.fn)
+
+
+def _array_bytes(key) -> int:
+    """The bytes of the arrays in a key of :func:`code_key` (each entry ``("array", dtype, shape, digest)``)."""
+    if not isinstance(key, tuple):
+        return 0
+    if len(key) == 4 and key[0] == "array":
+        return np.dtype(key[1]).itemsize * int(np.prod(key[2]))
+    return sum(_array_bytes(part) for part in key)
+
+
+def check_constant_bytes(functions: dict) -> None:
+    """A ValueError if the arrays that ``functions`` (name -> UserFunction or None) capture exceed CONSTANT_BYTES."""
+    found = {name: f.constant_bytes for name, f in functions.items() if f is not None}
+    if sum(found.values()) > CONSTANT_BYTES:
+        raise ValueError(f"{' and '.join(found)} capture NumPy arrays of {sum(found.values()):,} bytes "
+                         f"({', '.join(f'{n} {b:,}' for n, b in found.items())}); numba copies them into the kernel's "
+                         f"constant memory, of which they may take {CONSTANT_BYTES:,} bytes: use a smaller dtype "
+                         "(int16 document ids, float32 or float16 tables) or a smaller table")

@@ -26,7 +26,7 @@ from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, result
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_gpu, simulator_enabled
-from ..gpu.user_code import UserFunction
+from ..gpu.user_code import UserFunction, check_constant_bytes
 from .forward import Entry, check_call
 from .inputs import FLOAT16, as_words, flat, flat16, placed
 from .launch import simulated_warps
@@ -145,6 +145,7 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
     if block_mask is not None:
         lists = check_block_mask(block_mask, B, H, prob.n_q, prob.n_k, prob.causal)
         mask = block_mask_rule(block_mask, mask, mask_mod, prob.causal)
+    check_constant_bytes({"score_mod": score, "mask_mod": mask})
     on_gpu, on_simulator = version.tilings
     cfg = config or (on_simulator(prob.d) if simulator_enabled() else on_gpu(prob.d, prob.causal, prob.n_q))
     if block_mask is not None:

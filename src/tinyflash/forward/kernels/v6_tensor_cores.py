@@ -209,7 +209,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False, scor
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
             if MASK_MOD and masked:  # S_ij = -inf where mask_mod is False
-                mask_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k)
+                mask_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
             softmax_step(s, m_i, l_i, acc, m_tile, scale_log2)  # m_i, l_i, acc rescaled; P_ij replaces S_ij
             p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR) + block_lane)  # P·V: acc += P_ij V_j
             ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
