@@ -9,6 +9,7 @@ within F32_TOL.
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -283,6 +284,14 @@ def test_bad_block_masks(rng, monkeypatch):
     for words, bm in bad.items():
         with pytest.raises(ValueError, match=words):
             tf.flex_attention(q, k, v, mask_mod=documents, block_mask=bm)
+    good = tf.create_block_mask(documents, 1, 2, 33, 40, block_q=16, block_k=16)
+    for name, where, value in (("kv_indices", (0, 0, 2, 0), 3), ("full_kv_num_blocks", (0, 0, 0), 4)):
+        lists = {n: getattr(good, n).copy() for n in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks",
+                                                      "full_kv_indices")}
+        assert good.kv_num_blocks[0, 0, 2] == 1  # query tile 2 lists one partial key tile: made tile 3, past Nk
+        lists[name][where] = value  # or more full tiles than Tc
+        with pytest.raises(ValueError, match="must list 0 to Tc = 3 key tiles"):
+            tf.flex_attention(q, k, v, mask_mod=documents, block_mask=replace(good, **lists))
     with pytest.raises(ValueError, match="does not fit this call"):  # 3 heads for a call of 2
         tf.flex_attention(q, k, v, block_mask=tf.create_block_mask(documents, 1, 3, 33, 40, block_q=16, block_k=16))
     with pytest.raises(ValueError, match="mask_mod differs from the block_mask's own"):

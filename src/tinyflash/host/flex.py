@@ -35,6 +35,7 @@ from .launch import simulated_warps
 LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
 _on_gpu = weakref.WeakKeyDictionary()  # block mask -> its lists on the GPU (while the block mask lives)
 _NO_LISTS: dict = {}  # the lists of a call without a block mask, on the GPU
+_listed_ok = weakref.WeakKeyDictionary()  # block masks whose lists were checked (check_lists), while they live
 
 
 def user_function(fn, name: str, arity: int) -> UserFunction | None:
@@ -64,6 +65,9 @@ def check_block_mask(bm, B: int, H: int, n_q: int, n_k: int, causal: bool):
         raise ValueError(f"block_mask does not fit this call: for (B, H) = ({B}, {H}), Nq = {n_q}, Nk = {n_k} in tiles "
                          f"of block_q = {block_q}, block_k = {block_k} its lists must be int arrays of shapes (B or 1, "
                          f"H or 1, {Tr}) and (B or 1, H or 1, {Tr}, {Tc}); got {[a.shape for a in lists]}")
+    if bm not in _listed_ok:
+        check_lists(lists, Tc)
+        _listed_ok[bm] = True
     shape = tuple(getattr(bm, "shape", (Bm, Hm, n_q, n_k)))
     if shape[2:] != (n_q, n_k):
         raise ValueError(f"block_mask was built for Nq = {shape[2]}, Nk = {shape[3]}; the call has Nq = {n_q}, "
@@ -71,6 +75,18 @@ def check_block_mask(bm, B: int, H: int, n_q: int, n_k: int, causal: bool):
     if getattr(bm, "causal", causal) != causal:
         raise ValueError(f"block_mask was built with causal={bm.causal}; the call has causal={causal}")
     return lists
+
+
+def check_lists(lists, Tc: int) -> None:
+    """Each list of the block mask holds 0 .. Tc key tiles, in [0, Tc), ascending (the kernel takes a listed last
+    key tile to be its list's last): else a ValueError, before a kernel could read keys past Nk."""
+    for name, num, idx in (("kv", lists[0], lists[1]), ("full_kv", lists[2], lists[3])):
+        valid = np.arange(Tc) < num[..., None]  # (Bm, Hm, Tr, Tc) the listed entries
+        rising = np.diff(idx.astype(np.int64), axis=-1) > 0  # (Bm, Hm, Tr, Tc - 1)
+        if (num < 0).any() or (num > Tc).any() or ((idx < 0) | (idx >= Tc))[valid].any() or (
+                ~rising & valid[..., 1:]).any():
+            raise ValueError(f"block_mask's {name}_num_blocks and {name}_indices must list 0 to Tc = {Tc} key tiles "
+                             f"per query tile, each in [0, {Tc}), ascending (as tinyflash.create_block_mask builds them)")
 
 
 def block_mask_rule(bm, mask: UserFunction | None, mask_mod, causal: bool) -> UserFunction | None:
