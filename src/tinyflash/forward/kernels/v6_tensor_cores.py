@@ -29,6 +29,12 @@ What changed since v5 (stage 2's last CUDA-core kernel):
 * Lazy rescaling (``LAZY_RESCALE``, as FlashAttention-4 does): a row keeps its reference max until a
   tile's max exceeds it by more than 2^8; most tiles then skip the multiplications of acc and l_i.
 
+FlexAttention (``tinyflash.flex_attention``) is v6 with three hooks in its loop, compiled away when absent:
+a score_mod and a mask_mod, the user's Python functions compiled into the kernel, on each tile's scores
+(``warp_tile.modifications``); and a block mask's key tiles, which a block visits instead of every tile up to
+its causal bound, mask_mod on the partial ones only (``block_sparse.py``). :func:`make_kernel` builds that
+kernel, ``flex_fwd``, when given them.
+
 The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one device function
 per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue; the phases are
 a warp's tile on the tensor cores (``tinyflash.warp_tile``), which the decode kernel shares. This file
@@ -105,7 +111,7 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False, scor
     into the kernel) or a block mask (``block_sparse``), ``flex_fwd`` instead: the same kernel with three hooks
     (the functions on each tile's scores; the key tiles that the block mask lists, partial ones masked by
     mask_mod, full ones not), which takes the scale and the block mask too (``block_sparse.BM_FIELDS``). Without
-    them the hooks are compiled away: ``flash_fwd`` is v6 as it was before they existed."""
+    them the hooks compile away, and ``flash_fwd`` is v6's kernel alone."""
     cfg.validate()
     spec = cfg.warp_tile(element)
     tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue
@@ -180,8 +186,8 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False, scor
                     acc[r, n, e] = float32(0.0)
 
         k_start = ZERO  # the first key tile's first key
-        if BLOCK_SPARSE:
-            k_start, masked = visit(bm, first, partial, ZERO)
+        if BLOCK_SPARSE:  # the block mask's first visit (none at all: a tile loaded and never used)
+            k_start = visit(bm, first, partial, ZERO)[0]
         copy_rows(Q, q_off, q_start, n_q, base + uint32(Q_OFF * FOUR), tid, Q_CHUNKS)  # Q_i, once
         load_kv(K, V, kv_off, k_start, n_k, base + uint32(STAGE0 * FOUR), tid)  # K_0, V_0 into stage 0
         ptx.cp_async_wait_all()
