@@ -306,3 +306,18 @@ def test_tiling_for_block_mask():
     assert fitted.BR == 128 and fitted.BC == 64 and 128 % fitted.BR == 0
     assert cfg.for_block_mask(32, 32).BR == 32 and cfg.for_block_mask(32, 32).BC == 32
     assert cfg.for_block_mask(128, 8) is None  # no key tile of 8
+
+
+@pytest.mark.grid
+def test_agrees_with_the_numpy_stages(rng):
+    """The same functions through the NumPy stages (tinyflash.reference_attention in float64, naive_attention in
+    float16): one semantics for every stage. GQA, causal, a block mask."""
+    q, k, v = make_qkv(rng, (1, 4), 40, 40, d=16, dtype=np.float16)
+    k, v = k[:, :2].copy(), v[:, :2].copy()
+    score_mod, mask_mod = variants.alibi(4), variants.sliding_window(12)
+    bm = tf.create_block_mask(mask_mod, 1, 1, 40, 40, block_q=16, block_k=16, causal=True)
+    o, lse = tf.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, causal=True)
+    mods = {"score_mod": score_mod, "mask_mod": mask_mod, "causal": True}
+    ref_o, ref_lse = tf.reference_attention(q, k, v, **mods)
+    assert_fa_rule(o, tf.naive_attention(q, k, v, **mods)[0], ref_o, np.float16, what="against the NumPy stages o")
+    assert_close(lse, ref_lse, F32_TOL, "against the NumPy stages lse", is_lse=True)
