@@ -10,6 +10,9 @@ one reached through its registry (``VERSIONS[name]``: its build and its tiling o
   16384), float16 and bfloat16; each tiling in the block order that runs it
   (not causal: one head at a time; causal: heads ordered in groups, and one head at a time, which runs
   where a group holds one head), each distinct kernel once;
+* forward v6's flex_fwd (``tinyflash.flex_attention``) at the tiling of FlexAttention's default block mask, d = 64
+  and 128, float16, with ``tinyflash.core.variants``' closures compiled in (a softcap, ALiBi, a relative bias and
+  documents read from captured tables, a sliding window; with and without a block mask);
 * the decode split kernels of ``tinyflash.decode.kernels.VERSIONS`` at their defaults (their ``build``): on the tensor cores
   d in TENSOR_CORE_DIMS (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
@@ -32,6 +35,8 @@ from __future__ import annotations
 from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 ARCH = "sm_90"
 TENSOR_CORE_DIMS = (32, 40, 64, 96, 128, 200, 256)  # the head dims of the tensor-core forward and decode kernels compiled
@@ -114,6 +119,42 @@ def v6_job(cfg, element: str, grouped: bool, kernel: str = "forward v6") -> Job:
                f"q_in_smem={cfg.Q_IN_SMEM} lazy={cfg.LAZY_RESCALE} "
                f"{'heads in groups' if grouped else 'one head at a time'}")
     return Job(kernel, variant, lambda: (v6.build(cfg, element, 2 if grouped else 1), v6.signature))
+
+
+def flex_mods() -> dict:
+    """FlexAttention's functions that flex_jobs compile into v6, from ``tinyflash.core.variants`` as they stand: name
+    -> (score_mod, mask_mod, block mask or not). The document mask and the relative bias read captured NumPy arrays
+    (8 documents of 2,048 tokens; a table of 32 heads × 257 relative positions)."""
+    from tinyflash.core import variants
+
+    documents = variants.document_mask(np.repeat(np.arange(8, dtype=np.int8), 2048))  # 2 copies of 16 KiB (q, kv)
+    bias = variants.relative_bias(np.linspace(-1.0, 1.0, 32 * 257, dtype=np.float32).reshape(32, 257))  # 32 KiB
+    return {"softcap": (variants.softcap(30.0), None, False), "alibi": (variants.alibi(32), None, False),
+            "relative bias (a captured table)": (bias, None, False),
+            "sliding window, block mask": (None, variants.sliding_window(1024), True),
+            "documents (a captured table), block mask": (None, documents, True),
+            "softcap + sliding window, block mask": (variants.softcap(30.0), variants.sliding_window(1024), True),
+            "block mask alone": (None, None, True)}
+
+
+def flex_jobs() -> list[Job]:
+    """v6's flex_fwd (``tinyflash.flex_attention``) at the tiling it runs for FlexAttention's default block mask
+    (128 × 128) at N = 16,384, causal, d = 64 and 128, float16, with each of :func:`flex_mods` compiled in."""
+    from tinyflash.forward.kernels import VERSIONS
+    from tinyflash.gpu.user_code import UserFunction
+
+    v6, found = VERSIONS["v6"], []
+    for d in (64, 128):
+        cfg = v6.tilings[0](d, True, 16384).for_block_mask(128, 128)
+        found.append(Job("forward v6 flex", f"d={d} float16 warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} "
+                         "no functions (flash_fwd)", lambda c=cfg: (v6.build(c, "float16", 2), v6.signature)))
+        for name, (score, mask, sparse) in flex_mods().items():
+            mods = {"score_mod": score and UserFunction.of(score, "score_mod"),
+                    "mask_mod": mask and UserFunction.of(mask, "mask_mod"), "block_sparse": sparse}
+            variant = f"d={d} float16 warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} {name}"
+            found.append(Job("forward v6 flex", variant, lambda c=cfg, m=mods: (v6.build(c, "float16", 2, **m),
+                                                                                v6.code.FLEX_SIGNATURE)))
+    return found
 
 
 def v6_sweep_jobs() -> list[Job]:
@@ -239,7 +280,7 @@ def hopper_jobs() -> list[Job]:
 
 
 def jobs(sweep: bool = False) -> list[Job]:
-    return (stage2_jobs() + v6_jobs() + hopper_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
+    return (stage2_jobs() + v6_jobs() + flex_jobs() + hopper_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
             + backward_hopper_jobs() + (v6_sweep_jobs() if sweep else []))
 
 

@@ -131,11 +131,18 @@ def file_name(job) -> str:
 
 def compile_job(job, ptx_dir: str | None, nvdisasm: str | None) -> dict:
     """Compile one kernel to PTX, assemble it with ptxas, and count: its row's numbers."""
+    from types import SimpleNamespace
+
+    import numba.cuda.dispatcher
     from numba import cuda
 
     kernel, signature = job.build()
     options = kernel.targetoptions
     cc = (int(job.arch[3]), int(job.arch[4]), *job.arch[5:])  # sm_90a: numba's compute_90a, as on a 9.0 device
+    # a device function that numba compiles on its own rather than into its caller's IR (flex_attention's user
+    # functions: forceinline, so that a captured array is one constant of the module) asks the current GPU for its
+    # compute capability; there is none here, so it is given the job's target's
+    numba.cuda.dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc[:2])
     ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=cc, fastmath=options.get("fastmath") or False,
                               launch_bounds=options.get("launch_bounds"))
     cap = options.get("max_registers")

@@ -63,6 +63,7 @@ from .forward.varlen import varlen_attention
 _ON_FIRST_USE = {
     "cuda_attention": "forward.cuda",
     "tensor_core_attention": "forward.tensor_cores",
+    "flex_attention": "forward.tensor_cores",
     "hopper_attention": "forward.hopper",
     "cuda_attention_backward": "backward.cuda",
     "tensor_core_attention_backward": "backward.tensor_cores",

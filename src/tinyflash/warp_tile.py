@@ -22,6 +22,9 @@ in the order a kernel calls them:
     p_times_v            acc += P_ij V_j, P_ij packed from S_ij's accumulators (never through shared memory)
     epilogue             O_i = acc / l_i, lse_i = m_i + log l_i, written to HBM
 
+and, for FlexAttention's user functions (:func:`modifications`, built per pair of them), ``score_mods`` and
+``mask_mods``: score_mod and mask_mod on each of the lane's scores, between ``scores`` and ``softmax_step``.
+
 Kernel v6 (``forward/kernels/v6_tensor_cores.py``) and the decode split kernel
 (``decode/kernels/tensor_cores.py``) are built from them; each kernel keeps what is its own: how a
 block finds its work, how tiles reach shared memory, the loop.
@@ -35,9 +38,9 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 import numpy as np
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, int64, uint32, uint64
 
-from .core.online_softmax import LN2
+from .core.online_softmax import LN2, LOG2E
 from .gpu import ptx
 from .gpu.runtime import u
 
@@ -373,6 +376,60 @@ def output(spec: WarpTile):
                         LSE[lse_off + q_row] = (m_i[r, half] + math.log2(l_row)) * LN2 if l_row != 0 else NEG_INF
 
     return epilogue
+
+
+def modifications(spec: WarpTile, score_mod, mask_mod):
+    """FlexAttention's user functions on the lane's scores, ``score_mod(score, b, h, q_idx, kv_idx)`` and
+    ``mask_mod(b, h, q_idx, kv_idx)``, each a device function compiled into the kernel (or None): ``score_mods``
+    and ``mask_mods``, both ``(s, b, h, row, k_start, t, n_q, n_k, scale)``. The lane's scores are rows
+    row + 16r + 8·half, keys k_start + 8n + 2t (+1), as in ``mask_row``; the functions see them as int64 (signed:
+    q_idx - kv_idx may be negative). Neither is called for a row at or past n_q nor a key at or past n_k (the
+    ragged tiles' padding, which the kernel masks anyway): a function that indexes a table of Nq or Nk entries
+    never reads past it."""
+    TO_BASE_2 = float32(LOG2E)
+
+    @cuda.jit(device=True, inline="always")
+    def score_tile(s, r, n, b, h, row, k_start, t, n_q, n_k, scale):
+        """S_ij = score_mod(scale · S_ij, b, h, q_idx, kv_idx) · log2(e) on s[r, n]: the modified score, in the
+        base 2 of the softmax step, which then takes it with a scale of 1."""
+        for half in range(2):
+            q_idx = row + uint64(r * MMA_M + half * 8)
+            for e in range(2):
+                kv_idx = k_start + uint64(n) * EIGHT + TWO * t + uint64(e)
+                if q_idx < n_q and kv_idx < n_k:
+                    x = s[r, n, 2 * half + e] * scale  # the scaled score, as FlexAttention gives it
+                    s[r, n, 2 * half + e] = float32(score_mod(x, b, h, int64(q_idx), int64(kv_idx))) * TO_BASE_2
+
+    @cuda.jit(device=True, inline="always")
+    def mask_tile(s, r, n, b, h, row, k_start, t, n_q, n_k, scale):
+        """S_ij = -inf on s[r, n] where mask_mod(b, h, q_idx, kv_idx) is False."""
+        for half in range(2):
+            q_idx = row + uint64(r * MMA_M + half * 8)
+            for e in range(2):
+                kv_idx = k_start + uint64(n) * EIGHT + TWO * t + uint64(e)
+                if q_idx < n_q and kv_idx < n_k and not mask_mod(b, h, int64(q_idx), int64(kv_idx)):
+                    s[r, n, 2 * half + e] = NEG_INF
+
+    return (each_tile(spec, score_tile) if score_mod is not None else None,
+            each_tile(spec, mask_tile) if mask_mod is not None else None)
+
+
+def each_tile(spec: WarpTile, apply, first: int = 0):
+    """A device function ``(s, *arguments)`` that calls ``apply(s, r, n, *arguments)`` on each of the lane's 16 × 8
+    tiles of S_ij, r and n constants: unrolled here, in Python (a chain of device functions, as ``pairs_from``), for
+    the compiler leaves a loop rolled when its body is long (a user's function, ``math.tanh``), and s, indexed by
+    the loop's counters, then goes to local memory."""
+    if first == spec.ROW_TILES * spec.S_TILES:
+        return cuda.jit(device=True, inline="always")(lambda s, b, h, row, k_start, t, n_q, n_k, scale: None)
+    R, N = divmod(first, spec.S_TILES)
+    rest = each_tile(spec, apply, first + 1)
+
+    @cuda.jit(device=True, inline="always")
+    def tile(s, b, h, row, k_start, t, n_q, n_k, scale):
+        apply(s, R, N, b, h, row, k_start, t, n_q, n_k, scale)
+        rest(s, b, h, row, k_start, t, n_q, n_k, scale)
+
+    return tile
 
 
 @lru_cache(maxsize=None)

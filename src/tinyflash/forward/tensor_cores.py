@@ -5,16 +5,21 @@ outputs, size the grid and launch), for what the tensor cores multiply: 16-bit i
 float32 accumulation. Its steps are the host layer's (``tinyflash.host.forward``), shared with stage 4; the kernel is
 ``tinyflash/forward/kernels/v6_tensor_cores.py``, its PTX instructions in ``tinyflash/gpu/ptx.py``.
 
+:func:`flex_attention` is the same stage with FlexAttention's user functions and block mask compiled into v6
+(its ``flex_fwd``), through the host layer's ``tinyflash.host.flex``.
+
 The kernel never converts an element: it moves 16-bit patterns, two per 32-bit word; only the tensor cores and the
 final rounding know which format they are (``tinyflash.host.inputs`` says how bfloat16 arrives).
 """
 
 from __future__ import annotations
 
+from ..host.flex import flex_call
 from ..host.forward import Entry, tensor_core_call
 from .kernels import VERSIONS
 
 TENSOR_CORES = Entry("tensor_core_attention", VERSIONS)
+FLEX = Entry("flex_attention", VERSIONS)
 
 
 def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str | None = None,
@@ -35,3 +40,32 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
     of shapes, dtypes, GPUs, ``causal``, ``scale``, ``kernel`` and ``config``, and kept (``tinyflash.host.plans``).
     """
     return tensor_core_call(TENSOR_CORES, q, k, v, causal, scale, kernel, config)
+
+
+def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, causal: bool = False,
+                   scale: float | None = None, kernel: str | None = None, config=None):
+    """FlexAttention on the tensor cores: attention with a score modification and a mask written as plain Python
+    functions, compiled into the kernel (v6's ``flex_fwd``). Returns ``(o, lse)``.
+
+    Inputs as :func:`tensor_core_attention`'s (float16 or bfloat16; d = dv a multiple of 8 up to 256; grouped-query
+    heads), with q (Nq, d), (H, Nq, d) or (B, H, Nq, d), which defines b and h below.
+
+    * ``score_mod(score, b, h, q_idx, kv_idx) -> score``: the score to use in place of ``score`` = scale · q·k
+      (float32), for batch b, QUERY head h, query q_idx and key kv_idx (absolute positions, signed ints).
+    * ``mask_mod(b, h, q_idx, kv_idx) -> bool``: whether the key is kept. ``causal`` (bottom-right,
+      ``tinyflash.core.masks``) applies too: a key is kept where both keep it. A row left with no key gives
+      o = 0 and lse = -inf.
+    * ``block_mask``: a ``tinyflash.BlockMask`` (``tinyflash.create_block_mask``, built from the same mask_mod and
+      causal; its B or H may be 1): each query tile visits only the key tiles it lists, the empty ones never
+      loaded, and evaluates mask_mod only on its partial tiles. Its block_q must be a multiple of the kernel's
+      query tile Br and its block_k of its key tile Bc (the default tiling is shrunk to fit where it can; a
+      ValueError says so where it cannot). Without a mask_mod, the block mask's own (``block_mask.mask_mod``) is
+      used. Without a block mask, mask_mod is evaluated on every key tile (all of them, or up to the diagonal).
+
+    Both functions are plain Python of scalars (arithmetic, comparisons, ``&``, ``|``, ``math``), as numba compiles
+    them for the GPU; they may read numbers, NumPy arrays (copied into the kernel as constants: small tables) and
+    other such functions from outside. A kernel is built per function and kept: two functions with the same code
+    that read equal values share it (``tinyflash.gpu.user_code``). ``kernel`` and ``config`` as for
+    :func:`tensor_core_attention` (the versions that take these functions: v6).
+    """
+    return flex_call(FLEX, q, k, v, score_mod, mask_mod, block_mask, causal, scale, kernel, config)

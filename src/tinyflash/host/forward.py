@@ -53,18 +53,27 @@ class CallPlan:
     launch: object | None
 
 
-def plan_call(entry: Entry, q, k, v, causal, scale, kernel=None, config=None) -> CallPlan:
-    """Check the inputs (every rule of :func:`tinyflash.core.checks.check_attention_inputs`, and the tensor cores'
-    own: 16-bit, d = dv among the version's head dims), then the GPU, and size the launch."""
+def check_call(entry: Entry, q, k, v, causal, scale, kernel=None, flex: bool = False):
+    """``(prob, element, version, on_device)`` of a call: the inputs checked (every rule of
+    :func:`tinyflash.core.checks.check_attention_inputs`, and the tensor cores' own: 16-bit, d = dv among the
+    version's head dims) and the version chosen among those on the tensor cores (with ``flex``, among those that
+    take FlexAttention's functions). The GPU is not looked for yet."""
     arrays, on_device = placed({"q": q, "k": k, "v": v})
     element = sixteen_bit(arrays, entry.who, "tinyflash.cuda_attention takes float16, bfloat16 and float32")
     prob = check_attention_inputs(*(shape_only(x) for x in arrays.values()), causal=causal, scale=scale,
                                   allowed=(FLOAT16,))
-    runs = [name for name, v in entry.registry.items() if v.arguments in TENSOR_CORE_ARGUMENTS]  # v6 on
+    runs = [name for name, v in entry.registry.items() if v.arguments in TENSOR_CORE_ARGUMENTS  # v6 on
+            and (v.flex or not flex)]
     version = entry.registry.choose(kernel, entry.who, among=runs)
     if prob.d != prob.d_v or prob.d not in version.head_dims:
         raise ValueError(f"{entry.who} supports d = dv {head_dims_text(version.head_dims)}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")
+    return prob, element, version, on_device
+
+
+def plan_call(entry: Entry, q, k, v, causal, scale, kernel=None, config=None) -> CallPlan:
+    """Check the inputs (:func:`check_call`), then the GPU, and size the launch."""
+    prob, element, version, on_device = check_call(entry, q, k, v, causal, scale, kernel)
     require_gpu()  # a GPU, or numba's simulator; else one clear error (before anything touches CUDA)
     version.requirement(entry.who)
     heads = math.prod(prob.lead)  # batch · heads: one row of thread blocks each

@@ -57,6 +57,8 @@ class KernelVersion:
     # a backward's gradients that are bitwise identical from run to run (with deterministic=True where it has that mode)
     deterministic: tuple = ()
     stage: int | None = None  # 2: the CUDA cores, 3: the tensor cores (mma.sync), 4: Hopper's wgmma
+    # takes FlexAttention's user functions and block mask (its build's score_mod, mask_mod, block_sparse)
+    flex: bool = False
 
     @property
     def module(self) -> str:

@@ -11,7 +11,9 @@ them, and a learner can read, diff, run and time any of them:
     tiling.py              v2-v5's register tiling: who computes what in a block, where tiles live
     v1 ... v5              stage 2, the CUDA cores (``tinyflash.cuda_attention``)
     tensor_core_tiling.py  v6's tiling: warps of 16-row tiles, key tiles, padded rows in shared memory
-    v6_tensor_cores.py     stage 3, the tensor cores' mma.sync (``tinyflash.tensor_core_attention``)
+    v6_tensor_cores.py     stage 3, the tensor cores' mma.sync (``tinyflash.tensor_core_attention``); with
+                           FlexAttention's hooks (``tinyflash.flex_attention``)
+    block_sparse.py        the key tiles a block visits under a block mask (FlexAttention's layout)
     hopper_tiling.py       v7's tiling: warpgroups of 64 rows, 128-byte-swizzled tiles
     tma_tiling.py          v8-v10's: a ring of stages filled by TMA, a producer warpgroup
     v7 ... v10             stage 4, Hopper's wgmma, TMA, warp specialisation, ping-pong (``tinyflash.hopper_attention``)
@@ -64,7 +66,7 @@ VERSIONS = Registry("kernel", (
              "ldmatrix fragment loads, K_j, V_j double-buffered with cp.async; float16 and bfloat16, d a multiple of 8 "
              "up to 256", tilings=(tensor_core_tiling.default_tiling, tensor_core_tiling.simulator_tiling),
              arguments="words", options=("config",), dtypes=SIXTEEN_BIT, head_dims=HEAD_DIMS,
-             requirement=TENSOR_CORES_NEEDED, stage=3),
+             requirement=TENSOR_CORES_NEEDED, stage=3, flex=True),
     _version("v7", v7_wgmma, "Hopper's wgmma (stage 4): a warpgroup of 4 warps multiplies 64 query rows at once, "
              "asynchronously; Q_i, K_j, V_j read by the tensor cores from 128-byte-swizzled shared memory through "
              "descriptors, P_ij from registers; compute capability 9.0 only",
@@ -85,4 +87,5 @@ VERSIONS = Registry("kernel", (
     Default("cuda_attention", "v5"),  # the CUDA cores: the fastest version that takes every input
     Default("tensor_core_attention", "v6"),  # stage 3, on compute capability 8.0 on
     Default("hopper_attention", "v10"),  # stage 4: the fastest of v7-v10 (docs/results.md)
+    Default("flex_attention", "v6"),  # FlexAttention's functions compiled in: v6's hooks (flex_fwd)
 ))

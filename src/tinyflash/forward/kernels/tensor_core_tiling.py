@@ -12,7 +12,7 @@ Bc = BC keys. Shared memory holds Q_i, then two stages of (K_j, V_j), every row 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ...gpu.launch import Tiling
@@ -81,6 +81,20 @@ class TensorCoreTiling(Tiling):
         if self.HEAD_GROUP is not None and self.HEAD_GROUP < 1:
             problems.append("HEAD_GROUP must be None or at least 1")
         return problems
+
+    def for_block_mask(self, block_q: int, block_k: int) -> "TensorCoreTiling | None":
+        """This tiling for a block mask of block_q × block_k tiles (``tinyflash.flex_attention``): a block must lie
+        in one of the mask's query tiles (Br divides block_q) and walk its key tiles in whole tiles of its own (Bc
+        divides block_k). Where Br does not divide block_q, fewer warps, then one row tile per warp; where Bc does
+        not divide block_k, key tiles of block_k (if a multiple of 16 up to Bc). None if nothing fits."""
+        cfg = self
+        if block_k % cfg.BC:
+            if block_k % MMA_K or block_k > cfg.BC:
+                return None
+            cfg = replace(cfg, BC=block_k)
+        while block_q % cfg.BR and (cfg.WARPS > 1 or cfg.ROW_TILES > 1):
+            cfg = replace(cfg, WARPS=cfg.WARPS // 2) if cfg.WARPS > 1 else replace(cfg, ROW_TILES=1)
+        return cfg.validate() if not block_q % cfg.BR and not cfg.shape_problems() else None
 
     def head_group(self, n_k: int, n_heads: int, kv_group: int, causal: bool) -> int:
         """How many heads v6 orders together, longest query tiles first (its ``block_work``). Not causal: 1, one

@@ -29,6 +29,12 @@ What changed since v5 (stage 2's last CUDA-core kernel):
 * Lazy rescaling (``LAZY_RESCALE``, as FlashAttention-4 does): a row keeps its reference max until a
   tile's max exceeds it by more than 2^8; most tiles then skip the multiplications of acc and l_i.
 
+FlexAttention (``tinyflash.flex_attention``) is v6 with three hooks in its loop, compiled away when absent:
+a score_mod and a mask_mod, the user's Python functions compiled into the kernel, on each tile's scores
+(``warp_tile.modifications``); and a block mask's key tiles, which a block visits instead of every tile up to
+its causal bound, mask_mod on the partial ones only (``block_sparse.py``). :func:`make_kernel` builds that
+kernel, ``flex_fwd``, when given them.
+
 The kernel body reads like stage 1's loop (``tinyflash.forward.blocked``), one device function
 per phase: scores, mask, softmax step (row max, rescale, exponentiate), P·V, epilogue; the phases are
 a warp's tile on the tensor cores (``tinyflash.warp_tile``), which the decode kernel shares. This file
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, int64, uint32, uint64
 from numba.cuda import types
 
 from ...core.masks import key_stop
@@ -49,7 +55,8 @@ from ...gpu import ptx
 from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import device_function, u
 from ...gpu.smem import shared_words
-from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
+from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, modifications, warp_tile
+from .block_sparse import tile_walk
 from .tensor_core_tiling import TensorCoreTiling
 
 ZERO, ONE, TWO, FOUR = u(0), u(1), u(2), u(4)
@@ -58,26 +65,15 @@ WORDS, FLOATS = types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1,
 # flash_fwd's argument types: Q, K, V, O as 16-bit pairs, LSE, then n_q, n_k, scale·log2(e), causal, kv_group,
 # head_group
 SIGNATURE = (WORDS,) * 4 + (FLOATS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
+# flex_fwd's: those, then the scale, the block mask's four lists (int32) and its seven numbers
+# (block_sparse.BM_FIELDS), as numba's launch passes them
+INTS = types.Array(types.int32, 1, "C")
+FLEX_SIGNATURE = SIGNATURE + (types.float32,) + (INTS,) * 4 + (types.int64,) * 7
 
 
-@lru_cache(maxsize=None)
-def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
-    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16); ``grouped``: for head_group > 1
-    (its blocks ordered by groups of heads), else for one head at a time (head_group must then be 1)."""
-    cfg.validate()
-    spec = cfg.warp_tile(element)
-    tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue
-    lane_rows, load_q, scores, mask_row = tile.lane_rows, tile.load_q, tile.scores, tile.mask_row
-    softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue  # (numba types no namespace)
-    BR, BC = u(cfg.BR), u(cfg.BC)
-    DW = u(cfg.D // 2)  # words per row in HBM
-    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
-    Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
-    STAGE = layout["stage 1"] - layout["stage 0"]
-    ROW_TILES, WARP_ROWS = cfg.ROW_TILES, u(MMA_M * cfg.ROW_TILES)  # 16-row tiles per warp; its query rows
-    WARP_Q_BYTES = cfg.ROW_TILES * 2 * 8 * cfg.ROW_WORDS * 4  # a warp's rows of Q_i in shared memory, in bytes
-    K_STEPS, S_TILES, O_TILES, Q_IN_SMEM = spec.K_STEPS, spec.S_TILES, spec.O_TILES, cfg.Q_IN_SMEM
-    Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+def block_order(cfg: TensorCoreTiling, grouped: bool):
+    """``block_work(head_group)``: (head, first query row) of this block, in the order that ``grouped`` says."""
+    BR = u(cfg.BR)
 
     @cuda.jit(device=True, inline="always")
     def one_head_at_a_time(head_group):
@@ -102,8 +98,39 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
 
     # two kernels, not one: a run-time branch between the two orders lengthens the main loop of both, so each
     # order is compiled into a kernel of its own (docs/notes: the block orders)
-    block_work = grouped_heads if grouped else one_head_at_a_time
+    return grouped_heads if grouped else one_head_at_a_time
 
+
+@lru_cache(maxsize=None)
+def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False, score_mod=None, mask_mod=None,
+                block_sparse: bool = False):
+    """``flash_fwd`` for one tiling and one element type (float16 or bfloat16); ``grouped``: for head_group > 1
+    (its blocks ordered by groups of heads), else for one head at a time (head_group must then be 1).
+
+    With FlexAttention's user functions (``score_mod``, ``mask_mod``: ``gpu.user_code.UserFunction``, compiled
+    into the kernel) or a block mask (``block_sparse``), ``flex_fwd`` instead: the same kernel with three hooks
+    (the functions on each tile's scores; the key tiles that the block mask lists, partial ones masked by
+    mask_mod, full ones not), which takes the scale and the block mask too (``block_sparse.BM_FIELDS``). Without
+    them the hooks compile away, and ``flash_fwd`` is v6's kernel alone."""
+    cfg.validate()
+    spec = cfg.warp_tile(element)
+    tile = warp_tile(spec)  # the warp's fragments, scores, softmax step, P·V and epilogue
+    lane_rows, load_q, scores, mask_row = tile.lane_rows, tile.load_q, tile.scores, tile.mask_row
+    softmax_step, p_times_v, epilogue = tile.softmax_step, tile.p_times_v, tile.epilogue  # (numba types no namespace)
+    SCORE_MOD, MASK_MOD, BLOCK_SPARSE = score_mod is not None, mask_mod is not None, bool(block_sparse)
+    FLEX = SCORE_MOD or MASK_MOD or BLOCK_SPARSE
+    score_mods, mask_mods = modifications(spec, score_mod and score_mod.device, mask_mod and mask_mod.device)
+    lists, visit = tile_walk(cfg.BC)  # the key tiles of a block mask
+    BR, BC = u(cfg.BR), u(cfg.BC)
+    DW = u(cfg.D // 2)  # words per row in HBM
+    layout = {name: u(offset) for name, offset in cfg.smem_layout().items()}
+    Q_OFF, STAGE0, V_IN_STAGE = layout["Q_i"], layout["stage 0"], layout["V_j in a stage"]
+    STAGE = layout["stage 1"] - layout["stage 0"]
+    ROW_TILES, WARP_ROWS = cfg.ROW_TILES, u(MMA_M * cfg.ROW_TILES)  # 16-row tiles per warp; its query rows
+    WARP_Q_BYTES = cfg.ROW_TILES * 2 * 8 * cfg.ROW_WORDS * 4  # a warp's rows of Q_i in shared memory, in bytes
+    K_STEPS, S_TILES, O_TILES, Q_IN_SMEM = spec.K_STEPS, spec.S_TILES, spec.O_TILES, cfg.Q_IN_SMEM
+    Q_CHUNKS, KV_CHUNKS = cfg.BR * cfg.CHUNKS // cfg.NT, cfg.BC * cfg.CHUNKS // cfg.NT  # cp.async per thread
+    block_work = block_order(cfg, grouped)
     copy_rows = cp_async_rows(cfg.ROW_WORDS, cfg.D // 2, cfg.NT, cfg.DP // 2)  # rows of Q, K, V into shared memory
 
     @cuda.jit(device=True, inline="always")
@@ -122,8 +149,10 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
                 stop = key_stop(row + uint64(r * MMA_M + half * 8) + ONE, n_q, n_k, causal)  # keys < stop allowed
                 mask_row(s, r, half, stop, k_start, t)
 
-    @cuda.jit(fastmath=FAST_MATH, **({"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}))
-    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group):
+    @cuda.jit(device=True, inline="always")
+    def attend(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group, scale, bm):
+        """The kernel's body: one block's query tile, for flash_fwd and flex_fwd (``bm``: the block mask and the
+        heads per batch, ``block_sparse.BM_FIELDS``; None for flash_fwd)."""
         smem = shared_words()  # cfg.smem_layout(): Q_i, then two stages of (K_j, V_j); 16-bit pairs
         tid = uint64(cuda.threadIdx.x)
         warp, lane = tid // uint64(WARP), tid % uint64(WARP)
@@ -137,6 +166,10 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
         warp_stop = key_stop(warp_row + ONE, n_q, n_k, causal)  # keys that the warp's first row may see (fewest)
         n_tiles = (k_stop + BC - ONE) // BC
+        if FLEX:  # the (b, h) that the user's functions see: the block's head is b · H + h
+            b, h = int64(head // uint64(bm[10])), int64(head % uint64(bm[10]))
+        if BLOCK_SPARSE:  # the key tiles the block mask lists: where the block's lists start, its visits
+            first, partial, n_tiles = lists(bm, head, q_start, n_k)
 
         qf = cuda.local.array((ROW_TILES, K_STEPS, 4), uint32)  # Q_i's A operands per row tile and mma step
         # (Q_IN_SMEM: each pair of steps is loaded just before its use and dead after it: 2 · ROW_TILES · 4 live)
@@ -152,8 +185,11 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
                 for e in range(4):
                     acc[r, n, e] = float32(0.0)
 
+        k_start = ZERO  # the first key tile's first key
+        if BLOCK_SPARSE:  # the block mask's first visit (none at all: a tile loaded and never used)
+            k_start = visit(bm, first, partial, ZERO)[0]
         copy_rows(Q, q_off, q_start, n_q, base + uint32(Q_OFF * FOUR), tid, Q_CHUNKS)  # Q_i, once
-        load_kv(K, V, kv_off, ZERO, n_k, base + uint32(STAGE0 * FOUR), tid)  # K_0, V_0 into stage 0
+        load_kv(K, V, kv_off, k_start, n_k, base + uint32(STAGE0 * FOUR), tid)  # K_0, V_0 into stage 0
         ptx.cp_async_wait_all()
         cuda.syncthreads()  # every thread's copies of Q_i, K_0, V_0 have landed before any warp reads them
         k_lane, block_lane = lane_rows(lane)
@@ -164,14 +200,22 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
                 load_q(qf, q_warp, kk)
 
         for j in range(n_tiles):
-            k_start = j * BC
+            k_start, masked = j * BC, True  # this tile's first key; whether mask_mod applies (all tiles)
+            if BLOCK_SPARSE:  # the block mask's visit j: a partial tile is masked, a full one is not
+                k_start, masked = visit(bm, first, partial, j)
             stage = base + uint32((STAGE0 + (j % TWO) * STAGE) * FOUR)  # where K_j, V_j are
             if j + ONE < n_tiles:  # K_j+1, V_j+1 into the other stage, in flight during this tile
-                load_kv(K, V, kv_off, k_start + BC, n_k, base + uint32((STAGE0 + ((j + ONE) % TWO) * STAGE)
-                                                                       * FOUR), tid)
+                next_start = k_start + BC
+                if BLOCK_SPARSE:
+                    next_start = visit(bm, first, partial, j + ONE)[0]
+                load_kv(K, V, kv_off, next_start, n_k, base + uint32((STAGE0 + ((j + ONE) % TWO) * STAGE) * FOUR), tid)
             scores(s, qf, q_warp, stage + k_lane)
+            if SCORE_MOD:  # S_ij = score_mod(scale · S_ij, ...), in base 2: the softmax step's scale is 1
+                score_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
+            if MASK_MOD and masked:  # S_ij = -inf where mask_mod is False
+                mask_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
             softmax_step(s, m_i, l_i, acc, m_tile, scale_log2)  # m_i, l_i, acc rescaled; P_ij replaces S_ij
             p_times_v(acc, s, stage + uint32(V_IN_STAGE * FOUR) + block_lane)  # P·V: acc += P_ij V_j
             ptx.cp_async_wait_all()  # this thread's copies of K_j+1, V_j+1 have landed
@@ -179,11 +223,26 @@ def make_kernel(cfg: TensorCoreTiling, element: str, grouped: bool = False):
 
         epilogue(acc, m_i, l_i, O, LSE, q_off, head * n_q, warp_row + g, t, n_q)
 
-    return flash_fwd
+    registers = {"max_registers": cfg.MAX_REGISTERS} if cfg.MAX_REGISTERS else {}
+
+    @cuda.jit(fastmath=FAST_MATH, **registers)
+    def flash_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group):
+        attend(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group, scale_log2, None)
+
+    @cuda.jit(fastmath=FAST_MATH, **registers)
+    def flex_fwd(Q, K, V, O, LSE, n_q, n_k, scale_log2, causal, kv_group, head_group, scale, KV_NUM, KV_IDX, FULL_NUM,
+                 FULL_IDX, bm_batch, bm_head, bm_tc, bm_block_q, bm_sub, bm_last_sub, heads):
+        bm = (KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, bm_batch, bm_head, bm_tc, bm_block_q, bm_sub, bm_last_sub, heads)
+        # with a score_mod, the scores reach the softmax step in base 2 already (warp_tile.modifications)
+        attend(Q, K, V, O, LSE, n_q, n_k, float32(1.0) if SCORE_MOD else scale_log2, causal, kv_group, head_group,
+               scale, bm)
+
+    return flex_fwd if FLEX else flash_fwd
 
 
-def build(cfg: TensorCoreTiling, element: str, head_group: int = 1):
+def build(cfg: TensorCoreTiling, element: str, head_group: int = 1, score_mod=None, mask_mod=None,
+          block_sparse: bool = False):
     """What v6 builds: its kernel for the tiling ``cfg`` and ``element`` inputs, launched with ``head_group`` heads
     ordered together (``cfg.head_group(...)``): the kernel that orders its blocks by groups of heads for more than
-    one."""
-    return make_kernel(cfg, element, head_group > 1)
+    one; with FlexAttention's functions or a block mask, its ``flex_fwd`` (:func:`make_kernel`)."""
+    return make_kernel(cfg, element, head_group > 1, score_mod, mask_mod, block_sparse)
