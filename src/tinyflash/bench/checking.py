@@ -93,14 +93,16 @@ class Ops:
 SOFTMAX_ROWS = 1024  # rows of S turned into P at a time (their float32 copy is the only extra memory)
 
 
-def naive_attention(q, k, v, *, causal: bool = False, rows=None, scale: float | None = None):
+def naive_attention(q, k, v, *, causal: bool = False, rows=None, scale: float | None = None, mods=None):
     """Standard attention with S and P stored in the input's type, in the input's library: q (..., Nq, d),
     k (..., Nk, d), v (..., Nk, dv) with the same leading dims; only the query ``rows`` if given.
 
     As FlashAttention's tests compute their reference in the same precision: S = Q Kᵀ rounded to the
     input's type, P = softmax(S) computed in float32 and rounded once, O = P V. The benchmarks' naive peer
     (cuBLAS products, S and P in HBM) and, on sampled rows, the baseline of FlashAttention's rule. Like a
-    plain softmax it gives NaN for a row that may attend no key (causal with Nq > Nk)."""
+    plain softmax it gives NaN for a row that may attend no key (causal with Nq > Nk). ``mods``, for one head
+    (q (Nq, d)): (score_mod, mask_mod) as the NumPy stages take them, applied to S on the host in float32
+    (``core.mods``) and rounded back to S's type, before the softmax."""
     ops = Ops(q)
     n_q, n_k = q.shape[-2], k.shape[-2]
     query_rows = range(n_q) if rows is None else rows
@@ -110,9 +112,30 @@ def naive_attention(q, k, v, *, causal: bool = False, rows=None, scale: float | 
     S *= 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if causal:
         ops.mask(S, allowed(query_rows, np.arange(n_k), n_q, n_k))
+    if mods is not None:
+        S = _modified(S, ops, mods, np.asarray(query_rows), n_q, n_k)
     for r0 in range(0, S.shape[-2], SOFTMAX_ROWS):  # P in S's memory, a block of rows at a time
         S[..., r0:r0 + SOFTMAX_ROWS, :] = ops.softmax(S[..., r0:r0 + SOFTMAX_ROWS, :])
     return S @ v  # (..., rows, dv)
+
+
+def _modified(S, ops, mods, rows, n_q: int, n_k: int):
+    """S (rows, Nk) of one head with a score_mod and a mask_mod applied as the NumPy stages apply them (causal is
+    S's own -inf already): computed on the host in float32, returned in S's type on S's device."""
+    from ..core.mods import Mods, modified_scores
+
+    host = to_host64(S).astype(np.float32)  # (rows, Nk)
+    new, _ = modified_scores(Mods(*mods, lead=(), n_q=n_q, n_k=n_k, causal=False), host, rows, np.arange(n_k))
+    return ops.device(new, S).to(S.dtype) if ops.lib == "torch" else ops.device(new, S).astype(S.dtype)
+
+
+def at_head(mods, index: tuple):
+    """(score_mod, mask_mod) called for one (b, h) of q's leading dims (B, H) while they see b = h = 0: what a
+    check of one head's (N, d) slices passes to the NumPy stages."""
+    score_mod, mask_mod = mods
+    b, h = ((0,) * (2 - len(index)) + tuple(index))[-2:]
+    return ((None if score_mod is None else lambda s, _b, _h, i, j: score_mod(s, b, h, i, j)),
+            (None if mask_mod is None else lambda _b, _h, i, j: mask_mod(b, h, i, j)))
 
 
 def sampled_heads(q, kv_group: int = 1) -> list[tuple]:
@@ -124,18 +147,23 @@ def sampled_heads(q, kv_group: int = 1) -> list[tuple]:
     return [(h, h[:-1] + (h[-1] // kv_group,) if h else h) for h in heads]
 
 
-def check_output(o, q, k, v, *, causal: bool, rng, lse=None, rows: int = CHECK_ROWS, scale=None) -> Verdict:
+def check_output(o, q, k, v, *, causal: bool, rng, lse=None, rows: int = CHECK_ROWS, scale=None,
+                 mods=None) -> Verdict:
     """An attention output ``o`` (and its ``lse``, if given) of q (..., H, Nq, d), k and v (..., H_kv, Nk, ·) on
     CHECK_ROWS sampled rows of the first and the last head, by the project's rule; the worst error, the
-    smallest tolerance allowed."""
+    smallest tolerance allowed. ``mods``: (score_mod, mask_mod) of the call, given to the reference and to
+    the naive computation for each sampled head's (b, h)."""
     group = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
     n_q, name = q.shape[-2], dtype_name(q)
     ok, worst, tolerance = True, 0.0, math.inf
     for head, kv_head in sampled_heads(q, group):
         idx = np.sort(rng.choice(n_q, size=min(rows, n_q), replace=False))  # (rows,)
         qh, kh, vh = q[head], k[kv_head], v[kv_head]  # (N, d) each: this head and its K/V head
-        ref_o, ref_lse = reference_attention(*(to_host64(x) for x in (qh, kh, vh)), causal=causal, rows=idx, scale=scale)
-        naive = to_host64(naive_attention(qh, kh, vh, causal=causal, rows=idx, scale=scale))  # (rows, dv)
+        score_mod, mask_mod = (None, None) if mods is None else at_head(mods, head)
+        ref_o, ref_lse = reference_attention(*(to_host64(x) for x in (qh, kh, vh)), causal=causal, rows=idx, scale=scale,
+                                             score_mod=score_mod, mask_mod=mask_mod)
+        naive = to_host64(naive_attention(qh, kh, vh, causal=causal, rows=idx, scale=scale,
+                                          mods=None if mods is None else (score_mod, mask_mod)))  # (rows, dv)
         naive = np.where(np.isnan(naive) & np.isinf(ref_lse)[:, None], 0.0, naive)  # rows that see no key: o = 0
         fast = to_host64(o[head][Ops(o).device(idx, o)])  # (rows, dv)
         verdict = within_tolerance(fast, ref_o, name, naive)

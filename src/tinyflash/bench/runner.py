@@ -68,7 +68,7 @@ def make_inputs(bench: Benchmark, point: dict, seed: int) -> dict:
         xp = np if bench.library == "numpy" else __import__("cupy")
         gen = xp.random.default_rng(seed)
         arrays = {name: gen.standard_normal(s, dtype=np.float32).astype(point["dtype"]) for name, s in shapes.items()}
-    return {**arrays, "causal": point["causal"]}
+    return {**point, **arrays}  # the point too: causal, the sizes, a flex variant's name
 
 
 def metered(fn, library: str):
@@ -120,7 +120,12 @@ def check(bench: Benchmark, out, x: dict, rng):
             x[key] = checking.reference_backward(*(t[(0,) * (t.ndim - 2)] for t in (x["q"], x["k"], x["v"], x["do"])),
                                                  causal=x["causal"])
         return checking.check_gradients(out, x["q"], x["k"], x["v"], x["do"], causal=x["causal"], reference=x[key])
-    return checking.check_output(out, x["q"], x["k"], x["v"], causal=x["causal"], rng=rng)
+    mods = None
+    if "mods" in x:  # the flex benchmark: the variant's functions, for the reference and the naive computation
+        from .flex import tinyflash_mods
+
+        mods = tinyflash_mods(x["mods"], x["n_q"], x["heads"])
+    return checking.check_output(out, x["q"], x["k"], x["v"], causal=x["causal"], rng=rng, mods=mods)
 
 
 def try_peer(bench: Benchmark, peer, x: dict, rng) -> tuple[dict, object]:
@@ -183,7 +188,7 @@ def run(bench: Benchmark, *, overrides: dict | None = None, impls=None, csv_path
             if fn is not None:
                 calls[peer.name] = (fn, peer.around)
         times = timer(calls, rounds=rounds or bench.rounds) if calls else {}
-        ratios = against_baseline(times, bench.baseline) if bench.baseline else {}
+        ratios = against_baseline(times, baseline_of(bench, times)) if bench.baseline else {}
         for row in found:
             name = (row["impl"], row["variant"])
             if name in times:
@@ -201,6 +206,15 @@ def run(bench: Benchmark, *, overrides: dict | None = None, impls=None, csv_path
             _free()
     writer.close()
     return rows
+
+
+def baseline_of(bench: Benchmark, times: dict) -> tuple:
+    """The baseline peer's name: ``bench.baseline``, or where its variant is '' and no such peer ran, the peer of
+    its implementation that did (the flex benchmark's peers are named after the point's variant)."""
+    base = bench.baseline
+    if base not in times and not base[1]:
+        return next((name for name in times if name[0] == base[0]), base)
+    return base
 
 
 def _free() -> None:
