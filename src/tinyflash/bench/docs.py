@@ -354,8 +354,9 @@ def timing_constants() -> str:
 def benchmark_commands() -> str:
     lines = ["```bash"]
     for bench in BENCHMARKS.values():
-        csv = f"{bench.csv_stem}_h200.csv"
-        kept = (data_dir() / csv).exists()  # a benchmark without a committed record writes beside it
+        records = [f"{bench.csv_stem}_{gpu}.csv" for gpu in ("h200", "h100")]  # the record of the GPU it ran on
+        kept = next((name for name in records if (data_dir() / name).exists()), None)
+        csv = kept or records[0]  # a benchmark without a committed record writes beside it
         lines.append(f"python -m tinyflash.bench {bench.name} --csv {'figures/data/' if kept else ''}{csv}"
                      f"  # {bench.doc}{'' if kept else ' (no committed record yet)'}")
     return "\n".join(lines + ["```"])
