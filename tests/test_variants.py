@@ -72,12 +72,14 @@ def test_softcap_gradient_against_finite_differences(rng):
 
 
 def test_closures_capture_only_numbers_and_arrays():
-    """What a kernel can compile: every cell of every variant's closure is a number or a NumPy array."""
+    """What a kernel can compile: every cell of every variant's closure is a number (Python's or NumPy's) or a NumPy
+    array."""
     made = [tf.sliding_window(4), tf.prefix_lm(3), tf.document_mask(IDS), tf.softcap(30.0), tf.alibi(6),
             tf.relative_bias(np.zeros((2, 5)))]
     for fn in made:
         for cell in fn.__closure__ or ():
-            assert isinstance(cell.cell_contents, (int, float, np.ndarray)), (fn.__qualname__, cell.cell_contents)
+            assert isinstance(cell.cell_contents, (int, float, np.number, np.ndarray)), (fn.__qualname__,
+                                                                                          cell.cell_contents)
 
 
 @pytest.mark.parametrize("make, args, error, message", [
@@ -87,6 +89,7 @@ def test_closures_capture_only_numbers_and_arrays():
     (tf.document_mask, (np.zeros((2, 2), int),), ValueError, "document_ids must be a 1-D integer array"),
     (tf.softcap, (0.0,), ValueError, "cap must be finite and > 0"),
     (tf.softcap, ("30",), TypeError, "cap must be a real number"),
+    (tf.softcap, (1e39,), ValueError, "cap must be finite and > 0"),  # beyond float32, which the kernels take it in
     (tf.alibi, (0,), ValueError, "n_heads must be >= 1"),
     (tf.relative_bias, (np.zeros((2, 4)),), ValueError, "table must be a float array"),
 ])

@@ -60,11 +60,21 @@ def document_mask(document_ids, kv_document_ids=None):
 
 
 def softcap(cap: float):
-    """score_mod: logit softcapping (Gemma 2, Grok), ``cap · tanh(score / cap)``: scores squashed into (−cap, cap)."""
+    """score_mod: logit softcapping (Gemma 2, Grok), ``cap · tanh(score / cap)``: scores squashed into (−cap, cap).
+
+    ``cap`` is taken at float32's precision (30, 50, 0.5 are exact). The division uses it as a float32, so that a
+    kernel, whose scores are float32, computes ``tanh`` in float32 (a float64 ``tanh`` is a long software
+    routine on a GPU); the product uses it as a Python float, so that the float64 reference stays float64."""
     cap = _positive(cap, "cap")
+    low, high = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    if not low <= cap <= high:
+        raise ValueError(f"cap must be finite and > 0 as a float32 (the kernels' scores are float32), between "
+                         f"{low:.3g} and {high:.3g}; got {cap}")
+    cap32 = np.float32(cap)
+    cap = float(cap32)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return cap * math.tanh(score / cap)
+        return math.tanh(score / cap32) * cap
 
     return score_mod
 
