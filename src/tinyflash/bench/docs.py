@@ -374,7 +374,7 @@ BLOCKS = {
     "deterministic": deterministic_sentence, "training-step": table("training_step_h200"),
     "training-step-sentence": training_step_sentence, "gpt-training": gpt_training, "decode-whole-call": table("decode_whole_call_h200"),
     "decode-whole-call-bar": decode_call_bar, "cold-start": cold_start_block, "accuracy": accuracy_block,
-    "fp8-accuracy": fp8_accuracy_block,
+    "fp8-accuracy": fp8_accuracy_block, "flex": table("flex_h100"), "training-head-dims": table("training_head_dims_h100"),
     "gpu-tests": gpu_tests, "timing-constants": timing_constants, "benchmark-commands": benchmark_commands,
     "memory-fit": model_sentences.memory_fit, "traffic": model_sentences.traffic, "cpu-memory": model_sentences.cpu_memory,
     "training-memory": model_sentences.training_memory, "kv-cache": model_sentences.kv_cache,

@@ -348,12 +348,26 @@ def decode_bar_sentence(rows: list[dict]) -> str:
             f" The kernels alone (CUDA graphs) run at {min(graphs):.2f}–{max(graphs):.2f}× of SDPA flash's")
 
 
+def flex_table(rows: list[dict]) -> str:
+    """tinyflash.flex_attention beside FlexAttention compiled and SDPA with the dense mask (``flex``), per variant:
+    ms per call (queued), tinyflash's speed over FlexAttention's (queued; the rounds' middle half; one call alone)."""
+    lines = ["| variant | FlexAttention ms | tinyflash ms | tinyflash / FlexAttention | its rounds' middle half | one "
+             "call alone | SDPA with the mask ms |", "|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["variant"] for r in rows if r["impl"] == "torch_flex"):
+        flex, ours, masked = (find(rows, impl=impl, variant=variant) for impl, variant in (
+            ("torch_flex", name), ("tinyflash", name), ("torch_efficient", f"mask {name}")))
+        lines.append(f"| {name} | {cell(flex, 'time_ms', '{:.3f}')} | {cell(ours, 'time_ms', '{:.3f}')} | "
+                     f"{against_baseline(ours)} | {cell(masked, 'time_ms', '{:.1f}')} |")
+    return "\n".join(lines)
+
+
 TABLES = {"versions": versions_table, "sweep": sweep_table, "example-32k": example_32k_table,
           "tensor-cores": tensor_core_table, "tensor-core-tiles": tiles_table, "backward": backward_table,
           "decode": decode_table, "vector": vector_sentence, "backward-tensor-cores": backward_tensor_core_table,
           "training-step": training_step_table, "decode-whole-call": decode_call_table, "hopper": hopper_table, "hopper-ping-pong": hopper_table,
           "hopper-tiles": hopper_tiles_table, "head-dims": head_dim_table,
-          "backward-tensor-core-tiles": backward_tile_table}
+          "backward-tensor-core-tiles": backward_tile_table, "training-head-dims": training_step_table,
+          "flex": flex_table}
 
 
 def summary(rows: list[dict]) -> str:
