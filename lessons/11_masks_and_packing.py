@@ -22,8 +22,8 @@ Run from the repository root:  python lessons/11_masks_and_packing.py
 Everything here is NumPy. The figure figures/block_sparsity.png is drawn by
 python -m tinyflash.plots --only block_sparsity.
 
-Running time: about 9 s (5 s of CPU time: other work shared the machine) on 2 CPU cores without a
-GPU (figures/data/cpu_runs.csv, 2026-12-05, commit ed60586).
+Running time: about 4 s on 2 CPU cores without a GPU (figures/data/cpu_runs.csv, 2026-12-05, commit
+6466155+).
 """
 
 # %% [0] Inputs
