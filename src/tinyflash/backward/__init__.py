@@ -3,6 +3,7 @@
     naive.py     stage 0: the textbook gradients through the materialised P (and, in float64, the
                  reference every backward stage is checked against)
     blocked.py   stage 1: FlashAttention-2's backward in NumPy, P recomputed tile by tile from lse
+    varlen.py    the backward of packed sequences (varlen_attention_backward), stage 1 sequence by sequence
     cuda.py      stage 2: cuda_attention_backward, on the CUDA cores (main kernel v1)
     tensor_cores.py  tensor_core_attention_backward, on the tensor cores: main kernel v2 (mma.sync), v3
                  (Hopper's wgmma) and v4 (wgmma, warp-specialised, TMA)
