@@ -321,3 +321,13 @@ def test_agrees_with_the_numpy_stages(rng):
     ref_o, ref_lse = tf.reference_attention(q, k, v, **mods)
     assert_fa_rule(o, tf.naive_attention(q, k, v, **mods)[0], ref_o, np.float16, what="against the NumPy stages o")
     assert_close(lse, ref_lse, F32_TOL, "against the NumPy stages lse", is_lse=True)
+
+
+@pytest.mark.grid
+def test_two_dimensional_inputs_are_batch_0_head_0(rng):
+    """q (Nq, d): b = h = 0 for the functions (a mask that keeps nothing elsewhere)."""
+    q, k, v = make_qkv(rng, (), 17, 23, d=16, dtype=np.float16)
+    mask = lambda b, h, q_idx, kv_idx: (b == 0) & (h == 0) & (kv_idx % 3 != 1)  # noqa: E731
+    o, lse = tf.flex_attention(q, k, v, mask_mod=mask, score_mod=alibi)
+    ref_o, _ = check(o, lse, q, k, v, alibi, mask, what="(Nq, d)")
+    assert np.isfinite(lse).all()
