@@ -22,7 +22,7 @@ or gave errors, and the seconds they took, written as each group ends (a run cut
 the groups that ended). The CSV keeps the rows of files this run does not run (``--part 2`` after ``--part 1``
 adds to its rows); a file that several processes ran has a row from each. A group whose pytest stopped without
 reporting a failing test (a file not found, a crash) gives each of its files that ran no test one error.
-Prints a line per row and the totals; the exit code is 0 when nothing failed or gave an error.
+Prints a line per row, a line per test that failed or gave an error, and the totals; the exit code is 0 when nothing failed or gave an error.
 """
 
 from __future__ import annotations
@@ -110,12 +110,11 @@ def plan(ids: list[str], per_test: dict, parts: int, processes: int) -> list[lis
     """The node ids in ``parts`` parts of whole files, each in ``processes`` groups of nearly equal estimated
     seconds: a file stays in one group where it fits, else its test functions do, else runs of a function's
     cases."""
-    known = list(per_test.values()) or [1.0]
-    mean = sorted(known)[len(known) // 2]  # a file not yet in the record counts as a median one
+    unknown = unrecorded_rate(per_test)
     by_file = {}
     for node in ids:
         by_file.setdefault(node.split("::")[0], []).append(node)
-    cost = {file: max(per_test.get(file, mean), MIN_SECONDS) for file in by_file}
+    cost = {file: max(per_test.get(file, unknown), MIN_SECONDS) for file in by_file}
     out = []
     for files in balance({file: cost[file] * len(nodes) for file, nodes in by_file.items()}, parts):
         target = sum(cost[f] * len(by_file[f]) for f in files) / processes
@@ -136,10 +135,17 @@ def plan(ids: list[str], per_test: dict, parts: int, processes: int) -> list[lis
     return out
 
 
+def unrecorded_rate(per_test: dict) -> float:
+    """The seconds per test of a file not yet in the record: a slow file's (the record's 90th percentile). A new
+    file is the likeliest to compile many kernels of its own, and a file estimated too light lands whole in one
+    process that then ends last; one estimated too heavy is only split into more groups."""
+    known = sorted(per_test.values()) or [1.0]
+    return known[int(0.9 * (len(known) - 1))]
+
+
 def estimate(group: list[str], per_test: dict) -> float:
-    known = list(per_test.values()) or [1.0]
-    mean = sorted(known)[len(known) // 2]
-    return sum(per_test.get(node.split("::")[0], mean) for node in group)
+    unknown = unrecorded_rate(per_test)
+    return sum(per_test.get(node.split("::")[0], unknown) for node in group)
 
 
 def test_env(processes: int = 1) -> dict:
@@ -186,6 +192,12 @@ def count(report: Path, files: list[str]) -> dict:
     return found
 
 
+def failures(report: Path) -> list[str]:
+    """'file::test' of each test that failed or gave an error in a JUnit XML report."""
+    return [f"{case.get('file') or case.get('classname')}::{case.get('name')}"
+            for case in ET.parse(report).getroot().iter("testcase") if outcome(case) in ("failed", "errors")]
+
+
 def count_nothing(files: list[str]) -> dict:
     """The rows of a group that left no report: no test counted in any of its files (a test named in the group,
     'tests/a.py::test_b', counts in its file's row)."""
@@ -201,10 +213,11 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path, tag: st
     for i, tests in enumerate(groups):
         report = report_dir / f"group_{i}.xml"
         log = log_dir / f"gpu_tests_{tag}{i}_{Path(tests[0].split('::')[0]).stem.removeprefix('test_')}.log"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "--grid",
+        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "0", "--grid",
                    "--durations=15", f"--junitxml={report}", "-o", "junit_family=xunit1", *tests]  # xunit1: each
         # <testcase> says its file; -n 0: each process runs its tests itself (the processes are the parallelism
-        # here); --durations: the log names the slowest tests, setup (compiling) apart from the call
+        # here); -v: the log names each test's result as it ends, so a run stopped by a time limit still says
+        # which failed; --durations: the log names the slowest tests, setup (compiling) apart from the call
         out = open(log, "w")
         running.append((tests, report, log, out, subprocess.Popen(command, cwd=ROOT, env=test_env(len(groups)),
                                                                   stdout=out, stderr=subprocess.STDOUT)))
@@ -294,6 +307,8 @@ def run_and_record(groups: list[list[str]], tag: str, csv_path: Path, log_dir: P
               f"  commit {env['commit'] or '-'}  {env['date']}  {len(groups)} processes", flush=True)
         for tests, report, log, code in run_groups(groups, log_dir, Path(tmp), tag):
             found = count(report, tests) if report.exists() else count_nothing(tests)
+            for name in failures(report) if report.exists() else []:
+                print(f"FAILED {name}  (log: {log.name})", flush=True)
             if code not in (0, 1, 5) and not any(row["failed"] or row["errors"] for row in found.values()):
                 # pytest stopped without a failing test in its report (a file not found, a crash): the files
                 # that ran no test get an error each (all of them if every file ran some); the log says why
