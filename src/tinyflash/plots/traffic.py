@@ -20,7 +20,7 @@ from ..cost.traffic import (HOPPER_SRAM_ELEMENTS, SRAM_ELEMENTS, flash_attention
                       tile_sizes, traffic_crossover)
 
 TRAFFIC_NS = MODEL_NS
-TRAFFIC_COUNT_MAX_N = 4096  # count by running the NumPy stage up to here; closed form beyond
+TRAFFIC_COUNT_MAX_N = 2048  # count by running the NumPy stage up to here (float16 NumPy arithmetic is slow); closed form beyond
 TRAFFIC_M_N = 4096  # the fixed N of the SRAM-size panel
 TRAFFIC_MAX_TILE_PAIRS = 5_000  # count only if Tr·Tc (Python loop iterations) stays below this
 
