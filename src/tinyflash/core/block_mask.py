@@ -123,12 +123,19 @@ def build_block_mask(mods: Mods, block_q: int, block_k: int) -> BlockMask:
                                    (B, H, q_end - q_start, k_end - k_start))  # (B, H, rows, cols)
             dense[:, :, i, j] = np.where(keep.all(axis=(-2, -1)), FULL, np.where(keep.any(axis=(-2, -1)),
                                                                                 PARTIAL, EMPTY))
+    return block_mask_of_classes(dense, block_q, block_k, (B, H, n_q, n_k), mods.causal, mods.mask_mod)
+
+
+def block_mask_of_classes(dense: np.ndarray, block_q: int, block_k: int, shape: tuple, causal: bool,
+                          mask_mod=None) -> BlockMask:
+    """The block mask whose tiles are classified by ``dense`` (B, H, Tr, Tc) int8 (EMPTY, PARTIAL, FULL): its
+    lists and their transposes, read-only. For a caller that knows the classes without evaluating a mask per
+    element (``tinyflash.core.packed.packed_tile_classes``: the tiles of packed sequences)."""
     transposed = np.swapaxes(dense, -1, -2)  # (B, H, Tc, Tr)
     arrays = (*_lists(dense, PARTIAL), *_lists(dense, FULL), *_lists(transposed, PARTIAL), *_lists(transposed, FULL))
     for a in arrays:
         a.setflags(write=False)
-    return BlockMask(*arrays, block_q=block_q, block_k=block_k, shape=(B, H, n_q, n_k), causal=mods.causal,
-                     mask_mod=mods.mask_mod)
+    return BlockMask(*arrays, block_q=block_q, block_k=block_k, shape=tuple(shape), causal=causal, mask_mod=mask_mod)
 
 
 def create_block_mask(mask_mod, B, H, Nq, Nk, *, block_q: int = 128, block_k: int = 128,

@@ -10,6 +10,7 @@ import numbers
 
 import numpy as np
 
+from .block_mask import EMPTY, FULL, PARTIAL
 from .checks import SUPPORTED_DTYPES, AttentionProblem, array_dtype, check_attention_inputs
 
 
@@ -53,12 +54,13 @@ def check_max_seqlen(value, name: str, lengths: np.ndarray) -> None:
         raise ValueError(f"{name} must be at least the longest sequence's length, {longest}; got {value}")
 
 
-def check_packed(q, k, v):
-    """q (total_q, H, d), k (total_k, H_kv, d), v (total_k, H_kv, dv): the shapes and dtypes of the packed layout."""
+def check_packed(q, k, v, allowed=SUPPORTED_DTYPES):
+    """q (total_q, H, d), k (total_k, H_kv, d), v (total_k, H_kv, dv): the shapes and dtypes (among ``allowed``) of
+    the packed layout."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array of shape (total, heads, d); got {type(x).__name__}")
-        array_dtype(x, name, SUPPORTED_DTYPES)
+        array_dtype(x, name, allowed)
         if len(x.shape) != 3:
             raise ValueError(f"{name} must have shape (total_tokens, heads, d), FlashAttention's packed layout; "
                              f"got shape {tuple(x.shape)}")
@@ -73,10 +75,11 @@ def heads_first(x):
 
 
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                        scale) -> tuple[np.ndarray, np.ndarray, AttentionProblem]:
+                        scale, allowed=SUPPORTED_DTYPES) -> tuple[np.ndarray, np.ndarray, AttentionProblem]:
     """Every check of a packed call: returns ``(cu_q, cu_k, prob)``, the offsets as int64 and the problem of
-    one sequence as the stages see it (heads first), whose ``n_q``, ``n_k`` are those of a stand-in token."""
-    check_packed(q, k, v)
+    one sequence as the stages see it (heads first), whose ``n_q``, ``n_k`` are those of a stand-in token.
+    ``allowed``: the dtypes the call takes (the NumPy stage's, or the tensor cores' 16-bit types)."""
+    check_packed(q, k, v, allowed)
     cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
     cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
     if cu_q.shape != cu_k.shape:
@@ -89,5 +92,44 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     k1 = k[:1] if k.shape[0] else np.zeros((1, *k.shape[1:]), k.dtype)
     v1 = v[:1] if v.shape[0] else np.zeros((1, *v.shape[1:]), v.dtype)
     q1 = q[:1] if q.shape[0] else np.zeros((1, *q.shape[1:]), q.dtype)
-    prob = check_attention_inputs(heads_first(q1), heads_first(k1), heads_first(v1), causal=causal, scale=scale)
+    prob = check_attention_inputs(heads_first(q1), heads_first(k1), heads_first(v1), causal=causal, scale=scale,
+                                  allowed=allowed)
     return cu_q, cu_k, prob
+
+
+# --- packed sequences as one long row: the rule a kernel applies, and its tiles ------------------------------------
+
+
+def key_ranges(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per packed query, the packed keys it may see: ``(lo, hi)``, (total_q,) each, keys lo .. hi - 1 (hi <= lo: none).
+
+    Query t of sequence s (cu_q[s] <= t < cu_q[s + 1]) sees the keys of s, cu_k[s] .. cu_k[s + 1] - 1, and with
+    ``causal`` (bottom-right within the sequence, as the stages align it) those up to its own position counted
+    from the sequence's end: key u is kept where u - cu_k[s + 1] <= t - cu_q[s + 1]."""
+    rows = np.arange(int(cu_q[-1]))
+    seq = np.searchsorted(cu_q, rows, side="right") - 1  # (total_q,) the last s with cu_q[s] <= t: t's sequence
+    lo, hi = cu_k[seq], cu_k[seq + 1]
+    if causal:
+        hi = np.minimum(hi, rows - cu_q[seq + 1] + cu_k[seq + 1] + 1)
+    return lo, np.maximum(hi, lo)
+
+
+def packed_tile_classes(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, block_q: int, block_k: int,
+                        masked: bool) -> np.ndarray:
+    """The tiles of packed sequences seen as one (total_q, total_k) score matrix, (1, 1, Tr, Tc) int8: EMPTY where
+    no query of the tile sees a key of it (two different sequences, or past the causal diagonal), FULL where every
+    query sees every key, else PARTIAL (``core.block_mask``'s classes). ``masked``: a user's mask_mod applies on
+    top, whose keys are not known here, so no tile is FULL, only PARTIAL. Computed from the offsets alone, a query
+    tile at a time: no mask evaluated per element."""
+    lo, hi = key_ranges(cu_q, cu_k, causal)
+    total_q, total_k = lo.shape[0], int(cu_k[-1])
+    Tr, Tc = -(-total_q // block_q), -(-total_k // block_k)
+    starts = np.arange(Tc) * block_k  # (Tc,) each key tile's first key
+    ends = np.minimum(starts + block_k, total_k)  # (Tc,) one past its last
+    dense = np.zeros((1, 1, Tr, Tc), dtype=np.int8)
+    for i in range(Tr):
+        rows = slice(i * block_q, min((i + 1) * block_q, total_q))
+        seen = np.minimum(hi[rows, None], ends) - np.maximum(lo[rows, None], starts)  # (rows, Tc) keys each sees
+        full = (seen == ends - starts).all(axis=0) & (not masked)
+        dense[0, 0, i] = np.where(full, FULL, np.where((seen > 0).any(axis=0), PARTIAL, EMPTY))
+    return dense
