@@ -160,10 +160,12 @@ def backward_peers(point) -> list:
 
 
 def backward_tensor_core_peers(point) -> list:
-    """SDPA's flash backward (the baseline) and the tensor-core backward: v2 atomic and deterministic, v3 (Hopper's
-    wgmma) and v4 (v3 warp-specialised; on other GPUs their rows say why they did not run)."""
-    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_stage3(), p.backward_stage3(deterministic=True),
-            p.backward_stage3(kernel="v3"), p.backward_stage3(kernel="v4")]
+    """SDPA's flash backward (the baseline, FlashAttention-2's) and its cuDNN backward (the strongest on Hopper), and
+    the tensor-core backward: v2 atomic and deterministic, v3 (Hopper's wgmma) and v4 (v3 warp-specialised; on other
+    GPUs their rows say why they did not run)."""
+    return [p.backward_sdpa("flash", ("float16", "bfloat16")), p.backward_sdpa("cudnn", ("float16", "bfloat16")),
+            p.backward_stage3(), p.backward_stage3(deterministic=True), p.backward_stage3(kernel="v3"),
+            p.backward_stage3(kernel="v4")]
 
 
 def training_step_peers(point) -> list:
@@ -318,7 +320,8 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("backward", "the backward pass beside SDPA's backwards and naive attention", "backward",
               {"dtype": ("float32", "float16"), "d": (64, 128), "causal": (False, True), "n": (1024, 4096, 16384)},
               backward_peers, rounds=5, baseline=("torch_efficient", "")),
-    Benchmark("backward-tensor-cores", "the tensor-core backward (v2, v3, v4) beside SDPA's flash backward", "backward",
+    Benchmark("backward-tensor-cores", "the tensor-core backward (v2, v3, v4) beside SDPA's flash and cuDNN backwards",
+              "backward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               backward_tensor_core_peers, library="torch", by_n={4096: {"batch": 4}}),
     Benchmark("backward-tensor-core-tiles", "backward kernel v2's tilings and dQ atomics, v3's warpgroups and v4's "
