@@ -116,3 +116,16 @@ def test_refusals_on_the_tensor_cores(rng):
         tf.varlen_attention(q[:0], k, v, np.zeros(3, np.int32), cu_k)
     with pytest.raises(TypeError, match="q has dtype"):
         tf.varlen_attention(q.astype(np.int16), k, v, cu_q, cu_k)
+
+
+def test_a_layout_is_planned_once():
+    """The rules and block mask of a packed layout are kept: the same offsets, functions and tiles find them again;
+    other offsets or another mask_mod get their own."""
+    from tinyflash.forward.varlen_tensor_cores import packed_call
+
+    cu_q, cu_k = np.array([0, 5, 12], np.int32), np.array([0, 7, 9], np.int32)
+    first = packed_call(cu_q, cu_k, True, None, None, 16, 16)
+    assert packed_call(cu_q.copy(), cu_k.copy(), True, None, None, 16, 16) is first
+    assert packed_call(cu_q, np.array([0, 6, 9], np.int32), True, None, None, 16, 16) is not first
+    other = packed_call(cu_q, cu_k, True, None, local_window, 16, 16)
+    assert other is not first and other[1].mask_mod is not first[1].mask_mod

@@ -117,9 +117,39 @@ def sdpa_masked(name: str) -> Peer:
     return Peer("torch_efficient", f"mask {name}", make, ("float16", "bfloat16"), sdpa_backend("efficient"))
 
 
+def varlen_documents() -> Peer:
+    """tinyflash.varlen_attention on the documents of ``documents-8`` packed end to end (FlashAttention's layout, made
+    untimed): one launch over the packed row; o returned as a (1, H, N, d) view for the check."""
+    def make(x):
+        from ..forward.varlen import varlen_attention
+
+        q, k, v = (torch_view(x[key])[0].transpose(0, 1).contiguous() for key in ("q", "k", "v"))  # (N, H, d)
+        cu = np.flatnonzero(np.diff(document_ids(x["n_q"]), prepend=-1, append=-1)).astype(np.int32)  # (9,)
+        return lambda: varlen_attention(q, k, v, cu, cu, causal=True)[0].transpose(0, 1).unsqueeze(0)
+
+    return Peer("tinyflash", "varlen documents-8", make, ("float16", "bfloat16"))
+
+
+def padded_documents() -> Peer:
+    """SDPA flash on the documents of ``documents-8`` as a padded batch (B = 8; the documents are of equal length,
+    so nothing is padded here: the batch is what padding to the longest gives at best)."""
+    def make(x):
+        import torch.nn.functional as F
+
+        q, k, v = (torch_view(x[key]) for key in ("q", "k", "v"))  # (1, H, N, d)
+        _, heads, n, d = q.shape
+        q, k, v = (t[0].reshape(t.shape[1], DOCUMENTS, n // DOCUMENTS, d).transpose(0, 1).contiguous()
+                   for t in (q, k, v))  # (8, H, N / 8, d)
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(
+            1, heads, n, d)
+
+    return Peer("torch_flash", "padded documents-8", make, ("float16", "bfloat16"), sdpa_backend("flash"))
+
+
 def flex_peers(point) -> list:
     """FlexAttention compiled (the baseline), tinyflash.flex_attention, SDPA with the dense mask where the variant
-    is a mask; for plain causal attention also tinyflash's own kernels (v6, and stage 4 on Hopper)."""
+    is a mask; for plain causal attention also tinyflash's own kernels (v6, and stage 4 on Hopper); for the
+    documents also tinyflash.varlen_attention on them packed and SDPA flash on them as a batch of 8."""
     from . import peers as p
     from ..forward.kernels.hopper_tiling import COMPUTE_CAPABILITY
     from ..gpu.runtime import compute_capability
@@ -128,6 +158,8 @@ def flex_peers(point) -> list:
     found = [flex_torch(name), flex_tinyflash(name)]
     if dense_mask(name, 1) is not None:
         found.append(sdpa_masked(name))
+    if name == "documents-8":  # the same documents packed (varlen) and padded into a batch
+        found += [varlen_documents(), padded_documents()]
     if name == "causal":
         found.append(p.stage3())
         if compute_capability() == COMPUTE_CAPABILITY:

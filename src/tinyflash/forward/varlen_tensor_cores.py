@@ -21,6 +21,8 @@ Causal alignment is per sequence (bottom-right within each), so the call passes 
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from ..core.block_mask import block_mask_of_classes
@@ -29,6 +31,8 @@ from ..gpu.arrays import is_device_array, library
 from ..gpu.user_code import UserFunction
 
 BLOCK = 128  # the block mask's tiles by default: FlexAttention's 128 × 128
+MAX_CALLS = 32  # packed layouts kept (their rules and block masks, whose lists stay on the GPU while kept)
+_CALLS: OrderedDict = OrderedDict()
 
 
 def packed_rules(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, score_mod=None, mask_mod=None):
@@ -83,6 +87,25 @@ def packed_rules(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, score_mod=Non
     return (None if score_mod is None else packed_score), (packed_mask if mask_mod is None else packed_user_mask)
 
 
+def packed_call(cu_q, cu_k, causal: bool, score_mod, mask_mod, block_q: int, block_k: int):
+    """``(score_mod, block_mask)`` of a packed batch: the packed rules and the block mask that carries their mask,
+    kept for the next call with the same offsets, functions and tiles (:data:`_CALLS`, the newest MAX_CALLS): a
+    training loop calls with the same batch layout many times, and the tile classes cost a loop over query tiles."""
+    key = (np.asarray(cu_q).tobytes(), np.asarray(cu_k).tobytes(), causal, block_q, block_k,
+           None if score_mod is None else UserFunction.of(score_mod, "score_mod"),
+           None if mask_mod is None else UserFunction.of(mask_mod, "mask_mod"))
+    if key in _CALLS:
+        _CALLS.move_to_end(key)
+        return _CALLS[key]
+    dense = packed_tile_classes(cu_q, cu_k, causal, block_q, block_k, masked=mask_mod is not None)
+    packed_score, packed_mask = packed_rules(cu_q, cu_k, causal, score_mod, mask_mod)
+    shape = (1, 1, int(cu_q[-1]), int(cu_k[-1]))
+    _CALLS[key] = packed_score, block_mask_of_classes(dense, block_q, block_k, shape, False, packed_mask)
+    if len(_CALLS) > MAX_CALLS:
+        _CALLS.popitem(last=False)
+    return _CALLS[key]
+
+
 def heads_major(x, name: str):
     """A packed array (total, H, c) as the kernel's (1, H, total, c): a contiguous copy in x's array library."""
     if isinstance(x, np.ndarray):
@@ -116,10 +139,7 @@ def varlen_tensor_cores(q, k, v, cu_q: np.ndarray, cu_k: np.ndarray, *, causal: 
     from .tensor_cores import flex_attention  # the stage-3 entry point, which picks the version for the GPU
 
     block_q, block_k = block_q or BLOCK, block_k or BLOCK
-    dense = packed_tile_classes(cu_q, cu_k, causal, block_q, block_k, masked=mask_mod is not None)
-    packed_score, packed_mask = packed_rules(cu_q, cu_k, causal, score_mod, mask_mod)
-    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    bm = block_mask_of_classes(dense, block_q, block_k, (1, 1, total_q, total_k), False, packed_mask)
+    packed_score, bm = packed_call(cu_q, cu_k, causal, score_mod, mask_mod, block_q, block_k)
     o, lse = flex_attention(heads_major(q, "q"), heads_major(k, "k"), heads_major(v, "v"), score_mod=packed_score,
                             block_mask=bm, causal=False, scale=scale)
     return token_major(o), lse[0]
