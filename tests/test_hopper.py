@@ -17,13 +17,13 @@ from test_tensor_core import bf16_attention, bf16_inputs, check_bf16
 
 import tinyflash as tf
 from tinyflash.core.tolerance import F32_TOL, assert_close, assert_fa_rule
-from tinyflash.forward.kernels import VERSIONS
+from tinyflash.forward.kernels import VERSIONS, WIDER_VERSIONS
 from tinyflash.forward.kernels.hopper_tiling import HopperTiling
 from tinyflash.forward.kernels.tma_tiling import TmaTiling
 from tinyflash.gpu.runtime import simulator_enabled
 
 pytestmark = [pytest.mark.simulator, pytest.mark.grid]
-HOPPER = [name for name in VERSIONS if int(name[1:]) >= 7]  # the wgmma kernels
+HOPPER = [name for name in WIDER_VERSIONS if int(name[1:]) >= 7]  # the wgmma kernels on 16-bit inputs (v11: test_hopper_fp8.py)
 ENTRY = VERSIONS.default("hopper_attention").name  # what hopper_attention runs
 
 

@@ -18,7 +18,7 @@ conventions. Attention as models write it: ``score_mod=``, ``mask_mod=`` and ``s
 :func:`softcap`, :func:`alibi`, ...), :func:`flex_attention` (the same functions compiled into stage 3's kernel)
 and :func:`varlen_attention` (packed sequences without padding). FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per
 tensor, head or block, optionally rotated) and :func:`fp8_attention` (stage 1's loop on them, as the FP8
-kernel will run it).
+kernel runs it); :func:`hopper_fp8_attention` runs that kernel (stage 4 on e4m3 inputs, kernel v11).
 
 The package is the book; each folder holds one idea:
 
@@ -68,6 +68,7 @@ _ON_FIRST_USE = {
     "tensor_core_attention": "forward.tensor_cores",
     "flex_attention": "forward.tensor_cores",
     "hopper_attention": "forward.hopper",
+    "hopper_fp8_attention": "forward.hopper_fp8",
     "cuda_attention_backward": "backward.cuda",
     "tensor_core_attention_backward": "backward.tensor_cores",
     "cuda_split_kv_attention": "decode.cuda",

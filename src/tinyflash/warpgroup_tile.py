@@ -27,6 +27,14 @@ with the products (v10):
 Shared memory: a tile of R rows × d columns is 128-byte swizzled (``wgmma.swizzled_chunk``) in d / 64 pieces
 of 64 columns (128 bytes a row, the most the swizzle takes): columns 0-63 of every row, then 64-127, and at
 d = 256 128-191 and 192-255, R · 128 bytes each; Q_i's warpgroup rows start 64 · 128 bytes apart.
+
+**FP8** (:func:`fp8_warpgroup_tile`, kernel v11): the same pieces on e4m3 bytes, by ``wgmma``'s m64nNk32. A row of
+d e4m3 values is d bytes, so a 128-byte swizzled piece holds 128 columns and a k-step is 32 of them (still 32
+bytes): Q_i and K_j are d / 128 pieces. FP8 operands are K-major only, so V_j is stored transposed, Vᵀ_j (d rows
+of Bc keys), and P_ij enters from registers as e4m3. The accumulator layout is not the e4m3 A layout (a lane holds
+keys 2t, 2t + 1 of each 8, the A fragment wants columns 4t .. 4t + 3 of each 16): instead of moving bytes among
+lanes, the keys are renumbered, in P and in Vᵀ alike (:func:`fp8_key_of_column`): column c of a 32-key step holds
+whichever key the lane that owns column c already has. P V is a sum over keys, so it does not see the order.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from types import SimpleNamespace
 
 from numba import cuda, uint32, uint64
 
-from .gpu import ptx, wgmma
+from .gpu import fp8, ptx, wgmma
 from .gpu.runtime import u
 from .warp_tile import MMA_K, MMA_N
 
@@ -182,3 +190,111 @@ def warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
     return SimpleNamespace(descriptors=descriptors, scores=scores, p_times_v=p_times_v, issue_scores=issue_scores,
                            pack_p=pack_p, issue_p_times_v=issue_p_times_v, scores_ready=scores_ready,
                            products_ready=products_ready, S_TILES=S_TILES)
+
+
+FP8_K = wgmma.WGMMA_K_FP8  # e4m3 values (bytes) per k-step: 32
+FP8_HEAD_DIMS = (128, 256)  # whole 128-byte pieces of e4m3 rows (d = 64 would need the 64-byte swizzle)
+FP8_BC = 128  # keys per tile: Vᵀ_j's rows are one 128-byte piece of keys
+
+
+def fp8_key_of_column(c):
+    """The key (0 .. 31, within its 32-key step) that column ``c`` of an FP8 A operand holds in kernel v11: the
+    A fragment gives lane t of a group columns 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 (``wgmma.mma_async_rs``),
+    and its accumulators hold keys 2t, 2t + 1 of each 8-key block, so
+
+        column 4t + b       <- key 8·(b // 2) + 2t + b % 2           (blocks 0 and 1)
+        column 16 + 4t + b  <- key 16 + 8·(b // 2) + 2t + b % 2      (blocks 2 and 3)
+
+    Vᵀ's column c holds the same key's values (the host's transpose puts it there)."""
+    return 16 * (c // 16) + 8 * ((c % 4) // 2) + 2 * ((c % 16) // 4) + c % 2
+
+
+@lru_cache(maxsize=None)
+def fp8_warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
+    """The device functions of a warpgroup's FP8 tile (``spec.element == "e4m3"``; module docstring): the names
+    and contracts of :func:`warpgroup_tile`'s, on e4m3 bytes. Q_i (Br rows), K_j (Bc rows) and Vᵀ_j (d rows of Bc
+    keys) are K-major 128-byte-swizzled tiles of bytes; p holds the e4m3 A words of Bc / 32 steps."""
+    if spec.element != "e4m3" or spec.D not in FP8_HEAD_DIMS or spec.BC % (4 * FP8_K):
+        raise ValueError(f"an FP8 warpgroup tile needs element 'e4m3', D in {FP8_HEAD_DIMS} and BC a multiple of 128; "
+                         f"got {spec}")
+    K_STEPS, P_STEPS, HALF_D = spec.D // FP8_K, spec.BC // FP8_K, spec.D // 2
+    mma_s, mma_o = wgmma.mma_async_ss("e4m3", spec.BC), wgmma.mma_async_rs("e4m3", spec.D)
+    pack, wait_all, wait_one = fp8.pack_e4m3x2, wgmma.wait_group(0), wgmma.wait_group(1)
+    fence_s, fence_o, fence_p = (wgmma.fence_operands(spec.BC // 2), wgmma.fence_operands(HALF_D),
+                                 wgmma.fence_operands(4 * P_STEPS))
+    BITS = u(wgmma.descriptor_bits(16, 8 * ROW_BYTES))  # every operand K-major: SBO 8 rows of 128 bytes
+    # descriptor steps (16-byte units): a 128-byte piece of R rows is 8R, a 32-byte step inside it 2
+    Q_PIECE, K_PIECE, V_PIECE = (u(spec.BR * ROW_BYTES >> 4), u(spec.BC * ROW_BYTES >> 4),
+                                 u(spec.D * ROW_BYTES >> 4))
+    STEP, PIECE = u(FP8_K >> 4), u(ROW_BYTES // FP8_K)
+    WG_Q_BYTES = u(WGMMA_M * ROW_BYTES)
+
+    @cuda.jit(device=True, inline="always")
+    def descriptors(q_tile, warpgroup, k_tile, vt_tile):
+        """The descriptors of the warpgroup's rows of Q_i and of K_j, Vᵀ_j (tiles at shared byte addresses)."""
+        return (wgmma.descriptor(q_tile + uint32(uint64(warpgroup) * WG_Q_BYTES), BITS),
+                wgmma.descriptor(k_tile, BITS), wgmma.descriptor(vt_tile, BITS))
+
+    @cuda.jit(device=True, inline="always")
+    def issue_scores(s, q_desc, k_desc):
+        """S_ij = Q_i K_jᵀ issued as one group of d / 32 FP8 multiplies, not waited for."""
+        wgmma.fence()
+        for kk in range(K_STEPS):
+            piece, step = uint64(kk) // PIECE, uint64(kk) % PIECE
+            mma_s(s, q_desc + piece * Q_PIECE + step * STEP, k_desc + piece * K_PIECE + step * STEP, uint32(kk != 0))
+        wgmma.commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def scores(s, q_desc, k_desc):
+        """S_ij = Q_i K_jᵀ, waited for: s[0, n, e] the lane's part of keys 8n .. 8n + 7 (in float32, unscaled)."""
+        issue_scores(s, q_desc, k_desc)
+        wait_all()
+        fence_s(s)
+
+    @cuda.jit(device=True, inline="always")
+    def pack_p(s, p):
+        """P_ij (float32, in s) rounded to e4m3 into p[kk], the A words of keys 32kk .. 32kk + 31, in the columns
+        of :func:`fp8_key_of_column`: word 0 row g, keys 2t, 2t + 1, 8 + 2t, 9 + 2t (s blocks 4kk, 4kk + 1);
+        word 1 the same of row g + 8; words 2 and 3 those of blocks 4kk + 2, 4kk + 3. No lane reads another's."""
+        for kk in range(P_STEPS):
+            for h in range(2):  # columns 16h ..: blocks 4kk + 2h, 4kk + 2h + 1
+                b = 4 * kk + 2 * h
+                for row in range(2):  # row g (e = 0, 1) and g + 8 (e = 2, 3)
+                    lo = pack(s[0, b, 2 * row], s[0, b, 2 * row + 1])
+                    hi = pack(s[0, b + 1, 2 * row], s[0, b + 1, 2 * row + 1])
+                    p[kk, 2 * h + row] = uint32(lo) | (uint32(hi) << uint32(16))
+
+    @cuda.jit(device=True, inline="always")
+    def issue_p_times_v(acc, p, vt_desc):
+        """acc += P_ij V_j issued as one group of Bc / 32 FP8 multiplies (A from p, B = Vᵀ_j), not waited for."""
+        fence_p(p)
+        fence_o(acc)
+        wgmma.fence()
+        for kk in range(P_STEPS):
+            piece, step = uint64(kk) // PIECE, uint64(kk) % PIECE
+            mma_o(acc, p[kk, 0], p[kk, 1], p[kk, 2], p[kk, 3], vt_desc + piece * V_PIECE + step * STEP, uint32(1))
+        wgmma.commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def p_times_v(acc, s, p, vt_desc):
+        """acc += P_ij V_j, waited for."""
+        pack_p(s, p)
+        issue_p_times_v(acc, p, vt_desc)
+        wait_all()
+        fence_o(acc)
+
+    @cuda.jit(device=True, inline="always")
+    def scores_ready(s):
+        """wait_group 1: S_ij is written, the P·V issued after it may still run."""
+        wait_one()
+        fence_s(s)
+
+    @cuda.jit(device=True, inline="always")
+    def products_ready(acc):
+        """wait_group 0: every product is in acc."""
+        wait_all()
+        fence_o(acc)
+
+    return SimpleNamespace(descriptors=descriptors, scores=scores, p_times_v=p_times_v, issue_scores=issue_scores,
+                           pack_p=pack_p, issue_p_times_v=issue_p_times_v, scores_ready=scores_ready,
+                           products_ready=products_ready, P_STEPS=P_STEPS)

@@ -104,7 +104,7 @@ def hopper_peers(point) -> list:
     from ..forward.kernels import VERSIONS
 
     return [p.sdpa("flash", ("float16", "bfloat16")), p.sdpa("cudnn", ("float16", "bfloat16")), p.stage3(),
-            *[p.stage4(name) for name, version in VERSIONS.items() if version.stage == 4]]
+            *[p.stage4(name) for name, version in VERSIONS.items() if version.stage == 4 and "float16" in version.dtypes]]
 
 
 V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (2, 192), (3, 96)], 128: [(1, 128), (2, 64), (2, 128), (3, 96)]}  # (WG, BC)

@@ -188,3 +188,27 @@ def within_tolerance(x, ref, dtype, naive=None, factor: float = 2.0, tol: float 
     r = to_host64(ref)
     scale = float(np.abs(r[np.isfinite(r)]).max(initial=0.0)) or 1.0  # the bound, relative like the error
     return Verdict(rule.ok, error, rule.bound / scale)
+
+
+FP8_ACCUMULATION_UNIT = 2.0 ** -12  # a Hopper FP8 wgmma's error over its bound (tests/test_wgmma_fp8_ptx.py)
+
+
+def fp8_bounds(o_ref, lse_ref, v_max: float, n_k: int, d: int, qk_max: float = 0.0, *, gpu: bool,
+               against: str) -> tuple[np.ndarray, np.ndarray]:
+    """(O bound, lse bound), element by element, for the FP8 kernel's bfloat16 O and float32 lse against
+    ``against`` = "emulation" (``tinyflash.fp8_attention``, Bc = 128) or "float64" (attention of the values the
+    e4m3 inputs stand for): ``o_ref``, ``lse_ref`` that reference; ``v_max`` = max |v · descale_v|; ``qk_max`` =
+    max over (row, key) of Σ_d |q||k| · scale · descale_q · descale_k (the bound of a score's FP8 sum). ``gpu``: the
+    FP8 tensor cores' additions (FP8_ACCUMULATION_UNIT) and exp2's ulps on the GPU count too. Derived term by term
+    in tests/test_hopper_fp8.py's docstring."""
+    o_ref, lse_ref = np.asarray(o_ref, np.float64), np.asarray(lse_ref, np.float64)
+    unit = FP8_ACCUMULATION_UNIT if gpu else 0.0
+    ds = (d // 32) * unit * qk_max  # a score's error (natural units): the FP8 sums over d
+    pv = 2 * ds * v_max + -(-n_k // 32) * unit * v_max  # P moved by e^±dS; the chained P·V sums
+    o_bound = 2.0 ** -8 * np.abs(o_ref) + 2.0 ** -15 * v_max + pv  # bfloat16 out; float32's order
+    lse_bound = 2.0 ** -15 * (1 + np.abs(np.where(np.isfinite(lse_ref), lse_ref, 0.0))) + ds
+    if against == "float64" or gpu:  # P rounded to e4m3 (or, on a GPU, to the other neighbour of a midpoint)
+        o_bound = o_bound + (2.0 ** -4 + 2.0 ** -18 * n_k) * v_max
+    elif against != "emulation":
+        raise ValueError(f"against must be 'emulation' or 'float64'; got {against!r}")
+    return o_bound, lse_bound

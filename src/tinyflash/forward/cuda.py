@@ -24,7 +24,7 @@ from ..gpu.launch import LaunchArgs
 from ..gpu.runtime import require_gpu
 from ..host.inputs import CUDA_CORES, bits, placed
 from ..host.launch import launch_cuda_cores, launch_tensor_cores
-from .kernels import VERSIONS
+from .kernels import VERSIONS, WIDER_VERSIONS
 
 
 def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None, kernel: str | None = None,
@@ -48,7 +48,7 @@ def cuda_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     arrays, on_device = placed({"q": q, "k": k, "v": v})
     q, k, v = arrays.values()
     prob = check_attention_inputs(q, k, v, causal=causal, scale=scale, allowed=CUDA_CORES)
-    version = VERSIONS.choose(kernel, "cuda_attention")
+    version = VERSIONS.choose(kernel, "cuda_attention", among=WIDER_VERSIONS)
     for name, dim in (("d (head dim of q and k)", prob.d), ("dv (head dim of v)", prob.d_v)):
         if dim > version.max_head_dim:
             raise ValueError(f"cuda_attention supports head dims up to {version.max_head_dim}; got {name} = {dim}")

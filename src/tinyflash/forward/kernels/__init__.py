@@ -17,6 +17,8 @@ them, and a learner can read, diff, run and time any of them:
     hopper_tiling.py       v7's tiling: warpgroups of 64 rows, 128-byte-swizzled tiles
     tma_tiling.py          v8-v10's: a ring of stages filled by TMA, a producer warpgroup
     v7 ... v10             stage 4, Hopper's wgmma, TMA, warp specialisation, ping-pong (``tinyflash.hopper_attention``)
+    fp8_tiling.py          v11's: v10's on e4m3 bytes, and the pass that writes Vᵀ
+    v11_fp8.py             stage 4 on float8_e4m3 inputs (``tinyflash.hopper_fp8_attention``)
 
 :data:`VERSIONS` registers each version once, with what it takes, what it builds (``build``) and how it is sized
 (``tilings``), and the rules of which runs by default (:class:`~tinyflash.host.registry.Default`):
@@ -32,10 +34,12 @@ from ...gpu.runtime import require_compute_capability
 from ...host.registry import SIXTEEN_BIT, Default, KernelVersion, Registry
 from ...warp_tile import HEAD_DIMS, MIN_COMPUTE_CAPABILITY
 from ...warpgroup_tile import HEAD_DIMS as WARPGROUP_HEAD_DIMS
-from . import (hopper_tiling, tensor_core_tiling, tiling, tma_tiling, v1_row_per_thread, v2_register_tiling,
-               v3_unrolled_loads, v4_double_buffered, v5_branch_free, v6_tensor_cores, v7_wgmma, v8_tma,
-               v9_warp_specialized, v10_ping_pong)
+from ...warpgroup_tile import FP8_HEAD_DIMS
+from . import (fp8_tiling, hopper_tiling, tensor_core_tiling, tiling, tma_tiling, v1_row_per_thread,
+               v2_register_tiling, v3_unrolled_loads, v4_double_buffered, v5_branch_free, v6_tensor_cores, v7_wgmma,
+               v8_tma, v9_warp_specialized, v10_ping_pong, v11_fp8)
 
+E4M3 = "float8_e4m3fn"  # the FP8 inputs' dtype, by its NumPy (ml_dtypes) and PyTorch name
 TILED = (tiling.default_config, tiling.simulator_config, tiling.small_config)  # v2-v5's tilings
 HOPPER = {"dtypes": SIXTEEN_BIT, "head_dims": WARPGROUP_HEAD_DIMS, "requirement": hopper_tiling.require_hopper,
           "options": ("config",), "stage": 4}
@@ -83,9 +87,18 @@ VERSIONS = Registry("kernel", (
              "products (ping-pong, named barriers)",
              tilings=(tma_tiling.ping_pong_tiling, tma_tiling.simulator_specialised_tiling), arguments="maps",
              **HOPPER),
+    _version("v11", v11_fp8, "FP8: v10 on float8_e4m3 Q, K, V (m64nNk32 wgmma's), P_ij rounded to e4m3 in [0, 256] "
+             "(a fixed offset from the row max), V transposed by a pass before the kernel, descales folded into the "
+             "scale and the epilogue; bfloat16 out",
+             tilings=(fp8_tiling.fp8_tiling, fp8_tiling.simulator_fp8_tiling), arguments="fp8 maps",
+             dtypes=(E4M3,), head_dims=FP8_HEAD_DIMS, requirement=hopper_tiling.require_hopper, stage=4),
 ), defaults=(
     Default("cuda_attention", "v5"),  # the CUDA cores: the fastest version that takes every input
     Default("tensor_core_attention", "v6"),  # stage 3, on compute capability 8.0 on
     Default("hopper_attention", "v10"),  # stage 4: the fastest of v7-v10 (docs/results.md)
     Default("flex_attention", "v6"),  # FlexAttention's functions compiled in: v6's hooks (flex_fwd)
+    Default("hopper_fp8_attention", "v11"),  # e4m3 inputs on Hopper
 ))
+# the versions on 16-bit (or wider) inputs, and those on e4m3 (hopper_fp8_attention's, with their own host steps)
+FP8_VERSIONS = tuple(name for name, version in VERSIONS.items() if E4M3 in version.dtypes)
+WIDER_VERSIONS = tuple(name for name in VERSIONS if name not in FP8_VERSIONS)
