@@ -279,8 +279,26 @@ def hopper_jobs() -> list[Job]:
     return found
 
 
+def fp8_jobs() -> list[Job]:
+    """Forward v11 (e4m3) at its tilings on a GPU, d = 128 and 256, for sm_90a; and its Vᵀ pass."""
+    from numba.cuda import types
+
+    from tinyflash.forward.kernels import VERSIONS
+    from tinyflash.forward.kernels.fp8_tiling import transpose_v
+
+    v11, found = VERSIONS["v11"], []
+    for d in v11.head_dims:
+        cfg = v11.tilings[0](d)
+        found.append(Job("forward v11", f"d={d} e4m3 warpgroups={cfg.WARPGROUPS} BC={cfg.BC} stages={cfg.STAGES}",
+                         lambda cfg=cfg: (v11.build(cfg, "e4m3"), v11.signature), arch="sm_90a"))
+        u8 = types.Array(types.uint8, 1, "C")
+        found.append(Job("forward v11 Vᵀ pass", f"d={d}", lambda d=d: (transpose_v(d), (u8, u8, types.int64,
+                                                                                         types.int64))))
+    return found
+
+
 def jobs(sweep: bool = False) -> list[Job]:
-    return (stage2_jobs() + v6_jobs() + flex_jobs() + hopper_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
+    return (stage2_jobs() + v6_jobs() + flex_jobs() + hopper_jobs() + fp8_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
             + backward_hopper_jobs() + (v6_sweep_jobs() if sweep else []))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from numba import cuda, uint8, uint64
+from numba import cuda, int64, uint8, uint64
 
 from ...gpu.runtime import device_function, u
 from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
@@ -112,6 +112,6 @@ def transpose_v(d: int):
         cuda.syncthreads()  # every row of the tile has landed before any column is read
         for i in range(tid, KEYS * D, THREADS):  # byte i of the output: dim i // 32, column i % 32
             n, c = i // KEYS, i % KEYS
-            VT[(head * D + n) * nkp + k0 + c] = tile[uint64(key_of_column(c)) * D + n]
+            VT[(head * D + n) * nkp + k0 + c] = tile[uint64(key_of_column(int64(c))) * D + n]  # signed: no float
 
     return transpose

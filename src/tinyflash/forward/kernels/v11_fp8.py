@@ -33,6 +33,7 @@ from functools import lru_cache
 import math
 
 from numba import cuda, float32, int32, uint32, uint64
+from numba.cuda import types
 
 from ...core.masks import key_stop
 from ...gpu import ptx, tma, wgmma
@@ -49,6 +50,11 @@ ALIGN = u(wgmma.SWIZZLE_ATOM_BYTES)  # tiles start at multiples of the swizzle's
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 P_OFFSET = float32(8.0)  # log2 of P's largest value: forward/fp8.py's P_OFFSET (FlashAttention-3's)
 OUTPUT = "bfloat16"  # what the epilogue writes
+WORDS, FLOATS, MAPS = (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 1, "C"),
+                       types.Array(types.uint64, 1, "C"))
+# flash_fwd's argument types: O as bfloat16 pairs, LSE, QK_SCALE, V_SCALE, the tensor maps of Q, K, Vᵀ; then n_q,
+# n_k, causal, kv_group
+SIGNATURE = (WORDS, FLOATS, FLOATS, FLOATS, MAPS, types.int64, types.int64, types.boolean, types.int64)
 
 
 def producer(cfg: Fp8Tiling):
