@@ -27,6 +27,7 @@ class Peer:
     dtypes: tuple = ALL_DTYPES  # the input dtypes it takes
     around: Callable = field(default=nullcontext)  # a context around its calls, outside the timed interval
     checked: bool = True  # False: not attention (a copy), nothing to check
+    check: Callable | None = None  # check(out, inputs, rng) -> Verdict, for a peer not judged on the inputs (FP8)
 
     @property
     def name(self) -> tuple:

@@ -107,6 +107,14 @@ def hopper_peers(point) -> list:
             *[p.stage4(name) for name, version in VERSIONS.items() if version.stage == 4 and "float16" in version.dtypes]]
 
 
+def hopper_fp8_peers(point) -> list:
+    """Kernel v11 on the inputs quantized to e4m3 (``fp8_forward``: checked against the FP8 emulation) beside v10
+    on the 16-bit inputs and SDPA's flash backend (the baseline)."""
+    from .fp8_forward import stage4_fp8
+
+    return [p.sdpa("flash", ("float16", "bfloat16")), p.stage4("v10"), stage4_fp8()]
+
+
 V7_TILINGS = {64: [(1, 128), (2, 64), (2, 128), (2, 192), (3, 96)], 128: [(1, 128), (2, 64), (2, 128), (3, 96)]}  # (WG, BC)
 
 
@@ -303,6 +311,10 @@ BENCHMARKS = {b.name: b for b in (
     Benchmark("hopper-ping-pong", "step 4 (v10, ping-pong) beside v9 and SDPA's flash and cuDNN backends", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (64, 128), "causal": (False, True), "n": (4096, 16384)},
               ping_pong_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
+    Benchmark("hopper-fp8", "FP8: v11 on e4m3 inputs (quantized per tensor from the 16-bit ones) beside v10 and "
+              "SDPA flash on the 16-bit inputs", "forward",
+              {"dtype": ("bfloat16",), "d": (128, 256), "causal": (False, True), "n": (4096, 16384)},
+              hopper_fp8_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
     Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
               hopper_tiling_peers, library="torch", rounds=5),
