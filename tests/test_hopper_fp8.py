@@ -270,3 +270,30 @@ def test_registered_with_its_limits():
         Fp8Tiling(D=128, WARPGROUPS=2, BC=64).validate()
     with pytest.raises(ValueError, match="no lazy rescaling"):
         Fp8Tiling(D=128, WARPGROUPS=2, LAZY_RESCALE=True).validate()
+
+
+@pytest.mark.simulator
+@pytest.mark.grid
+def test_the_benchmarks_check_passes_v11_and_catches_a_wrong_output(rng):
+    """``bench.fp8_forward.check_fp8`` (the hopper-fp8 benchmark's check, on PyTorch tensors) passes v11's result and
+    fails it with one element moved by a tenth of max|v|, or with one row's lse moved by 0.1."""
+    torch = pytest.importorskip("torch", reason="the benchmark's FP8 peer and its check take PyTorch tensors")
+    from tinyflash.bench.fp8_forward import check_fp8
+
+    needs_hopper()
+    x = fp8_inputs(rng, (1, 2), (1, 1), 140, 150, 128)
+    o, lse = tf.hopper_fp8_attention(x.q, x.k, x.v, x.descale_q, x.descale_k, x.descale_v, causal=True)
+    inputs = {"fp8": (*(torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn) for a in (x.q, x.k, x.v)),
+                      x.descale_q, x.descale_k, x.descale_v), "causal": True}
+
+    def verdict(o, lse):
+        return check_fp8((torch.from_numpy(o.view(np.int16)).view(torch.bfloat16), torch.from_numpy(lse)), inputs)
+
+    assert verdict(o, lse).ok
+    v_max = float(np.abs(dequantized(x)[2]).max())
+    wrong = o.astype(np.float32)
+    wrong[0, 1, -3, 7] += 0.1 * v_max
+    assert not verdict(wrong.astype(ml_dtypes.bfloat16), lse).ok
+    wrong_lse = lse.copy()
+    wrong_lse[0, 0, -1] += 0.1  # the GPU's bound on lse here: (d / 32) · 2^-12 · max Σ|q||k| · scale, about 1e-2
+    assert not verdict(o, wrong_lse).ok
