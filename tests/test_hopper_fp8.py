@@ -28,7 +28,7 @@ at most 2^-4 P, a subnormal one by at most 2^-10, so O moves by at most (2^-4 Σ
 l >= 2^8 (the row's largest entry is P = 2^8 exactly), that is 2^-4 max|v| + 2^-18 Nk max|v|. Add the bfloat16
 output (2^-8 |O|), the float32 terms and on a GPU the accumulation terms above. lse uses the unrounded P: only the
 float32 terms and dS. The bounds are worst cases; the emulation's comparison is the tight one (a misplaced key, a
-lost descale or a wrong offset moves O by a good part of max|v|, and the smoke test's 2^-15 max|v| catches far less).
+lost descale or a wrong offset moves O by a good part of max|v|, and the emulation bound's 2^-15 max|v| is far less).
 ``tinyflash.core.tolerance.fp8_bounds`` computes these bounds; the GPU tests (``test_hopper_fp8_gpu.py``) and the
 benchmark (``benchmarks/fp8_forward_timing.py``) use it too.
 """
@@ -178,10 +178,10 @@ def test_p_reaches_the_tensor_cores_by_renumbered_keys(rng):
 
 
 @pytest.mark.simulator
-@pytest.mark.smoke
-def test_hopper_fp8_attention_smoke(rng):
-    """First tier: one query tile, two key tiles (the loop's overlap and its last P·V), a ragged end, d = 128;
-    the inputs are left as they were."""
+@pytest.mark.grid
+def test_two_key_tiles_and_inputs_left_alone(rng):
+    """One query tile, two key tiles (the loop's overlap and its last P·V), a ragged end, d = 128; the inputs are
+    left as they were. (The first tier's run of v11 is tests/test_kernel_versions.py's.)"""
     needs_hopper()
     x = fp8_inputs(rng, (1, 1), (1, 1), 50, 150, 128)
     before = [a.copy() for a in (x.q, x.k, x.v)]

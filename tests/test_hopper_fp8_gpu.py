@@ -32,9 +32,8 @@ def run(x, causal, **options):
     return tf.hopper_fp8_attention(x.q, x.k, x.v, x.descale_q, x.descale_k, x.descale_v, causal=causal, **options)
 
 
-@pytest.mark.smoke
-def test_smoke(rng):
-    """The GPU smoke tier: two heads, a few tiles each, ragged, d = 128, causal."""
+def test_two_heads_causal(rng):
+    """Two heads, a few tiles each, ragged, d = 128, causal."""
     x = fp8_inputs(rng, (1, 2), (1, 2), 300, 333, 128)
     o, lse = run(x, True)
     check_against_both(x, o, lse, True)
@@ -58,8 +57,10 @@ def test_batch_and_many_heads(rng):
     check_against_both(x, o, lse, False)
 
 
+@pytest.mark.smoke
 def test_torch_and_cupy_give_the_numpy_bytes(rng):
-    """torch.float8_e4m3fn CUDA tensors give a torch.bfloat16 o on the GPU, CuPy uint8 bytes uint16 bit patterns:
+    """The GPU smoke tier's call on device arrays (tests/test_kernel_versions.py runs v11 on NumPy arrays):
+    torch.float8_e4m3fn CUDA tensors give a torch.bfloat16 o on the GPU, CuPy uint8 bytes uint16 bit patterns:
     both the NumPy call's bits."""
     torch = pytest.importorskip("torch")
     x = fp8_inputs(rng, (2, 4), (2, 2), 500, 600, 128, "head")

@@ -15,7 +15,8 @@ On a GPU, ``python -m pytest -m smoke`` runs these with the GPU's tilings, and t
 beside them (the entry points on CuPy and PyTorch arrays): the GPU smoke tier (``benchmarks/gpu_tests.py --smoke``).
 
 The CUDA-core versions run float32 at d = 8 (dv = 5 where they take dv != d); the tensor-core versions float16
-at d = 64. Results are compared with the float64 reference and with the stage before (stage 1,
+at d = 64; the FP8 versions (e4m3 inputs, ``hopper_fp8_attention``) at d = 128, the least they take, checked
+against ``fp8_attention`` and float64 by ``test_hopper_fp8.check_against_both``. Results are compared with the float64 reference and with the stage before (stage 1,
 ``blocked_attention`` and its backward; NumPy split-KV for decoding): float32 within F32_TOL, 16-bit results
 by FlashAttention's rule against naive attention in the same precision.
 """
@@ -32,6 +33,7 @@ from tinyflash.backward.kernels import VERSIONS as BACKWARD
 from tinyflash.core.tolerance import F32_TOL, assert_close
 from tinyflash.decode.cuda import prepare_paged, prepare_split_kv
 from tinyflash.decode.kernels import VERSIONS as DECODE
+from tinyflash.forward.kernels import FP8_VERSIONS
 from tinyflash.forward.kernels import VERSIONS as FORWARD
 from tinyflash.gpu import arrays
 from tinyflash.gpu.runtime import UnsupportedGPUError, simulator_enabled
@@ -70,6 +72,8 @@ def test_forward_version(rng, name):
     """cuda_attention(kernel=name): ragged, causal, 2 query heads on 1 K/V head; o and lse against the float64
     reference and against stage 1."""
     version = FORWARD[name]
+    if name in FP8_VERSIONS:
+        return check_fp8_version(rng, name)
     dtype, d, d_v = shape_of(version.accepts(np.float32, 8, 8), version.accepts(np.float32, 8, 5))
     assert version.accepts(dtype, d, d_v)
     q, k, v = grouped(rng, N_Q, N_K, d, d_v, dtype)
@@ -77,6 +81,17 @@ def test_forward_version(rng, name):
     assert o.shape == (2, N_Q, d_v) and o.dtype == dtype and lse.shape == (2, N_Q) and lse.dtype == np.float32
     check_forward_against_stages(o, lse, q, k, v, True, name)
     assert np.all(o[:, :N_Q - N_K] == 0) and np.all(np.isneginf(lse[:, :N_Q - N_K]))
+
+
+def check_fp8_version(rng, name):
+    """An FP8 version through hopper_fp8_attention(kernel=name): e4m3 inputs with descales per head, d = 128,
+    ragged, causal, 2 query heads on 1 K/V head."""
+    from test_hopper_fp8 import check_against_both, fp8_inputs
+
+    x = fp8_inputs(rng, (2,), (1,), N_Q, N_K, 128, "head")
+    o, lse = run_or_skip(lambda: tf.hopper_fp8_attention(*x, causal=True, kernel=name))
+    check_against_both(x, o, lse, True, name)
+    assert np.all(o[:, :N_Q - N_K].astype(np.float32) == 0) and np.all(np.isneginf(lse[:, :N_Q - N_K]))
 
 
 @pytest.mark.parametrize("name", list(BACKWARD))
