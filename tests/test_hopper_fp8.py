@@ -197,10 +197,11 @@ def test_two_key_tiles_and_inputs_left_alone(rng):
     dict(lead_q=(1, 1), lead_kv=(1, 1), n_q=100, n_k=40, d=128, causal=True, granularity="tensor"),
     dict(lead_q=(2, 2), lead_kv=(2, 2), n_q=33, n_k=129, d=128, causal=False, granularity="head"),
     dict(lead_q=(1, 1), lead_kv=(1, 1), n_q=40, n_k=130, d=256, causal=False, granularity="tensor"),
-], ids=["gqa-causal-head", "causal-rows-without-keys", "batch2-per-head", "d256"])
+    dict(lead_q=(1, 2), lead_kv=(1, 1), n_q=70, n_k=200, d=64, causal=True, granularity="head"),
+], ids=["gqa-causal-head", "causal-rows-without-keys", "batch2-per-head", "d256", "d64"])
 def test_hopper_fp8_attention(rng, case):
     """Grouped-query heads, causal (bottom-right: with Nq > Nk the first rows see no key: O = 0, lse = -inf),
-    per-head descales over a batch, d = 256."""
+    per-head descales over a batch, d = 256 and d = 64 (Q_i and K_j with the 64-byte swizzle)."""
     needs_hopper()
     x = fp8_inputs(rng, case["lead_q"], case["lead_kv"], case["n_q"], case["n_k"], case["d"], case["granularity"])
     o, lse = tf.hopper_fp8_attention(x.q, x.k, x.v, x.descale_q, x.descale_k, x.descale_v, causal=case["causal"])
@@ -237,8 +238,8 @@ def test_bad_arguments_are_refused_before_the_gpu(rng):
         call(x.q.astype(np.float16), x.k, x.v)
     with pytest.raises(TypeError, match="v of dtype uint8"):
         call(x.q, x.k, x.v.view(np.uint8))  # host bytes carry no type: e4m3 must say so
-    small = fp8_inputs(rng, (1, 1), (1, 1), 8, 8, 64)
-    with pytest.raises(ValueError, match=r"d = dv one of \(128, 256\)"):
+    small = fp8_inputs(rng, (1, 1), (1, 1), 8, 8, 96)
+    with pytest.raises(ValueError, match=r"d = dv one of \(64, 128, 256\)"):
         call(small.q, small.k, small.v)
     with pytest.raises(ValueError, match=r"descale_k must have shape \(\) .* got \(1, 2, 1\)"):
         call(x.q, x.k, x.v, 1.0, np.ones((1, 2, 1)))  # a descale per block: the emulation's, not the kernel's
@@ -254,18 +255,19 @@ def test_bad_arguments_are_refused_before_the_gpu(rng):
 
 
 def test_registered_with_its_limits():
-    """v11 takes e4m3 at d = dv = 128 and 256 only; its GPU tilings fit a block's 227 KiB (three stages would at
+    """v11 takes e4m3 at d = dv = 64, 128 and 256 only; its GPU tilings fit a block's 227 KiB (three stages would at
     d = 256 too: 224 KiB), and the others are refused with the reason."""
     v11 = VERSIONS["v11"]
     assert v11.accepts("float8_e4m3fn", 128, 128) and v11.accepts(ml_dtypes.float8_e4m3fn, 256, 256)
-    assert not v11.accepts(np.float16, 128, 128) and not v11.accepts("float8_e4m3fn", 64, 64)
+    assert v11.accepts("float8_e4m3fn", 64, 64) and not v11.accepts("float8_e4m3fn", 96, 96)
+    assert not v11.accepts(np.float16, 128, 128) and not v11.accepts("float8_e4m3fn", 128, 64)
     assert VERSIONS.default("hopper_fp8_attention") is v11
-    for d in (128, 256):
+    for d in (64, 128, 256):
         cfg = v11.tilings[0](d)
         assert (cfg.BR, cfg.BC, cfg.PRODUCER, cfg.LAZY_RESCALE) == (128, 128, True, False) and cfg.smem_bytes <= 227 * 1024
     assert Fp8Tiling(D=256, WARPGROUPS=2, STAGES=3).validate().smem_bytes <= 227 * 1024
     with pytest.raises(ValueError, match="D must be one of"):
-        Fp8Tiling(D=64, WARPGROUPS=2).validate()
+        Fp8Tiling(D=96, WARPGROUPS=2).validate()
     with pytest.raises(ValueError, match="BC must be 128"):
         Fp8Tiling(D=128, WARPGROUPS=2, BC=64).validate()
     with pytest.raises(ValueError, match="no lazy rescaling"):

@@ -1,6 +1,6 @@
 """Kernel v11 (``tinyflash.hopper_fp8_attention``) on a Hopper GPU at real sizes: e4m3 inputs from NumPy
 (ml_dtypes, copied to the GPU and back), PyTorch (torch.float8_e4m3fn CUDA tensors) and CuPy (uint8 bytes);
-d = 128 and 256, causal or not, grouped-query heads, per-tensor and per-head descales, ragged lengths.
+d = 64, 128 and 256, causal or not, grouped-query heads, per-tensor and per-head descales, ragged lengths.
 
 Each result is checked against ``tinyflash.fp8_attention`` (the NumPy emulation, Bc = 128) and against float64
 attention of the values the inputs stand for, by ``core.tolerance.fp8_bounds`` with the GPU's terms (the FP8 tensor
@@ -39,7 +39,7 @@ def test_two_heads_causal(rng):
     check_against_both(x, o, lse, True)
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n_q, n_k", [(1, 1), (17, 300), (1000, 1000), (2049, 1500), (700, 2049)])
 def test_sizes(rng, d, causal, n_q, n_k):

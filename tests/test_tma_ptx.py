@@ -94,6 +94,27 @@ def test_a_box_lands_swizzled_with_zeros_past_the_end(rng, hopper_or_simulator, 
     assert list(flags.copy_to_host()) == [1, 0]  # phase 0 completed; phase 1 in progress
 
 
+@pytest.mark.parametrize("rows, box_rows, row", [(40, 32, 16), (100, 64, 0)])
+def test_a_box_lands_64_byte_swizzled(rng, hopper_or_simulator, rows, box_rows, row):
+    """A map with the 64-byte swizzle (the FP8 kernel's rows of 64 e4m3 bytes: 32 16-bit columns): row r's 16-byte
+    chunk c lands at chunk c XOR ((r // 2) % 4) of its 64-byte row (bits 4-5 of the address XOR bits 7-8), as the
+    wgmma descriptors' 64-byte swizzle reads it; zeros past the end."""
+    x = rng.standard_normal((3, rows, 32)).astype(np.float16)  # (heads, rows, 32 columns)
+    tmap = TensorMap(32, rows, 3, box_rows, swizzle_bytes=64)
+    maps = tensor_maps([tmap], [cuda.to_device(x.reshape(-1).view(np.uint32))])
+    out, flags = cuda.device_array(tmap.box_bytes // 4, np.uint32), cuda.device_array(2, np.uint32)
+    make_copy_kernel(tmap.box_bytes, 1)[1, 128, 0, tmap.box_bytes + 8 + ALIGN](maps, row, 1, out, flags)
+    want = np.zeros(box_rows * 32, np.uint16)
+    bits = x.view(np.uint16)
+    for r in range(min(box_rows, rows - row)):
+        for c in range(4):
+            place = r * 32 + (c ^ ((r // 2) % 4)) * 8
+            want[place:place + 8] = bits[1, row + r, 8 * c:8 * c + 8]
+    wrong = np.flatnonzero(out.copy_to_host().view(np.uint16) != want)
+    assert wrong.size == 0, f"{wrong.size} elements differ, first at {wrong[:8]}"
+    assert list(flags.copy_to_host()) == [1, 0]
+
+
 def test_tensor_maps_are_checked():
     with pytest.raises(ValueError, match="multiple of 64"):
         TensorMap(96, 10, 1, 16)
@@ -101,6 +122,8 @@ def test_tensor_maps_are_checked():
         TensorMap(64, 10, 1, 320)
     with pytest.raises(ValueError, match="multiple of 32"):
         TensorMap(48, 10, 1, 16, element_bytes=4)
+    with pytest.raises(ValueError, match="64 bytes of 16-bit elements"):
+        TensorMap(32, 10, 1, 16, element_bytes=4, swizzle_bytes=64)
 
 
 def test_map_cache_keeps_maps_by_address_but_not_those_written_into_a_graph(monkeypatch):

@@ -30,7 +30,8 @@ d = 256 128-191 and 192-255, R · 128 bytes each; Q_i's warpgroup rows start 64 
 
 **FP8** (:func:`fp8_warpgroup_tile`, kernel v11): the same pieces on e4m3 bytes, by ``wgmma``'s m64nNk32. A row of
 d e4m3 values is d bytes, so a 128-byte swizzled piece holds 128 columns and a k-step is 32 of them (still 32
-bytes): Q_i and K_j are d / 128 pieces. FP8 operands are K-major only, so V_j is stored transposed, Vᵀ_j (d rows
+bytes): Q_i and K_j are d / 128 pieces, or at d = 64 one piece of 64-byte rows with the 64-byte swizzle
+(:func:`fp8_row_bytes`). FP8 operands are K-major only, so V_j is stored transposed, Vᵀ_j (d rows
 of Bc keys), and P_ij enters from registers as e4m3. The accumulator layout is not the e4m3 A layout (a lane holds
 keys 2t, 2t + 1 of each 8, the A fragment wants columns 4t .. 4t + 3 of each 16): instead of moving bytes among
 lanes, the keys are renumbered, in P and in Vᵀ alike (:func:`fp8_key_of_column`): column c of a 32-key step holds
@@ -193,8 +194,14 @@ def warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
 
 
 FP8_K = wgmma.WGMMA_K_FP8  # e4m3 values (bytes) per k-step: 32
-FP8_HEAD_DIMS = (128, 256)  # whole 128-byte pieces of e4m3 rows (d = 64 would need the 64-byte swizzle)
+FP8_HEAD_DIMS = (64, 128, 256)  # e4m3 rows of 128-byte pieces, or one 64-byte row (the 64-byte swizzle)
 FP8_BC = 128  # keys per tile: Vᵀ_j's rows are one 128-byte piece of keys
+
+
+def fp8_row_bytes(d: int) -> int:
+    """The bytes of a swizzled row of an FP8 Q_i or K_j tile: 128 (pieces of 128 columns), or d = 64's 64 (one
+    piece, with the 64-byte swizzle: 16-byte chunks permuted by bits 7-8 of the address)."""
+    return min(d, ROW_BYTES)
 
 
 def fp8_key_of_column(c):
@@ -222,25 +229,28 @@ def fp8_warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
     pack, wait_all, wait_one = fp8.pack_e4m3x2, wgmma.wait_group(0), wgmma.wait_group(1)
     fence_s, fence_o, fence_p = (wgmma.fence_operands(spec.BC // 2), wgmma.fence_operands(HALF_D),
                                  wgmma.fence_operands(4 * P_STEPS))
-    BITS = u(wgmma.descriptor_bits(16, 8 * ROW_BYTES))  # every operand K-major: SBO 8 rows of 128 bytes
-    # descriptor steps (16-byte units): a 128-byte piece of R rows is 8R, a 32-byte step inside it 2
-    Q_PIECE, K_PIECE, V_PIECE = (u(spec.BR * ROW_BYTES >> 4), u(spec.BC * ROW_BYTES >> 4),
-                                 u(spec.D * ROW_BYTES >> 4))
-    STEP, PIECE = u(FP8_K >> 4), u(ROW_BYTES // FP8_K)
-    WG_Q_BYTES = u(WGMMA_M * ROW_BYTES)
+    QK_ROW = fp8_row_bytes(spec.D)  # a row of a piece of Q_i, K_j: 128 bytes, or at d = 64 the 64 of a row
+    # every operand K-major, SBO 8 rows: Q_i, K_j in pieces of QK_ROW-byte rows (swizzle code 1: 128 bytes, 2: 64),
+    # Vᵀ_j in 128-byte rows of keys
+    QK_BITS = u(wgmma.descriptor_bits(16, 8 * QK_ROW, 1 if QK_ROW == ROW_BYTES else 2))
+    V_BITS = u(wgmma.descriptor_bits(16, 8 * ROW_BYTES))
+    # descriptor steps (16-byte units): a piece of R rows is R · row bytes / 16, a 32-byte step inside it 2
+    Q_PIECE, K_PIECE, V_PIECE = (u(spec.BR * QK_ROW >> 4), u(spec.BC * QK_ROW >> 4), u(spec.D * ROW_BYTES >> 4))
+    STEP, QK_PIECE_STEPS, V_PIECE_STEPS = u(FP8_K >> 4), u(QK_ROW // FP8_K), u(ROW_BYTES // FP8_K)
+    WG_Q_BYTES = u(WGMMA_M * QK_ROW)
 
     @cuda.jit(device=True, inline="always")
     def descriptors(q_tile, warpgroup, k_tile, vt_tile):
         """The descriptors of the warpgroup's rows of Q_i and of K_j, Vᵀ_j (tiles at shared byte addresses)."""
-        return (wgmma.descriptor(q_tile + uint32(uint64(warpgroup) * WG_Q_BYTES), BITS),
-                wgmma.descriptor(k_tile, BITS), wgmma.descriptor(vt_tile, BITS))
+        return (wgmma.descriptor(q_tile + uint32(uint64(warpgroup) * WG_Q_BYTES), QK_BITS),
+                wgmma.descriptor(k_tile, QK_BITS), wgmma.descriptor(vt_tile, V_BITS))
 
     @cuda.jit(device=True, inline="always")
     def issue_scores(s, q_desc, k_desc):
         """S_ij = Q_i K_jᵀ issued as one group of d / 32 FP8 multiplies, not waited for."""
         wgmma.fence()
         for kk in range(K_STEPS):
-            piece, step = uint64(kk) // PIECE, uint64(kk) % PIECE
+            piece, step = uint64(kk) // QK_PIECE_STEPS, uint64(kk) % QK_PIECE_STEPS
             mma_s(s, q_desc + piece * Q_PIECE + step * STEP, k_desc + piece * K_PIECE + step * STEP, uint32(kk != 0))
         wgmma.commit_group()
 
@@ -271,7 +281,7 @@ def fp8_warpgroup_tile(spec: WarpgroupTile) -> SimpleNamespace:
         fence_o(acc)
         wgmma.fence()
         for kk in range(P_STEPS):
-            piece, step = uint64(kk) // PIECE, uint64(kk) % PIECE
+            piece, step = uint64(kk) // V_PIECE_STEPS, uint64(kk) % V_PIECE_STEPS
             mma_o(acc, p[kk, 0], p[kk, 1], p[kk, 2], p[kk, 3], vt_desc + piece * V_PIECE + step * STEP, uint32(1))
         wgmma.commit_group()
 

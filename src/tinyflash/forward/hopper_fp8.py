@@ -118,7 +118,7 @@ def hopper_fp8_attention(q, k, v, descale_q=1.0, descale_k=1.0, descale_v=1.0, *
 
     q (..., H, Nq, d), k (..., H_kv, Nk, d), v (..., H_kv, Nk, d): e4m3 numbers, as ml_dtypes.float8_e4m3fn arrays
     (NumPy: copied to the GPU and back), torch.float8_e4m3fn CUDA tensors, or CuPy / numba device arrays of uint8
-    holding e4m3 bytes; d = dv = 128 or 256; k and v may have fewer heads (grouped-query attention). The inputs
+    holding e4m3 bytes; d = dv = 64, 128 or 256; k and v may have fewer heads (grouped-query attention). The inputs
     stand for q · descale_q, k · descale_k, v · descale_v (``tinyflash.quantize_fp8`` with granularity "tensor"
     or "head"): each descale a number, or an array of q's leading dims (per query head) or of k's (per batch and
     K/V head, FlashAttention-3's), on the host. ``causal``, ``scale``: stage 1's.

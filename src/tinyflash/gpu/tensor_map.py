@@ -10,7 +10,9 @@ wrappers pass them): columns innermost, rows of ``columns · 2`` bytes, heads of
 columns (128 bytes: the most the 128-byte swizzle takes) × ``box_rows`` rows × one head; a head of d = 128 is
 two boxes side by side (d = 256: four), which is the layout of ``tinyflash.warpgroup_tile``'s tiles (d / 64
 pieces of 64 columns, one after the other).
-Rows past the end of a head are read as zeros: a ragged last tile needs no code. A map of float32 elements
+Rows past the end of a head are read as zeros: a ragged last tile needs no code. A map may take the 64-byte
+swizzle instead (``swizzle_bytes=64``: boxes of 32 16-bit columns, 64-byte rows whose 16-byte chunks are permuted
+by bits 7-8 of their address: the FP8 kernel's rows of 64 e4m3 bytes). A map of float32 elements
 (``element_bytes=4``: the backward's dQ accumulator, which ``tma.tma_reduce_add_3d`` adds to) has boxes of 32
 columns, 128 bytes too; rows past the end of a head are left alone.
 
@@ -50,24 +52,28 @@ MAP_WORDS = 16
 @dataclass(frozen=True)
 class TensorMap:
     """A 3-D map over ``heads`` × ``rows`` × ``columns`` elements of ``element_bytes`` bytes (2: 16-bit, 4:
-    float32), boxes of 128 bytes of columns × ``box_rows`` rows × 1 head, 128-byte swizzled, zeros out of
-    bounds."""
+    float32), boxes of ``swizzle_bytes`` bytes of columns × ``box_rows`` rows × 1 head, swizzled by rows of that
+    many bytes (128, or 64 for 16-bit elements), zeros out of bounds."""
 
     columns: int
     rows: int
     heads: int
     box_rows: int
     element_bytes: int = ELEMENT_BYTES
+    swizzle_bytes: int = 128
 
     def __post_init__(self):
+        if self.swizzle_bytes not in (64, 128) or (self.swizzle_bytes == 64 and self.element_bytes != 2):
+            raise ValueError(f"a tensor map swizzles rows of 128 bytes, or of 64 bytes of 16-bit elements; got {self}")
         if (self.element_bytes not in (2, 4) or self.columns % self.box_columns or not 0 < self.box_rows <= MAX_BOX_ROWS
                 or self.rows < 1 or self.heads < 1):
             raise ValueError(f"a tensor map needs 2- or 4-byte elements, columns a multiple of {self.box_columns} (a "
-                             f"box's 128 bytes), 1 .. {MAX_BOX_ROWS} rows a box and a non-empty tensor; got {self}")
+                             f"box's {self.swizzle_bytes} bytes), 1 .. {MAX_BOX_ROWS} rows a box and a non-empty "
+                             f"tensor; got {self}")
 
     @property
-    def box_columns(self) -> int:  # a box's row: 128 bytes, the 128-byte swizzle's row
-        return BOX_COLUMNS * ELEMENT_BYTES // self.element_bytes
+    def box_columns(self) -> int:  # a box's row: the swizzle's row, 128 bytes (64 with swizzle_bytes=64)
+        return self.swizzle_bytes // self.element_bytes
 
     @property
     def box_bytes(self) -> int:  # what one copy completes on its mbarrier (out-of-bounds zeros included)
@@ -88,7 +94,8 @@ class TensorMap:
             [u64(row_bytes), u64(head_bytes)],  # strides of the outer two dimensions, in bytes
             [u32(self.box_columns), u32(self.box_rows), u32(1)], [u32(1)] * 3,
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if self.swizzle_bytes == 128 else
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
         if err != driver.CUresult.CUDA_SUCCESS:

@@ -4,7 +4,8 @@ reduce-adds, named barriers, setmaxnreg.
 An mbarrier is kept in Python, per block, by its shared address: its phase, the arrivals still expected and the
 bytes of copies still expected, as the hardware counts them (``tma.py``'s docstring). A copy reads its tensor map's
 description (``tensor_map.simulated_map``), writes the box into the block's shared memory at once, 128-byte
-swizzled (bits 4-6 of each shared address XOR its bits 7-9, as the hardware does), zeros outside the tensor, and
+swizzled (bits 4-6 of each shared address XOR its bits 7-9, as the hardware does; a map with the 64-byte swizzle:
+bits 4-5 XOR bits 7-8), zeros outside the tensor, and
 completes its bytes on the barrier. A waiting thread sleeps on the block's condition variable until an arrival
 or a copy changes a barrier. So a kernel that waits on the wrong parity, announces the wrong number of bytes or
 arrives too few times hangs or reads a stage too early here too. A hang is told from a slow kernel (hundreds of
@@ -30,7 +31,7 @@ import time
 
 import numpy as np
 
-from .tensor_map import BOX_COLUMNS, MAP_WORDS, simulated_map
+from .tensor_map import MAP_WORDS, simulated_map
 
 STALL_SECONDS = 10.0  # every live thread of a block waiting this long, with no barrier changing: a deadlock
 LOOK_SECONDS = 0.5  # how often a block's threads are looked at (by whichever waiting thread comes first)
@@ -154,22 +155,23 @@ def tma_load_3d(dst, maps, index, col, row, head, bar):
     smem = np.asarray(threading.current_thread()._tinyflash_smem).view(np.uint16)  # the block's shared memory
     dst, col, row, head = int(dst), int(col), int(row), int(head)
     if dst % ROW_BYTES:
-        raise ValueError(f"a 128-byte-swizzled TMA box must land 128-byte aligned; got shared byte {dst}")
-    box = np.zeros((tmap.box_rows, BOX_COLUMNS), np.uint16)  # (box rows, 64): zeros outside the tensor
+        raise ValueError(f"a swizzled TMA box must land 128-byte aligned; got shared byte {dst}")
+    width, chunks = tmap.box_columns, tmap.swizzle_bytes // CHUNK_BYTES  # 64 columns, 8 chunks (64-byte: 32, 4)
+    box = np.zeros((tmap.box_rows, width), np.uint16)  # (box rows, width): zeros outside the tensor
     cube = elements[:tmap.heads * tmap.rows * tmap.columns].reshape(tmap.heads, tmap.rows, tmap.columns)
     if 0 <= head < tmap.heads:
-        rows = cube[head, max(row, 0):max(min(row + tmap.box_rows, tmap.rows), 0), max(col, 0):col + BOX_COLUMNS]
+        rows = cube[head, max(row, 0):max(min(row + tmap.box_rows, tmap.rows), 0), max(col, 0):col + width]
         box[max(-row, 0):max(-row, 0) + rows.shape[0], max(-col, 0):max(-col, 0) + rows.shape[1]] = rows
-    r, c = np.arange(tmap.box_rows)[:, None], np.arange(BOX_COLUMNS // 8)[None, :]  # (rows, 1), (1, 8 chunks)
-    address = dst + r * ROW_BYTES + c * CHUNK_BYTES  # (rows, 8): each chunk's place before the swizzle
-    address = address ^ (((address >> 7) & 7) << 4)
+    r, c = np.arange(tmap.box_rows)[:, None], np.arange(chunks)[None, :]  # (rows, 1), (1, chunks)
+    address = dst + r * tmap.swizzle_bytes + c * CHUNK_BYTES  # (rows, chunks): each chunk's place before the swizzle
+    address = address ^ (((address >> 7) & (chunks - 1)) << 4)  # 128-byte: bits 4-6 ^= 7-9; 64-byte: 4-5 ^= 7-8
     end = dst + tmap.box_bytes
     block = _block()
     if end > smem.size * 2 or any(dst <= b < end for b in block.barriers):
         raise IndexError(f"a TMA box of {tmap.box_bytes} bytes at shared byte {dst} would overwrite an mbarrier or "
                          f"pass the end of shared memory ({smem.size * 2} bytes)")
     halves = (address // 2)[..., None] + np.arange(8)  # (rows, 8 chunks, 8 elements)
-    smem[halves] = box.reshape(tmap.box_rows, 8, 8)
+    smem[halves] = box.reshape(tmap.box_rows, chunks, 8)
     with block.changed:
         state = _barrier(block, bar)
         state[2] -= tmap.box_bytes

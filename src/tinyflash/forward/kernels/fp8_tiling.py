@@ -2,12 +2,13 @@
 
 v11 is v10 on e4m3 bytes (``tinyflash.warpgroup_tile.fp8_warpgroup_tile``). Its tiles are v10's with one byte an
 element: Q_i (Br rows of d bytes), and per stage K_j (Bc rows of d bytes) and Vᵀ_j (d rows of Bc bytes), each in
-128-byte swizzled pieces, so a stage at d = 128 is 32 KiB where v10's is 64 KiB. Three stages fit at d = 128 (112
-KiB) and at d = 256 too (224 of the 227 KiB a block may have); v11 takes two at d = 256, v10's choice there.
+128-byte swizzled pieces (at d = 64, Q_i and K_j in 64-byte rows with the 64-byte swizzle), so a stage at d = 128
+is 32 KiB where v10's is 64 KiB. Three stages fit at every d: at d = 64 (56 KiB), d = 128 (112 KiB) and d = 256
+(224 of the 227 KiB a block may have); v11 takes two at d = 256, v10's choice there.
 
 **The tensor maps move bytes as 16-bit pairs.** ``gpu.tensor_map`` makes maps of 16-bit elements; a row of d e4m3
-bytes is d / 2 such elements, and a box of 64 of them is the 128 bytes of a swizzled piece. Out of bounds the copy
-writes 16-bit zeros: two e4m3 zeros.
+bytes is d / 2 such elements, and a box of 64 of them is the 128 bytes of a swizzled piece (at d = 64, a box of 32
+is the whole 64-byte row). Out of bounds the copy writes 16-bit zeros: two e4m3 zeros.
 
 **Vᵀ.** FP8 wgmma reads its B operand K-major only, and for O += P V the reduction runs over keys: the tensor cores
 need V_j transposed, d rows of keys. :func:`transpose_v` writes Vᵀ in one pass on the GPU before the kernel (it reads
@@ -28,7 +29,7 @@ from numba import cuda, int64, uint8, uint64
 from ...gpu.runtime import device_function, u
 from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
 from ...gpu.tma import BARRIER_BYTES
-from ...warpgroup_tile import FP8_BC, FP8_HEAD_DIMS, FP8_K, WarpgroupTile, fp8_key_of_column
+from ...warpgroup_tile import FP8_BC, FP8_HEAD_DIMS, FP8_K, WarpgroupTile, fp8_key_of_column, fp8_row_bytes
 from .tma_tiling import TmaTiling
 
 key_of_column = device_function(fp8_key_of_column)  # the renumbering of warpgroup_tile, compiled for the GPU
@@ -65,7 +66,7 @@ class Fp8Tiling(TmaTiling):
     def shape_problems(self) -> list[str]:
         problems = [p for p in super().shape_problems() if not p.startswith("D must")]
         if self.D not in FP8_HEAD_DIMS:
-            problems.append(f"D must be one of {FP8_HEAD_DIMS} (whole 128-byte rows of e4m3)")
+            problems.append(f"D must be one of {FP8_HEAD_DIMS} (128-byte pieces of e4m3 rows, or one 64-byte row)")
         if self.BC != FP8_BC:
             problems.append(f"BC must be {FP8_BC} (Vᵀ_j's rows: one 128-byte piece of keys)")
         if not self.PRODUCER or self.LAZY_RESCALE:
@@ -75,8 +76,11 @@ class Fp8Tiling(TmaTiling):
         return problems
 
     def maps(self, n_q: int, n_k: int, heads: int, kv_heads: int) -> tuple:
-        """The tensor maps of Q (boxes of Br rows), K (Bc rows) and Vᵀ (d rows of 128 keys), in 16-bit pairs."""
-        return (TensorMap(self.D // 2, n_q, heads, self.BR), TensorMap(self.D // 2, n_k, kv_heads, self.BC),
+        """The tensor maps of Q (boxes of Br rows), K (Bc rows) and Vᵀ (d rows of 128 keys), in 16-bit pairs; Q's
+        and K's swizzled by rows of fp8_row_bytes(d)."""
+        swizzle = fp8_row_bytes(self.D)
+        return (TensorMap(self.D // 2, n_q, heads, self.BR, swizzle_bytes=swizzle),
+                TensorMap(self.D // 2, n_k, kv_heads, self.BC, swizzle_bytes=swizzle),
                 TensorMap(padded_keys(n_k) // 2, self.D, kv_heads, self.D))
 
 

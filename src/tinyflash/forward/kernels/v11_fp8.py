@@ -19,8 +19,9 @@ What changed since v10 (16-bit inputs):
   multiplies O in the epilogue (``V_SCALE``); the lse takes the offset out: lse = (m2 + log2 l - 8) · ln 2.
 
 Unchanged from v10: the producer and its ring of stages, the turns of the two consumer warpgroups (ping-pong), the
-overlap of the softmax with P·V (``wait_group 1``), the mask and the epilogue's writes. Limits: d = dv ∈ {128,
-256} (whole 128-byte rows of e4m3; d = 64 would need the 64-byte swizzle), Bc = 128; compute capability 9.0.
+overlap of the softmax with P·V (``wait_group 1``), the mask and the epilogue's writes. Limits: d = dv ∈ {64, 128,
+256} (Q_i and K_j in 128-byte pieces of e4m3 rows; at d = 64 in 64-byte rows, the 64-byte swizzle), Bc = 128;
+compute capability 9.0.
 
 On numba's simulator the FP8 products are exact in float64 and rounded once per instruction to float32; the
 Hopper's FP8 tensor cores keep about 13 bits while they add (``gpu/wgmma.py``): a GPU's results differ more.
@@ -64,7 +65,7 @@ def producer(cfg: Fp8Tiling):
     BC, STAGES, N_STAGES = u(cfg.BC), u(cfg.STAGES), cfg.STAGES
     Q_OFF, STAGE0, V_IN_STAGE, Q_FULL, FULL0, EMPTY0, STAGE, BAR = offsets(cfg)
     CONSUMERS = u(cfg.NT - wgmma.WARPGROUP)  # threads of the consumer warpgroups: each arrives on "empty"
-    PIECES = cfg.D // ROW_BYTES  # 128-byte pieces of a row of Q_i, K_j
+    PIECES = -(-cfg.D // ROW_BYTES)  # 128-byte pieces of a row of Q_i, K_j (at d = 64 one of 64-byte rows)
     Q_PIECE, K_PIECE = u(cfg.BR * ROW_BYTES), u(cfg.BC * ROW_BYTES)  # from a tile's 128-byte piece to the next
     Q_BYTES, KV_BYTES = u(cfg.BR * cfg.D), u(2 * cfg.BC * cfg.D)  # what Q_i's, a stage's copies complete
     VT_COLUMN = BC // TWO  # Vᵀ_j's first column, in 16-bit pairs, per tile
