@@ -41,7 +41,7 @@ def test_two_heads_causal(rng):
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("n_q, n_k", [(1, 1), (17, 300), (1000, 1000), (2049, 1500), (700, 2049)])
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (17, 300), (1000, 1000), (700, 2049)])
 def test_sizes(rng, d, causal, n_q, n_k):
     """Lengths from one row to several query and key tiles, ragged, Nq ≠ Nk both ways; four query heads on two
     K/V heads, descales per head."""
