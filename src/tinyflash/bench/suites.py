@@ -313,7 +313,7 @@ BENCHMARKS = {b.name: b for b in (
               ping_pong_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
     Benchmark("hopper-fp8", "FP8: v11 on e4m3 inputs (quantized per tensor from the 16-bit ones) beside v10 and "
               "SDPA flash on the 16-bit inputs", "forward",
-              {"dtype": ("bfloat16",), "d": (128, 256), "causal": (False, True), "n": (4096, 16384)},
+              {"dtype": ("bfloat16",), "d": (64, 128, 256), "causal": (False, True), "n": (4096, 16384)},
               hopper_fp8_peers, library="torch", rounds=5, by_n={4096: {"batch": 4}}),
     Benchmark("hopper-tiles", "v7's tilings, the kernel alone, beside SDPA flash", "forward",
               {"dtype": ("float16",), "d": (64, 128), "causal": (False, True), "n": (16384,)},
