@@ -114,18 +114,20 @@ def test_block_mask(rng, block_q, block_k, causal):
 
 @pytest.mark.grid
 def test_block_mask_skips_empty_tiles(rng):
-    """The kernel never loads an empty tile: K and V of the tiles that the block mask empties hold NaN, and the
-    result is still the dense mask's (a tile read would put NaN into every row, masked or not: 0 · NaN)."""
-    q, k, v = make_qkv(rng, (1, 1), 16, 64, d=D, dtype=np.float16)
+    """The kernel never loads an empty tile: K and V of the key tile that the block mask empties hold NaN, and the
+    result is still the dense mask's (a tile read would put NaN into every row, masked or not: 0 · NaN). The
+    second query tile lists no key tile at all: its block's producer loads Q_i alone and its rows give o = 0,
+    lse = -inf."""
+    q, k, v = make_qkv(rng, (1, 1), 80, 64, d=D, dtype=np.float16)
     window = lambda b, h, q_idx, kv_idx: (kv_idx >= q_idx + 16) & (kv_idx < q_idx + 32)  # noqa: E731
-    bm = tf.create_block_mask(window, 1, 1, 16, 64, block_q=64, block_k=16)
-    assert bm.to_dense()[0, 0, 0].tolist() == [0, 1, 1, 0]  # keys 0-15 and 48-63: empty
+    bm = tf.create_block_mask(window, 1, 1, 80, 64, block_q=64, block_k=16)
+    assert bm.to_dense()[0, 0].tolist() == [[0, 1, 1, 1], [0, 0, 0, 0]]  # keys 0-15: empty; rows 64-79: no key
     k_nan, v_nan = k.copy(), v.copy()
-    for x in (k_nan, v_nan):
-        x[..., :16, :] = np.nan
-        x[..., 48:, :] = np.nan
+    k_nan[..., :16, :] = np.nan
+    v_nan[..., :16, :] = np.nan
     o, lse = flex(q, k_nan, v_nan, block_mask=bm)
-    check(o, lse, q, k, v, None, window, what="NaN in the empty tiles")
+    check(o, lse, q, k, v, None, window, what="NaN in the empty tile")
+    assert np.all(o[..., 48:, :] == 0) and np.all(np.isneginf(lse[..., 48:]))
 
 
 @pytest.mark.grid
