@@ -12,7 +12,8 @@ one reached through its registry (``VERSIONS[name]``: its build and its tiling o
   where a group holds one head), each distinct kernel once;
 * forward v6's flex_fwd (``tinyflash.flex_attention``) at the tiling of FlexAttention's default block mask, d = 64
   and 128, float16, with ``tinyflash.core.variants``' closures compiled in (a softcap, ALiBi, a relative bias and
-  documents read from captured tables, a sliding window; with and without a block mask);
+  documents read from captured tables, a sliding window; with and without a block mask); v10's flex_fwd (what
+  flex_attention runs on Hopper) the same, for ``sm_90a``;
 * the decode split kernels of ``tinyflash.decode.kernels.VERSIONS`` at their defaults (their ``build``): on the tensor cores
   d in TENSOR_CORE_DIMS (float16), a contiguous cache and pages of 16 tokens; on the CUDA cores d = 128, float16
   and float32, with the rows per block of the decode benchmark (32 query heads on 8 K/V heads, one query);
@@ -139,7 +140,8 @@ def flex_mods() -> dict:
 
 def flex_jobs() -> list[Job]:
     """v6's flex_fwd (``tinyflash.flex_attention``) at the tiling it runs for FlexAttention's default block mask
-    (128 × 128) at N = 16,384, causal, d = 64 and 128, float16, with each of :func:`flex_mods` compiled in."""
+    (128 × 128) at N = 16,384, causal, d = 64 and 128, float16, with each of :func:`flex_mods` compiled in; then
+    v10's (:func:`flex_v10_jobs`)."""
     from tinyflash.forward.kernels import VERSIONS
     from tinyflash.gpu.user_code import UserFunction
 
@@ -154,6 +156,26 @@ def flex_jobs() -> list[Job]:
             variant = f"d={d} float16 warps={cfg.WARPS} row_tiles={cfg.ROW_TILES} BC={cfg.BC} {name}"
             found.append(Job("forward v6 flex", variant, lambda c=cfg, m=mods: (v6.build(c, "float16", 2, **m),
                                                                                 v6.code.FLEX_SIGNATURE)))
+    return found + flex_v10_jobs()
+
+
+def flex_v10_jobs() -> list[Job]:
+    """v10's flex_fwd (``tinyflash.flex_attention`` on Hopper) at its tiling for FlexAttention's default block mask
+    at N = 16,384, causal, d = 64 and 128, float16, with each of :func:`flex_mods` compiled in, for sm_90a."""
+    from tinyflash.forward.kernels import VERSIONS
+    from tinyflash.gpu.user_code import UserFunction
+
+    v10, found = VERSIONS["v10"], []
+    for d in (64, 128):
+        cfg = v10.tilings[0](d, True, 16384).for_block_mask(128, 128)
+        setting = f"d={d} float16 warpgroups={cfg.WARPGROUPS} BC={cfg.BC} stages={cfg.STAGES}"
+        found.append(Job("forward v10 flex", f"{setting} no functions (flash_fwd)", lambda c=cfg: (
+            v10.build(c, "float16"), v10.signature), arch="sm_90a"))
+        for name, (score, mask, sparse) in flex_mods().items():
+            mods = {"score_mod": score and UserFunction.of(score, "score_mod"),
+                    "mask_mod": mask and UserFunction.of(mask, "mask_mod"), "block_sparse": sparse}
+            found.append(Job("forward v10 flex", f"{setting} {name}", lambda c=cfg, m=mods: (
+                v10.build(c, "float16", 1, **m), v10.code.FLEX_SIGNATURE), arch="sm_90a"))
     return found
 
 

@@ -30,3 +30,22 @@ def test_flex_benchmark_points_and_baseline():
     times = {("torch_flex", "alibi"): {}, ("tinyflash", "alibi"): {}}
     assert runner.baseline_of(bench, times) == ("torch_flex", "alibi")
     assert runner.baseline_of(suites.BENCHMARKS["tensor-cores"], times) == ("torch_flash", "")
+
+
+def test_v10_peer_and_its_table_columns():
+    """tinyflash's v10 peer is named "<variant> v10" beside v6's "<variant>"; the table shows both, and a dash where
+    a record holds no v10 row (the runs before v10 took flex_attention)."""
+    from tinyflash.bench import flex
+    from tinyflash.bench.tables import flex_table
+
+    assert flex.flex_tinyflash("alibi").name == ("tinyflash", "alibi")
+    assert flex.flex_tinyflash("alibi", "v10").name == ("tinyflash", "alibi v10")
+    row = {"status": "ok", "time_ms": "2.5", "vs_baseline": "0.5", "vs_baseline_q1": "0.4", "vs_baseline_q3": "0.6",
+           "latency_vs_baseline": "0.45"}
+    rows = [{**row, "impl": "torch_flex", "variant": "alibi", "time_ms": "1.25", "vs_baseline": "1"},
+            {**row, "impl": "tinyflash", "variant": "alibi"},
+            {**row, "impl": "tinyflash", "variant": "alibi v10", "time_ms": "1.0", "vs_baseline": "1.25"},
+            {**row, "impl": "torch_flex", "variant": "causal", "time_ms": "5.0", "vs_baseline": "1"}]
+    lines = flex_table(rows).splitlines()
+    assert lines[2] == "| alibi | 1.250 | 2.500 | 0.50× | 0.40–0.60× | 0.45× | 1.000 | 1.25× | – |"
+    assert lines[3] == "| causal | 5.000 | – | – | – | – | – | – | – |"

@@ -1,6 +1,7 @@
 """tinyflash.flex_attention on a real GPU at real sizes: PyTorch tensors, float16 and bfloat16, the variants of
 ``tinyflash.core.variants`` compiled into v6 (softcap, ALiBi, a relative bias, a sliding window, packed documents),
-with and without a block mask (FlexAttention's 128 × 128 tiles), grouped-query heads.
+with and without a block mask (FlexAttention's 128 × 128 tiles), grouped-query heads. v6 is named (``kernel="v6"``):
+on Hopper flex_attention runs v10 by default (tests/test_flex_hopper_gpu.py).
 
 Each result is checked on sampled query rows of every head against the float64 reference with the same functions
 (``tinyflash.reference_attention(..., rows=)``), o by FlashAttention's rule against a naive computation that
@@ -86,7 +87,8 @@ def test_variants(rng, case, n, d, dtype, block_mask):
     score_mod, mask_mod, causal = cases(n, 4)[case]
     q, k, v = random_qkv(torch, (1, 4), 2, n, d, getattr(torch, dtype), seed=int(rng.integers(2**31)))
     bm = tf.create_block_mask(mask_mod, 1, 1, n, n, causal=causal) if block_mask else None
-    o, lse = tf.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, block_mask=bm, causal=causal)
+    o, lse = tf.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, block_mask=bm, causal=causal,
+                               kernel="v6")
     assert o.dtype == q.dtype and o.shape == q.shape and lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
     check(o, lse, q, k, v, rng, score_mod, mask_mod, causal, what=f"{case} N={n} d={d} {dtype} block mask={block_mask}")
 
@@ -98,5 +100,5 @@ def test_smoke(rng):
     q, k, v = random_qkv(torch, (1, 4), 4, 1000, 64, torch.float16, seed=int(rng.integers(2**31)))
     window = variants.sliding_window(128)
     bm = tf.create_block_mask(window, 1, 1, 1000, 1000)
-    o, lse = tf.flex_attention(q, k, v, score_mod=variants.softcap(20.0), block_mask=bm)
+    o, lse = tf.flex_attention(q, k, v, score_mod=variants.softcap(20.0), block_mask=bm, kernel="v6")
     check(o, lse, q, k, v, rng, variants.softcap(20.0), window, what="smoke")

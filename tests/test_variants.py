@@ -58,6 +58,16 @@ def test_alibi_slopes():
     assert alibi_slopes(1).tolist() == [2.0 ** -8]
 
 
+def test_alibi_bias_is_float32():
+    """ALiBi's bias is a float32 (float32 slopes times the distance as a float32): a float32 score stays float32, as
+    numba types it in a kernel, and the float64 reference adds the same bias to its float64 score."""
+    score_mod, slopes = tf.alibi(6, offset=2), alibi_slopes(6).astype(np.float32)
+    found = score_mod(np.float32(1.5), 0, 4, np.int64(3), np.int64(40))
+    assert found.dtype == np.float32 and found == np.float32(1.5) + slopes[4] * np.float32(35)
+    reference = score_mod(np.float64(1.5), 0, 4, np.int64(3), np.int64(40))
+    assert reference.dtype == np.float64 and reference == 1.5 + float(slopes[4] * np.float32(35))
+
+
 def test_softcap_gradient_against_finite_differences(rng):
     q, k, v = make_qkv(rng, (2,), 5, 6, d=3)
     q *= 3  # large scores, where the cap bends them

@@ -11,9 +11,9 @@ A variant (``VARIANTS``) is one attention of FlexAttention's comparison, at B = 
 ``tinyflash_mods`` gives tinyflash's functions (``tinyflash.core.variants``, compiled into the kernel, also the
 float64 reference's), ``torch_mods`` the same in PyTorch's ops for ``torch.compile(flex_attention)``, and
 ``dense_mask`` the boolean (Nq, Nk) mask of SDPA with an explicit mask, where the variant is a mask alone.
-The peers (:func:`flex_peers`) time the forward, each named after the variant (the record's ``variant``); the
-check compares sampled rows with the float64 reference under the same functions (``checking.check_output``'s
-``mods``).
+The peers (:func:`flex_peers`) time the forward, each named after the variant (the record's ``variant``; tinyflash's
+v10 as "<variant> v10", beside v6's "<variant>"); the check compares sampled rows with the float64 reference under
+the same functions (``checking.check_output``'s ``mods``).
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def dense_mask(name: str, n: int) -> np.ndarray | None:
     return keep if name == "causal" else None
 
 
-def flex_tinyflash(name: str) -> Peer:
-    """tinyflash.flex_attention with the variant's functions and a block mask built once (untimed)."""
+def flex_tinyflash(name: str, kernel: str = "v6") -> Peer:
+    """tinyflash.flex_attention on ``kernel`` (v6, stage 3's; v10, stage 4's on Hopper) with the variant's functions
+    and a block mask built once (untimed). Named after the variant for v6, "<variant> v10" for v10."""
     def make(x):
         from ..core.block_mask import create_block_mask
         from ..forward.tensor_cores import flex_attention
@@ -83,9 +84,9 @@ def flex_tinyflash(name: str) -> Peer:
         score_mod, mask_mod = tinyflash_mods(name, n, heads)
         bm = None if mask_mod is None else create_block_mask(mask_mod, 1, 1, n, n, causal=True)
         return lambda: flex_attention(x["q"], x["k"], x["v"], score_mod=score_mod, mask_mod=mask_mod, block_mask=bm,
-                                      causal=True)[0]
+                                      causal=True, kernel=kernel)[0]
 
-    return Peer("tinyflash", name, make, ("float16", "bfloat16"))
+    return Peer("tinyflash", name if kernel == "v6" else f"{name} {kernel}", make, ("float16", "bfloat16"))
 
 
 def flex_torch(name: str) -> Peer:
@@ -147,21 +148,23 @@ def padded_documents() -> Peer:
 
 
 def flex_peers(point) -> list:
-    """FlexAttention compiled (the baseline), tinyflash.flex_attention, SDPA with the dense mask where the variant
-    is a mask; for plain causal attention also tinyflash's own kernels (v6, and stage 4 on Hopper); for the
-    documents also tinyflash.varlen_attention on them packed and SDPA flash on them as a batch of 8."""
+    """FlexAttention compiled (the baseline), tinyflash.flex_attention on v6 (and on Hopper on v10, its default
+    there), SDPA with the dense mask where the variant is a mask; for plain causal attention also tinyflash's own
+    kernels (v6, and stage 4 on Hopper); for the documents also tinyflash.varlen_attention on them packed (on the
+    default flex version) and SDPA flash on them as a batch of 8."""
     from . import peers as p
     from ..forward.kernels.hopper_tiling import COMPUTE_CAPABILITY
     from ..gpu.runtime import compute_capability
 
     name = point["mods"]
-    found = [flex_torch(name), flex_tinyflash(name)]
+    hopper = compute_capability() == COMPUTE_CAPABILITY
+    found = [flex_torch(name), flex_tinyflash(name)] + ([flex_tinyflash(name, "v10")] if hopper else [])
     if dense_mask(name, 1) is not None:
         found.append(sdpa_masked(name))
     if name == "documents-8":  # the same documents packed (varlen) and padded into a batch
         found += [varlen_documents(), padded_documents()]
     if name == "causal":
         found.append(p.stage3())
-        if compute_capability() == COMPUTE_CAPABILITY:
+        if hopper:
             found.append(p.stage4())
     return found

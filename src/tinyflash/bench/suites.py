@@ -322,8 +322,9 @@ BENCHMARKS = {b.name: b for b in (
               "tilings there; on Hopper, stage 4 at d = 256", "forward",
               {"dtype": ("float16", "bfloat16"), "d": (96, 256), "causal": (False, True), "n": (16384,)},
               head_dim_peers, library="torch", rounds=5),
-    Benchmark("flex", "flex_attention's masks and score modifications (v6 with the functions compiled in, a block "
-              "mask) beside FlexAttention compiled and SDPA with the dense mask; TFLOP/s counted as causal attention's",
+    Benchmark("flex", "flex_attention's masks and score modifications (v6, and v10 on Hopper, with the functions "
+              "compiled in, a block mask) beside FlexAttention compiled and SDPA with the dense mask; TFLOP/s counted as "
+              "causal attention's",
               "forward", {"dtype": ("bfloat16",), "d": (128,), "causal": (True,), "n": (16384,), "mods": FLEX_VARIANTS},
               flex_peers, library="torch", rounds=5, baseline=("torch_flex", "")),
     Benchmark("example-32k", "the 32k-token example: B = 1, H = 32, N = 32,768, d = 128, causal", "forward",

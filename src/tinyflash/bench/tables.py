@@ -350,14 +350,16 @@ def decode_bar_sentence(rows: list[dict]) -> str:
 
 def flex_table(rows: list[dict]) -> str:
     """tinyflash.flex_attention beside FlexAttention compiled and SDPA with the dense mask (``flex``), per variant:
-    ms per call (queued), tinyflash's speed over FlexAttention's (queued; the rounds' middle half; one call alone)."""
-    lines = ["| variant | FlexAttention ms | tinyflash ms | tinyflash / FlexAttention | its rounds' middle half | one "
-             "call alone | SDPA with the mask ms |", "|---|---|---|---|---|---|---|"]
+    ms per call (queued) on v6 and on v10 (Hopper; a dash where the record has none), v6's speed over FlexAttention's
+    (queued; the rounds' middle half; one call alone), v10's (queued)."""
+    lines = ["| variant | FlexAttention ms | v6 ms | v6 / FlexAttention | its rounds' middle half | one call alone | "
+             "v10 ms | v10 / FlexAttention | SDPA with the mask ms |", "|---|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["variant"] for r in rows if r["impl"] == "torch_flex"):
-        flex, ours, masked = (find(rows, impl=impl, variant=variant) for impl, variant in (
-            ("torch_flex", name), ("tinyflash", name), ("torch_efficient", f"mask {name}")))
+        flex, ours, v10, masked = (find(rows, impl=impl, variant=variant) for impl, variant in (
+            ("torch_flex", name), ("tinyflash", name), ("tinyflash", f"{name} v10"), ("torch_efficient", f"mask {name}")))
         lines.append(f"| {name} | {cell(flex, 'time_ms', '{:.3f}')} | {cell(ours, 'time_ms', '{:.3f}')} | "
-                     f"{against_baseline(ours)} | {cell(masked, 'time_ms', '{:.1f}')} |")
+                     f"{against_baseline(ours)} | {cell(v10, 'time_ms', '{:.3f}')} | "
+                     f"{cell(v10, 'vs_baseline', '{:.2f}×')} | {cell(masked, 'time_ms', '{:.1f}')} |")
     return "\n".join(lines)
 
 

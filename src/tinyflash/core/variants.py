@@ -96,11 +96,15 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
 def alibi(n_heads: int, *, offset: int = 0):
     """score_mod: ALiBi's linear bias, ``score + slope_h · (kv_idx − q_idx − offset)``: minus slope_h
     times the distance back from the query's position to the key (:func:`alibi_slopes`). h is the
-    query head, so ``n_heads`` is H, the number of query heads."""
-    slopes, offset = alibi_slopes(n_heads), _int(offset, "offset")
+    query head, so ``n_heads`` is H, the number of query heads.
+
+    The slopes are taken at float32's precision and the bias is computed in float32 (the distance as a float32:
+    exact below 2^24), so that a kernel, whose scores are float32, adds it without float64 arithmetic (a float64
+    slope times an int64 distance is float64 on a GPU); the float64 reference adds the same float32 bias."""
+    slopes, offset = alibi_slopes(n_heads).astype(np.float32), _int(offset, "offset")
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return score + slopes[h] * (kv_idx - q_idx - offset)
+        return score + slopes[h] * np.float32(kv_idx - q_idx - offset)
 
     return score_mod
 

@@ -6,7 +6,8 @@ float32 accumulation. Its steps are the host layer's (``tinyflash.host.forward``
 ``tinyflash/forward/kernels/v6_tensor_cores.py``, its PTX instructions in ``tinyflash/gpu/ptx.py``.
 
 :func:`flex_attention` is the same stage with FlexAttention's user functions and block mask compiled into v6
-(its ``flex_fwd``), through the host layer's ``tinyflash.host.flex``.
+(its ``flex_fwd``), through the host layer's ``tinyflash.host.flex``; on a Hopper GPU into stage 4's v10 (its own
+``flex_fwd``), the registry's rule for ``flex_attention``.
 
 The kernel never converts an element: it moves 16-bit patterns, two per 32-bit word; only the tensor cores and the
 final rounding know which format they are (``tinyflash.host.inputs`` says how bfloat16 arrives).
@@ -45,7 +46,8 @@ def tensor_core_attention(q, k, v, *, causal: bool = False, scale: float | None 
 def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, causal: bool = False,
                    scale: float | None = None, kernel: str | None = None, config=None):
     """FlexAttention on the tensor cores: attention with a score modification and a mask written as plain Python
-    functions, compiled into the kernel (v6's ``flex_fwd``). Returns ``(o, lse)``.
+    functions, compiled into the kernel (``flex_fwd``: stage 4's v10 on a Hopper GPU, compute capability 9.0, at
+    d = 64, 128, 256; stage 3's v6 elsewhere and at the other head dims). Returns ``(o, lse)``.
 
     Inputs as :func:`tensor_core_attention`'s (float16 or bfloat16; d = dv a multiple of 8 up to 256; grouped-query
     heads), with q (Nq, d), (H, Nq, d) or (B, H, Nq, d), which defines b and h below.
@@ -66,6 +68,7 @@ def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, c
     them for the GPU; they may read numbers, NumPy arrays (copied into the kernel as constants: small tables) and
     other such functions from outside. A kernel is built per function and kept: two functions with the same code
     that read equal values share it (``tinyflash.gpu.user_code``). ``kernel`` and ``config`` as for
-    :func:`tensor_core_attention` (the versions that take these functions: v6).
+    :func:`tensor_core_attention` (the versions that take these functions: v6, and v10 on Hopper; None: the
+    registry's rule, ``VERSIONS.default("flex_attention", ...)``).
     """
     return flex_call(FLEX, q, k, v, score_mod, mask_mod, block_mask, causal, scale, kernel, config)

@@ -17,7 +17,7 @@ A call of a GPU entry point goes the same way down, whichever stage it is:
     launch.py    a version launched through numba: host arrays, the simulator, any number of heads
     sized.py     a version sized for one problem and launched through the driver: the lean path
     forward.py   the steps of a forward call on the tensor cores (stages 3 and 4)
-    flex.py      the steps of a FlexAttention call (user functions compiled into v6, a block mask)
+    flex.py      the steps of a FlexAttention call (user functions compiled into v6 or v10, a block mask)
 
 The host layer imports ``core``, ``gpu``, ``hardware`` and ``warp_tile``'s text of head dims, never a stage: the
 public functions hand it their registry.

@@ -1,11 +1,12 @@
-"""The steps of a FlexAttention call on the tensor cores (``tinyflash.flex_attention``, v6's ``flex_fwd``): check the
-user's functions, the inputs and the block mask, choose the tiling, allocate, launch.
+"""The steps of a FlexAttention call on the tensor cores (``tinyflash.flex_attention``: v10's ``flex_fwd`` on Hopper,
+v6's elsewhere): check the user's functions, the inputs and the block mask, choose the tiling, allocate, launch.
 
 The user's functions are compiled into the kernel (``gpu.user_code``): the kernel is built per (tiling, element
 type, block order, score_mod, mask_mod, block mask or not) and kept by the version's own cache, in which a
 function counts by its code and the values it reads from outside. A call then launches it through numba
 (``gpu/launch.py``), on NumPy arrays (copied to the GPU and back) or device arrays (left there); the block mask's
-lists go to the GPU once per block mask and stay there while it lives.
+lists go to the GPU once per block mask and stay there while it lives. v10 reads Q, K and V through TMA tensor maps,
+made for each launch from the arrays on the GPU (NumPy inputs are copied there first).
 
 Without a block mask, a mask_mod is evaluated on every key tile a query tile visits (all of them, or with causal
 those up to the diagonal): no block mask is built on the host, where evaluating the mask for every (b, h, q, k)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,10 +28,11 @@ from ..core.online_softmax import LOG2E
 from ..gpu.arrays import empty, result
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_gpu, simulator_enabled
+from ..gpu.tensor_map import tensor_maps
 from ..gpu.user_code import UserFunction, check_constant_bytes
 from .forward import Entry, check_call
 from .inputs import FLOAT16, as_words, flat, flat16, placed
-from .launch import simulated_warps
+from .launch import on_the_gpu, simulated_warps
 
 # the block mask's lists, as a kernel reads them (forward/kernels/block_sparse.py)
 LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
@@ -195,8 +198,16 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
                           n_heads=heads, kv_group=prob.kv_group)
         kernel_fn = version.build(cfg, element, group, score_mod=score, mask_mod=mask,
                                   block_sparse=block_mask is not None)
-        with simulated_warps(False):
-            launch(kernel_fn, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args)
+        maps = version.arguments == "maps"
+        if maps:  # v10: Q, K, V through tensor maps of each launch's views (on the GPU)
+            args = replace(args, derived=(("TMAPS", lambda views, h: tensor_maps(
+                cfg.maps(n_q, n_k, h, h // prob.kv_group), [views[name] for name in ("Q", "K", "V")])),))
+        with simulated_warps(maps):
+            if maps and device and not on_device:  # a tensor map holds a device address: NumPy inputs go there
+                on_the_gpu(args, ("O", "LSE"), lambda there: launch(kernel_fn, -(-n_q // cfg.BR), cfg.NT,
+                                                                    cfg.smem_bytes, there))
+            else:
+                launch(kernel_fn, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args)
     o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
     if element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
         o = o.view(q.dtype)  # torch.bfloat16, or ml_dtypes.bfloat16

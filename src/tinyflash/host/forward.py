@@ -64,7 +64,9 @@ def check_call(entry: Entry, q, k, v, causal, scale, kernel=None, flex: bool = F
                                   allowed=(FLOAT16,))
     runs = [name for name, v in entry.registry.items() if v.arguments in TENSOR_CORE_ARGUMENTS  # v6 on
             and (v.flex or not flex)]
-    version = entry.registry.choose(kernel, entry.who, among=runs)
+    # flex: the default rule's version must take the inputs (v10 on Hopper at its head dims, else v6)
+    shape = {"dtype": element, "d": prob.d, "d_v": prob.d_v} if flex else {}
+    version = entry.registry.choose(kernel, entry.who, among=runs, **shape)
     if prob.d != prob.d_v or prob.d not in version.head_dims:
         raise ValueError(f"{entry.who} supports d = dv {head_dims_text(version.head_dims)}; got q {tuple(q.shape)}, "
                          f"v {tuple(v.shape)} (tinyflash.cuda_attention takes any head dim up to 256)")

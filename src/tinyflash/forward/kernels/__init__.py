@@ -16,7 +16,8 @@ them, and a learner can read, diff, run and time any of them:
     block_sparse.py        the key tiles a block visits under a block mask (FlexAttention's layout)
     hopper_tiling.py       v7's tiling: warpgroups of 64 rows, 128-byte-swizzled tiles
     tma_tiling.py          v8-v10's: a ring of stages filled by TMA, a producer warpgroup
-    v7 ... v10             stage 4, Hopper's wgmma, TMA, warp specialisation, ping-pong (``tinyflash.hopper_attention``)
+    v7 ... v10             stage 4: wgmma, TMA, warp specialisation, ping-pong (``tinyflash.hopper_attention``);
+                           v10 with FlexAttention's hooks too (``tinyflash.flex_attention`` on Hopper)
     fp8_tiling.py          v11's: v10's on e4m3 bytes, and the pass that writes Vᵀ
     v11_fp8.py             stage 4 on float8_e4m3 inputs (``tinyflash.hopper_fp8_attention``)
 
@@ -86,7 +87,7 @@ VERSIONS = Registry("kernel", (
              "P_i,j-1 V_j-1 issued together, wait_group 1); the two consumer warpgroups take turns issuing their "
              "products (ping-pong, named barriers)",
              tilings=(tma_tiling.ping_pong_tiling, tma_tiling.simulator_specialised_tiling), arguments="maps",
-             **HOPPER),
+             flex=True, **HOPPER),
     _version("v11", v11_fp8, "FP8: v10 on float8_e4m3 Q, K, V (m64nNk32 wgmma's), P_ij rounded to e4m3 in [0, 256] "
              "(a fixed offset from the row max), V transposed by a pass before the kernel, descales folded into the "
              "scale and the epilogue; bfloat16 out",
@@ -96,7 +97,9 @@ VERSIONS = Registry("kernel", (
     Default("cuda_attention", "v5"),  # the CUDA cores: the fastest version that takes every input
     Default("tensor_core_attention", "v6"),  # stage 3, on compute capability 8.0 on
     Default("hopper_attention", "v10"),  # stage 4: the fastest of v7-v10 (docs/results.md)
-    Default("flex_attention", "v6"),  # FlexAttention's functions compiled in: v6's hooks (flex_fwd)
+    # FlexAttention's functions compiled in (flex_fwd): v10's hooks on Hopper, at d = 64, 128, 256; else v6's
+    Default("flex_attention", "v10", capability=hopper_tiling.COMPUTE_CAPABILITY),
+    Default("flex_attention", "v6"),
     Default("hopper_fp8_attention", "v11"),  # e4m3 inputs on Hopper
 ))
 # the versions on 16-bit (or wider) inputs, and those on e4m3 (hopper_fp8_attention's, with their own host steps)

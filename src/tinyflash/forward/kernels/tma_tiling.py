@@ -14,7 +14,7 @@ each launch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -24,6 +24,7 @@ from ...gpu.runtime import u
 from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
 from ...gpu.tma import BARRIER_BYTES
 from ...gpu.wgmma import WARPGROUP
+from ...warp_tile import MMA_K
 from ...warpgroup_tile import tile_problems
 from .hopper_tiling import GPU_BC, HopperTiling
 
@@ -76,6 +77,22 @@ class TmaTiling(HopperTiling):
         rows and ``kv_heads`` K/V heads of n_k rows."""
         return (TensorMap(self.D, n_q, heads, self.BR), TensorMap(self.D, n_k, kv_heads, self.BC),
                 TensorMap(self.D, n_k, kv_heads, self.BC))
+
+    def for_block_mask(self, block_q: int, block_k: int) -> "TmaTiling | None":
+        """This tiling for a block mask of block_q × block_k tiles (``tinyflash.flex_attention``): a block must lie
+        in one of the mask's query tiles (Br divides block_q) and walk its key tiles in whole tiles of its own (Bc
+        divides block_k). Where Br does not divide block_q, fewer consumer warpgroups (64 rows each); where Bc
+        does not divide block_k, the largest key tile that does, a multiple of 16 up to Bc (at d = 256, 64 keys
+        for FlexAttention's 128). None if nothing fits."""
+        cfg = self
+        if block_k % cfg.BC:
+            fits = [bc for bc in range(min(cfg.BC, block_k) // MMA_K * MMA_K, 0, -MMA_K) if block_k % bc == 0]
+            if not fits:
+                return None
+            cfg = replace(cfg, BC=fits[0])
+        while block_q % cfg.BR and cfg.WARPGROUPS > 1:
+            cfg = replace(cfg, WARPGROUPS=cfg.WARPGROUPS - 1)
+        return cfg.validate() if not block_q % cfg.BR and not cfg.problems() else None
 
     def compile_options(self) -> dict:
         """The warp-specialised kernels' options on a GPU: one block of NT threads per multiprocessor (ptxas keeps

@@ -25,6 +25,13 @@ the ring has three stages (``tma_tiling.ping_pong_tiling``). Unchanged from v9: 
 the stages' "full" and "empty" barriers, the mask, the epilogue, setmaxnreg. Limits: d = dv ∈ {64, 128, 256};
 compute capability 9.0 exactly (``sm_90a``).
 
+FlexAttention (``tinyflash.flex_attention`` on compute capability 9.0) is v10 with v6's three hooks, compiled away
+when absent: the user's score_mod and mask_mod on each tile's scores once its wait retires them (a warpgroup's
+accumulator holds, per warp, the m16n8 fragments of a warp's tile, so ``warp_tile.modifications`` applies as in
+v6); and a block mask's key tiles (``block_sparse.py``), which the producer loads and the consumers take by one
+rule (:func:`key_tiles`), in the same order: the stages' barriers count tiles, not keys. :func:`make_kernel`
+builds that kernel, ``flex_fwd``, when given them.
+
 On numba's simulator every instruction here is emulated, ``wait_group 1`` and the named barriers included,
 and a product reaches its registers only when a wait retires its group: a kernel that read S_ij or acc
 before its wait would compute wrong numbers there. Time is not emulated: the products are computed when
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 from numba.cuda import types
 
 from ...core.masks import key_stop
@@ -44,8 +51,9 @@ from ...gpu import ptx, tma, wgmma
 from ...gpu.runtime import device_function, simulator_enabled, u
 from ...gpu.smem import shared_words
 from ...gpu.tensor_map import BOX_COLUMNS
-from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, warp_tile
+from ...warp_tile import FAST_MATH, MMA_M, NEG_INF, WARP, modifications, warp_tile
 from ...warpgroup_tile import ROW_BYTES, warpgroup_tile
+from .block_sparse import tile_walk
 from .tma_tiling import K_MAP, Q_MAP, V_MAP, TmaTiling, offsets
 
 ZERO, ONE, TWO = u(0), u(1), u(2)
@@ -56,12 +64,35 @@ WORDS, FLOATS, MAPS = (types.Array(types.uint32, 1, "C"), types.Array(types.floa
 # flash_fwd's argument types: O as 16-bit pairs, LSE, the tensor maps of Q, K, V; then n_q, n_k, scale·log2(e),
 # causal, kv_group, head_group (1 here)
 SIGNATURE = (WORDS, FLOATS, MAPS, types.int64, types.int64, types.float32, types.boolean, types.int64, types.int64)
+# flex_fwd's: those, then the scale, the block mask's four lists (int32) and its seven numbers
+# (block_sparse.BM_FIELDS), as numba's launch passes them
+INTS = types.Array(types.int32, 1, "C")
+FLEX_SIGNATURE = SIGNATURE + (types.float32,) + (INTS,) * 4 + (types.int64,) * 7
 
 
-def producer(cfg: TmaTiling):
+def key_tiles(cfg: TmaTiling, block_sparse: bool):
+    """``key_tile(bm, first, partial, j)``: (first key, mask_mod applies?) of the block's j-th key tile, the one
+    rule by which the producer loads its tiles and the consumers take them, in the same order (each stage's
+    barriers count tiles). Every tile up to the causal bound, all masked; or, with a block mask, its visits
+    (``block_sparse.tile_walk``: the partial tiles, masked, then the full ones, not)."""
+    BC = u(cfg.BC)
+    _, visit = tile_walk(cfg.BC)
+
+    @cuda.jit(device=True, inline="always")
+    def key_tile(bm, first, partial, j):
+        if block_sparse:
+            return visit(bm, first, partial, j)
+        return j * BC, True
+
+    return key_tile
+
+
+def producer(cfg: TmaTiling, block_sparse: bool = False):
     """The producer warpgroup's pieces: ``init_barriers`` (the stages' barriers, by one thread before the block's
-    barrier) and ``produce``, the one thread that requests Q_i and each K_j, V_j by TMA (``load_q``, ``load_kv``)."""
+    barrier) and ``produce``, the one thread that requests Q_i and each K_j, V_j by TMA (``load_q``, ``load_kv``);
+    with ``block_sparse``, the key tiles a block mask lists (:func:`key_tiles`)."""
     BC, STAGES, N_STAGES = u(cfg.BC), u(cfg.STAGES), cfg.STAGES
+    key_tile = key_tiles(cfg, block_sparse)
     Q_OFF, STAGE0, V_IN_STAGE, Q_FULL, FULL0, EMPTY0, STAGE, BAR = offsets(cfg)
     CONSUMERS = u(cfg.NT - wgmma.WARPGROUP)  # threads of the consumer warpgroups: each arrives on "empty"
     PIECES = cfg.D // BOX_COLUMNS
@@ -78,16 +109,16 @@ def producer(cfg: TmaTiling):
                             int32(q_start), int32(head), bar)
 
     @cuda.jit(device=True, inline="always")
-    def load_kv(maps, base, j, kv_head):
-        """K_j and V_j by TMA into stage j % STAGES, completing on its "full" barrier."""
+    def load_kv(maps, base, j, k_start, kv_head):
+        """K_j and V_j (keys k_start ..) by TMA into stage j % STAGES, completing on its "full" barrier."""
         stage = j % STAGES
         bar, tile = base + uint32(FULL0 + stage * BAR), base + uint32(STAGE0 + stage * STAGE)
         tma.arrive_expect_tx(bar, uint32(KV_BYTES))
         for h in range(PIECES):
             col, piece = int32(h * BOX_COLUMNS), uint32(uint64(h) * KV_PIECE)
-            tma.tma_load_3d(tile + piece, maps, uint64(K_MAP), col, int32(j * BC), int32(kv_head), bar)
-            tma.tma_load_3d(tile + uint32(V_IN_STAGE) + piece, maps, uint64(V_MAP), col, int32(j * BC), int32(kv_head),
-                            bar)
+            tma.tma_load_3d(tile + piece, maps, uint64(K_MAP), col, int32(k_start), int32(kv_head), bar)
+            tma.tma_load_3d(tile + uint32(V_IN_STAGE) + piece, maps, uint64(V_MAP), col, int32(k_start),
+                            int32(kv_head), bar)
 
     @cuda.jit(device=True, inline="always")
     def init_barriers(base):
@@ -100,8 +131,9 @@ def producer(cfg: TmaTiling):
         wgmma.fence_proxy_async()  # the barriers' initialisation, before the copy engine completes them
 
     @cuda.jit(device=True, inline="always")
-    def produce(maps, base, q_start, head, kv_head, n_tiles):
-        """The producer's one thread: Q_i, then each K_j, V_j as soon as the consumers have left its stage."""
+    def produce(maps, base, q_start, head, kv_head, n_tiles, bm, first, partial):
+        """The producer's one thread: Q_i, then each K_j, V_j as soon as the consumers have left its stage (with a
+        block mask ``bm``, the tiles of its visits: ``first``, ``partial`` from ``block_sparse``'s lists)."""
         for m in range(3):
             tma.prefetch_map(maps, uint64(m))
             tma.acquire_map(maps, uint64(m))
@@ -110,16 +142,22 @@ def producer(cfg: TmaTiling):
             stage = j % STAGES
             # the phase in which the consumers released tile j - STAGES (before the first round: completed)
             tma.wait(base + uint32(EMPTY0 + stage * BAR), uint32((j // STAGES + ONE) % TWO))
-            load_kv(maps, base, j, kv_head)
+            load_kv(maps, base, j, key_tile(bm, first, partial, j)[0], kv_head)  # the consumers' tile j
 
     return init_barriers, produce
 
 
-def consumer(cfg: TmaTiling, element: str):
+def consumer(cfg: TmaTiling, element: str, score_mod=None, mask_mod=None, block_sparse: bool = False):
     """The consumer warpgroups' pieces: ``consume``, a consumer thread's loop over the key tiles (the products by
     ``warpgroup_tile``, the mask, the online softmax and the epilogue by ``warp_tile``), with the tiles' stages
-    (``stage_of``) and the warpgroups' turns at the tensor cores (``my_turn``, ``next_turn``)."""
+    (``stage_of``) and the warpgroups' turns at the tensor cores (``my_turn``, ``next_turn``). With FlexAttention's
+    functions (``score_mod``, ``mask_mod``: device functions, or None) each tile's scores are modified, then masked
+    (``warp_tile.modifications``); with ``block_sparse``, the key tiles are a block mask's (:func:`key_tiles`)."""
     tile, group = warp_tile(cfg.warp_tile(element)), warpgroup_tile(cfg.warpgroup_tile(element))
+    SCORE_MOD, MASK_MOD = score_mod is not None, mask_mod is not None
+    FLEX = SCORE_MOD or MASK_MOD or block_sparse
+    score_mods, mask_mods = modifications(cfg.warp_tile(element), score_mod, mask_mod)
+    key_tile = key_tiles(cfg, block_sparse)
     mask_row, epilogue = tile.mask_row, tile.epilogue
     softmax_step, softmax_step_deferred, rescale_acc = tile.softmax_step, tile.softmax_step_deferred, tile.rescale_acc
     descriptors, scores, p_times_v = group.descriptors, group.scores, group.p_times_v
@@ -164,11 +202,11 @@ def consumer(cfg: TmaTiling, element: str):
             turn_pass(uint32(TURN0 + (warpgroup + ONE) % WARPGROUPS))
 
     @cuda.jit(device=True, inline="always")
-    def consume(O, LSE, base, tid, q_start, head, n_q, n_k, scale_log2, causal, n_tiles):
+    def consume(O, LSE, base, tid, q_start, head, n_q, n_k, scale_log2, causal, n_tiles, scale, bm, first, partial):
         """A consumer thread (``tid`` counted from the first consumer): its warp's 16 rows of O_i. Tile 0's S_i0
         waited for; then at each tile j, S_ij and P_i,j-1 V_j-1 issued in the warpgroup's turn, the softmax of
         S_ij while P·V runs; the last tile's P·V at the end. A stage is released once the wait that retires
-        its P·V (the last product reading it) is over."""
+        its P·V (the last product reading it) is over. (``scale``, ``bm``, ``first``, ``partial``: flex_fwd's.)"""
         warpgroup, warp, lane = tid // WG, tid // uint64(WARP), tid % uint64(WARP)
         g, t = lane // uint64(4), lane % uint64(4)  # the lane's group (its rows g, g + 8) and place in it
         warp_row = q_start + warp * uint64(MMA_M)  # the warp's first query row: consumer w's rows are 64w ..
@@ -180,6 +218,8 @@ def consumer(cfg: TmaTiling, element: str):
         l_i = cuda.local.array((1, 2), float32)  # the lane's share of their running denominators
         m_tile = cuda.local.array((1, 2), float32)  # the rows' maxima over one key tile (base 2)
         alpha = cuda.local.array((1, 2), float32)  # the rows' rescaling factors, applied to acc after P·V's wait
+        if FLEX:  # the (b, h) that the user's functions see: the block's head is b · H + h
+            b, h = int64(head // uint64(bm[10])), int64(head % uint64(bm[10]))
         for half in range(2):
             m_i[0, half], l_i[0, half] = NEG_INF, float32(0.0)
         for n in range(O_TILES):
@@ -195,11 +235,16 @@ def consumer(cfg: TmaTiling, element: str):
             tma.wait(full, uint32(0))  # K_0, V_0 have landed
             q_desc, k_desc, _ = descriptors(base + uint32(Q_OFF), warpgroup, tile, tile + uint32(V_IN_STAGE))
             scores(s, q_desc, k_desc)  # S_i0 = Q_i K_0ᵀ
-            if BC > warp_stop:
-                mask(s, warp_row + g, ZERO, t, n_q, n_k, causal)
+            k_start, masked = key_tile(bm, first, partial, ZERO)  # the first tile's first key (flex_fwd's hooks)
+            if SCORE_MOD:  # S_i0 = score_mod(scale · S_i0, ...), in base 2: the softmax step's scale is 1
+                score_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
+            if k_start + BC > warp_stop:
+                mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
+            if MASK_MOD and masked:  # S_i0 = -inf where mask_mod is False
+                mask_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
             softmax_step(s, m_i, l_i, acc, m_tile, scale_log2)  # P_i0 replaces S_i0
         for j in range(ONE, n_tiles):
-            k_start = j * BC
+            k_start, masked = key_tile(bm, first, partial, j)  # the key tile the producer loaded as tile j
             tile, full, _ = stage_of(base, j)
             previous, _, previous_empty = stage_of(base, j - ONE)
             tma.wait(full, uint32((j // STAGES) % TWO))  # K_j, V_j have landed
@@ -210,8 +255,12 @@ def consumer(cfg: TmaTiling, element: str):
             issue_p_times_v(acc, p, v_desc)  # acc += P_i,j-1 V_j-1, after it
             next_turn(warpgroup)
             scores_ready(s)  # wait_group 1: S_ij is done, P·V may still run
+            if SCORE_MOD:
+                score_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
             if k_start + BC > warp_stop:  # the tile reaches past the warp's first row's keys: some are masked
                 mask(s, warp_row + g, k_start, t, n_q, n_k, causal)
+            if MASK_MOD and masked:
+                mask_mods(s, b, h, warp_row + g, k_start, t, n_q, n_k, scale)
             rescaled = softmax_step_deferred(s, m_i, l_i, alpha, m_tile, scale_log2)  # P_ij replaces S_ij
             products_ready(acc)  # wait_group 0: acc holds P_i,j-1 V_j-1
             tma.arrive(previous_empty)  # V_j-1 is read (the wait above): the producer may refill its stage
@@ -229,22 +278,33 @@ def consumer(cfg: TmaTiling, element: str):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: TmaTiling, element: str):
+def make_kernel(cfg: TmaTiling, element: str, score_mod=None, mask_mod=None, block_sparse: bool = False):
     """``flash_fwd`` for one tiling and one element type (float16 or bfloat16): the warpgroups' roles, from the
-    pieces :func:`producer` and :func:`consumer`."""
+    pieces :func:`producer` and :func:`consumer`.
+
+    With FlexAttention's user functions (``score_mod``, ``mask_mod``: ``gpu.user_code.UserFunction``, compiled
+    into the kernel) or a block mask (``block_sparse``), ``flex_fwd`` instead: the same kernel with v6's three hooks
+    (the functions on each tile's scores; the key tiles that the block mask lists, walked by the producer and the
+    consumers alike, partial ones masked by mask_mod, full ones not), which takes the scale and the block mask too
+    (``block_sparse.BM_FIELDS``). Without them the hooks compile away, and ``flash_fwd`` is v10's kernel alone."""
     cfg.validate()
     if not cfg.PRODUCER:
         raise ValueError(f"kernel v10 needs a producer warpgroup (PRODUCER=True); got {cfg}")
-    init_barriers, produce = producer(cfg)
-    consume = consumer(cfg, element)
+    SCORE_MOD, BLOCK_SPARSE = score_mod is not None, bool(block_sparse)
+    FLEX = SCORE_MOD or mask_mod is not None or BLOCK_SPARSE
+    init_barriers, produce = producer(cfg, BLOCK_SPARSE)
+    consume = consumer(cfg, element, score_mod and score_mod.device, mask_mod and mask_mod.device, BLOCK_SPARSE)
+    lists, _ = tile_walk(cfg.BC)  # the key tiles of a block mask
     BR, BC = u(cfg.BR), u(cfg.BC)
     WG = u(wgmma.WARPGROUP)
     producer_registers = tma.setmaxnreg(False, cfg.PRODUCER_REGISTERS)
     consumer_registers = tma.setmaxnreg(True, cfg.CONSUMER_REGISTERS)
     options = {} if simulator_enabled() else cfg.compile_options()  # launch bounds; the simulator takes none
 
-    @cuda.jit(fastmath=FAST_MATH, **options)
-    def flash_fwd(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, head_group):
+    @cuda.jit(device=True, inline="always")
+    def attend(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, scale, bm):
+        """The kernel's body: one block's query tile, for flash_fwd and flex_fwd (``bm``: the block mask and the
+        heads per batch, ``block_sparse.BM_FIELDS``; None for flash_fwd)."""
         smem = shared_words()  # cfg.smem_layout() from a 1024-byte-aligned base: Q_i, the stages, the barriers
         tid = uint64(cuda.threadIdx.x)
         head, q_start = uint64(cuda.blockIdx.y), (uint64(cuda.gridDim.x) - ONE - uint64(cuda.blockIdx.x)) * BR
@@ -254,6 +314,9 @@ def make_kernel(cfg: TmaTiling, element: str):
         base = (raw + uint32(ALIGN - ONE)) & ~uint32(ALIGN - ONE)  # the swizzle is of absolute address bits
         k_stop = key_stop(min(q_start + BR, n_q), n_q, n_k, causal)  # causal: later key tiles are skipped
         n_tiles = (k_stop + BC - ONE) // BC
+        first, partial = ZERO, ZERO
+        if BLOCK_SPARSE:  # the key tiles the block mask lists: where the block's lists start, its visits
+            first, partial, n_tiles = lists(bm, head, q_start, n_k)
 
         if tid == ZERO:
             init_barriers(base)
@@ -261,15 +324,29 @@ def make_kernel(cfg: TmaTiling, element: str):
         if tid < WG:  # the producer warpgroup: few registers, one thread issues every copy
             producer_registers()
             if tid == ZERO:
-                produce(TMAPS, base, q_start, head, kv_head, n_tiles)
-        else:  # the consumers: the registers the producer gave up
+                produce(TMAPS, base, q_start, head, kv_head, n_tiles, bm, first, partial)
+        else:  # the consumers: the registers the producer gave up; the same n_tiles tiles as the producer's
             consumer_registers()
-            consume(O, LSE, base, tid - WG, q_start, head, n_q, n_k, scale_log2, causal, n_tiles)
+            consume(O, LSE, base, tid - WG, q_start, head, n_q, n_k, scale_log2, causal, n_tiles, scale, bm, first,
+                    partial)
 
-    return flash_fwd
+    @cuda.jit(fastmath=FAST_MATH, **options)
+    def flash_fwd(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, head_group):
+        attend(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, scale_log2, None)
+
+    @cuda.jit(fastmath=FAST_MATH, **options)
+    def flex_fwd(O, LSE, TMAPS, n_q, n_k, scale_log2, causal, kv_group, head_group, scale, KV_NUM, KV_IDX, FULL_NUM,
+                 FULL_IDX, bm_batch, bm_head, bm_tc, bm_block_q, bm_sub, bm_last_sub, heads):
+        bm = (KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, bm_batch, bm_head, bm_tc, bm_block_q, bm_sub, bm_last_sub, heads)
+        # with a score_mod, the scores reach the softmax step in base 2 already (warp_tile.modifications)
+        attend(O, LSE, TMAPS, n_q, n_k, float32(1.0) if SCORE_MOD else scale_log2, causal, kv_group, scale, bm)
+
+    return flex_fwd if FLEX else flash_fwd
 
 
-def build(cfg: TmaTiling, element: str, head_group: int = 1):
+def build(cfg: TmaTiling, element: str, head_group: int = 1, score_mod=None, mask_mod=None,
+          block_sparse: bool = False):
     """What v10 builds: its kernel for the tiling ``cfg`` and ``element`` inputs (one head at a time: the wgmma
-    tilings' ``head_group`` is 1)."""
-    return make_kernel(cfg, element)
+    tilings' ``head_group`` is 1); with FlexAttention's functions or a block mask, its ``flex_fwd``
+    (:func:`make_kernel`)."""
+    return make_kernel(cfg, element, score_mod, mask_mod, block_sparse)
