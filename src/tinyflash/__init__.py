@@ -70,6 +70,7 @@ _ON_FIRST_USE = {
     "hopper_attention": "forward.hopper",
     "cuda_attention_backward": "backward.cuda",
     "tensor_core_attention_backward": "backward.tensor_cores",
+    "flex_attention_backward": "backward.tensor_cores",
     "cuda_split_kv_attention": "decode.cuda",
     "cuda_paged_attention": "decode.cuda",
 }
