@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.checks import AttentionProblem, check_attention_inputs, check_backward_inputs
+from ..core.dual_source import value_and_derivative
 from ..core.mods import check_heads_layout
 from ..gpu.launch import MAX_GRID_Y
 from ..gpu.runtime import require_gpu, simulator_enabled
@@ -57,6 +58,8 @@ def plan_flex_backward(registry: Registry, who: str, arrays, score_mod, mask_mod
     """Check everything a call gives (a TypeError or ValueError names the argument), then the GPU; choose the
     version (among those with FlexAttention's hooks) and its tiling."""
     score, mask = user_function(score_mod, "score_mod", 5), user_function(mask_mod, "mask_mod", 4)
+    if score is not None:  # its derivative by source transformation: a TypeError now if the kernel could not have it
+        value_and_derivative(score.fn, "score_mod")
     flex_versions = [name for name, v in registry.items() if v.flex]
     if kernel is not None:
         registry.choose(kernel, who, among=flex_versions)
