@@ -138,8 +138,9 @@ def _function_node(fn, who: str):
                     isinstance(node, ast.Lambda) or node.name == fn.__name__):
                 found.append(node)
     if len(found) > 1:  # two lambdas on one line with the same parameters: the one that names what the code names
-        names = set(code.co_names) | set(code.co_freevars) | set(code.co_varnames)
-        found = [n for n in found if {x.id for x in ast.walk(n) if isinstance(x, ast.Name)} <= names]
+        names = set(code.co_names) | set(code.co_freevars)  # globals, attributes and captured names it reads
+        found = [n for n in found if _outside_names(n, params) <= names <= _outside_names(n, params) | {
+            x.attr for x in ast.walk(n) if isinstance(x, ast.Attribute)}]
     if len(found) != 1:
         raise TypeError(f"{who}: cannot find the source of {fn.__name__} in {code.co_filename}, line "
                         f"{code.co_firstlineno}, for its derivative on the GPU")
@@ -152,6 +153,11 @@ def _function_node(fn, who: str):
         if isinstance(inner, ast.Name) and inner.id.startswith(PREFIX):
             raise TypeError(f"{who}: {fn.__name__} uses the name {inner.id}, which the derivative reserves")
     return node
+
+
+def _outside_names(node, params) -> set:
+    """The names a function's node reads that are not its parameters."""
+    return {x.id for x in ast.walk(node) if isinstance(x, ast.Name)} - set(params)
 
 
 def _names(node) -> set:
@@ -287,10 +293,13 @@ class _Rewriter:
         self.fail(node, f"a {type(node).__name__} of an active number")
 
     def check_inactive_use(self, node):
-        """Active numbers may be compared (their values, as written); indexing or and/or of them is refused."""
+        """Active numbers may be compared (their values, as written); an index or an and/or's value made of them is
+        refused."""
         for inner in ast.walk(node):
             if isinstance(inner, ast.Subscript) and self.touches(inner.slice):
                 self.fail(inner, "an index computed from the score")
+            if isinstance(inner, ast.BoolOp) and any(self.is_active(value) for value in inner.values):
+                self.fail(inner, "an and/or whose value may be an active number")
 
     def binary(self, node):
         (a, da), (b, db) = self.expression(node.left), self.expression(node.right)

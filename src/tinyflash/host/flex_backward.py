@@ -7,7 +7,8 @@ score_mod with its derivative beside it (``core.dual_source``): the kernel is bu
 score_mod, mask_mod, block mask or not) and kept by the version's cache. The backward's block owns a key tile and
 walks the query tiles that see it, so it reads the block mask's transposed lists (``q_num_blocks``, ``q_indices``,
 ``full_q_num_blocks``, ``full_q_indices``): a kernel key tile of Bc keys must lie in one of the mask's key tiles
-(block_k a multiple of Bc) and each of its query tiles hold whole kernel query tiles (block_q a multiple of Br).
+(block_k a multiple of Bc) and each of its query tiles hold whole kernel query tiles (block_q a multiple of Br):
+the version's tiling is shrunk to fit where it does not (:func:`fitted_tiling`).
 The three launches (D = rowsum(dO ∘ O), the main kernel, dQ's scale) are the backward's own
 (``backward/tensor_cores.py``), through numba's launches.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -91,11 +92,28 @@ def plan_flex_backward(registry: Registry, who: str, arrays, score_mod, mask_mod
     cfg = (config or (on_simulator if simulator_enabled() else on_gpu)(prob.d)).validate()
     if cfg.D != prob.d:
         raise ValueError(f"config {cfg} is for d = {cfg.D}; got d = {prob.d}")
+    if block_mask is not None and config is None:
+        cfg = fitted_tiling(cfg, int(block_mask.block_q), int(block_mask.block_k))
     if block_mask is not None and (block_mask.block_q % cfg.BR or block_mask.block_k % cfg.BC):
         raise ValueError(f"block_mask's block_q = {block_mask.block_q} must be a multiple of the backward kernel's "
                          f"query tile Br = {cfg.BR} and its block_k = {block_mask.block_k} a multiple of its key tile "
                          f"Bc = {cfg.BC} (tiling {cfg}): build the block mask with such sizes, or pass a config")
     return FlexBackwardPlan(prob, element, version, cfg, score, mask, lists, H)
+
+
+def fitted_tiling(cfg, block_q: int, block_k: int):
+    """The version's tiling ``cfg``, or if a block mask of block_q × block_k does not fit it (block_q a multiple of
+    Br, block_k of Bc) the first valid one with fewer warps (a shorter key tile) or shorter query tiles that fits:
+    FlexAttention's 128 × 128 fits the default tilings as they are, smaller blocks take smaller tiles."""
+    if block_q % cfg.BR == 0 and block_k % cfg.BC == 0:
+        return cfg
+    for warps in sorted({cfg.WARPS, 8, 4, 2, 1}, reverse=True):
+        for br in sorted({cfg.BR, 64, 32, 16}, reverse=True):
+            smaller = replace(cfg, WARPS=warps, BR=br)
+            if warps <= cfg.WARPS and br <= cfg.BR and not smaller.problems() and not (
+                    block_q % smaller.BR or block_k % smaller.BC):
+                return smaller
+    return cfg  # none fits: the caller says so
 
 
 def check_query_lists(bm, n_q: int, n_k: int) -> list:

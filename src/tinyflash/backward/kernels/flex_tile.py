@@ -13,7 +13,9 @@ dSᵀ as ``softmax_backward`` does, with the two functions in between, element b
 so dK_j += dSᵀ Q_i and dQ_i += dS K_j take the gradient of the raw score, as the NumPy stages do
 (``tinyflash.backward.blocked``). The calls are unrolled in Python, one device function per 16 × 8 tile with
 constant indices (as ``warp_tile.each_tile`` does for the forward): a loop over the tiles, left rolled around a long
-user function, would index the fragments by its counters and send them to local memory.
+user function, would index the fragments by its counters and send them to local memory. The function of one
+element is compiled once and inlined by LLVM (``forceinline``), which still sees constant indices and keeps the
+fragments in registers.
 
 **The block mask, transposed.** The backward's block owns a key tile and walks the query tiles that see it. A
 block mask lists them per (b, h) and key tile of block_k keys (``tinyflash.core.block_mask``'s transposed lists):
@@ -38,7 +40,7 @@ from numba import cuda, float32, int64, uint64
 
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
-from ...gpu.runtime import device_function, u
+from ...gpu.runtime import device_function, simulator_enabled, u
 from ...warp_tile import MMA_M
 
 # what the backward kernel reads of a block mask, in this order, as the tuple bm: the four transposed lists; the
@@ -47,7 +49,9 @@ from ...warp_tile import MMA_M
 BM_FIELDS = ("Q_NUM", "Q_IDX", "FULL_Q_NUM", "FULL_Q_IDX", "bm_batch", "bm_head", "bm_tr", "bm_block_k", "bm_sub",
              "bm_last_sub", "heads")
 ZERO, ONE, TWO, EIGHT = u(0), u(1), u(2), u(8)
-key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
+key_stop = device_function(key_stop)
+import os
+FORCE = os.environ.get("FLEX_FORCE") == "1"  # the causal rule of tinyflash.core.masks, compiled for the GPU
 
 
 def query_walk(BR: int):
@@ -114,9 +118,12 @@ def flex_softmax_backward(cfg, element: str, score_mod, mask_mod):
     layout = cfg.smem_layout()
     LSE_IN, D_IN = u(layout["lse_i in a stage"]), u(layout["D_i in a stage"])
     SCORE_MOD, MASK_MOD = score_mod is not None, mask_mod is not None
+    # one_score compiled once and inlined by LLVM: numba's own inlining (inline="always") of its IR into each of
+    # the 4 · ROW_TILES · S_TILES calls makes the compile take minutes
+    INLINED = {} if simulator_enabled() else {"forceinline": True}
     TO_BASE_2, P_ZERO = float32(LOG2E), float32(0.0)
 
-    @cuda.jit(device=True, inline="always")
+    @cuda.jit(device=True, **INLINED)
     def one_score(s, dp, r, n, e, ctx):
         """Pᵀ and dSᵀ of the lane's element e of tile (r, n): its key and query, score_mod, the masks."""
         smemf, stage_word, warp_key, q_start, t, n_q, n_k, causal, masked, partial, scale, scale_log2, b, h = ctx

@@ -280,7 +280,7 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
     if FLEX:  # the user's functions compiled in: score_mod as (value, derivative) (core.dual_source)
         dual = compiled(value_and_derivative(score_mod.fn, "score_mod", compiled)) if SCORE_MOD else None
         flex_probabilities = flex_softmax_backward(cfg, element, dual, mask_mod and mask_mod.device)
-    group_steps, group_visit = query_walk(cfg.BR)  # the query tiles of a block mask
+    group_steps, visit_at = query_steps(cfg, block_sparse)  # the query tiles a block walks
 
     @cuda.jit(device=True, inline="always")
     def attend(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group, bm):
@@ -302,20 +302,14 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         tiles = (n_q + BR - ONE) // BR - q_first // BR if q_first < n_q else ZERO  # per query head
         steps = tiles * group  # (query head, query tile) pairs, head by head
         q_tiles = (n_q + BR - ONE) // BR  # query tiles per query head
-        if FLEX:  # mask_mod on every tile the block visits, unless a block mask says which are full
-            partial = True
         if BLOCK_SPARSE:  # the query tiles the block mask lists for this key tile, over the group's query heads
             steps = group_steps(bm, kv_head, group, k_start, n_q)
 
         copy_rows(K, kv_off, k_start, n_k, base + uint32(K_OFF * FOUR), tid, KV_CHUNKS)  # K_j, V_j, once
         copy_rows(V, kv_off, k_start, n_k, base + uint32(V_OFF * FOUR), tid, KV_CHUNKS)
         if steps > ZERO:
-            if BLOCK_SPARSE:
-                head, q_start, partial = group_visit(bm, kv_head, group, k_start, n_q, ZERO)
-                load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(STAGE0 * FOUR), STAGE0, head, q_start, n_q, tid)
-            else:
-                load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(STAGE0 * FOUR), STAGE0, kv_head * group,
-                                q_first // BR * BR, n_q, tid)
+            head, q_start, _ = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, ZERO)
+            load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(STAGE0 * FOUR), STAGE0, head, q_start, n_q, tid)
         ptx.cp_async_commit()
         ptx.cp_async_wait_all()
         cuda.syncthreads()  # K_j, V_j and the first query tile have landed
@@ -344,23 +338,14 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
                     dk[r, n, e], dv[r, n, e] = float32(0.0), float32(0.0)
 
         for step in range(steps):
-            if BLOCK_SPARSE:  # the block mask's visit: a query head, a query tile, partial or full
-                head, q_start, partial = group_visit(bm, kv_head, group, k_start, n_q, step)
-            else:
-                head = kv_head * group + step // tiles
-                q_start = (q_first // BR + step % tiles) * BR
+            head, q_start, partial = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, step)
             stage_word = STAGE0 + (step % TWO) * STAGE
             stage = base + uint32(stage_word * FOUR)
             if step + ONE < steps:  # the next query tile into the other stage, in flight during this one
                 nxt = step + ONE
-                if BLOCK_SPARSE:
-                    nxt_head, nxt_start, _ = group_visit(bm, kv_head, group, k_start, n_q, nxt)
-                    load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR),
-                                    STAGE0 + (nxt % TWO) * STAGE, nxt_head, nxt_start, n_q, tid)
-                else:
-                    load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR),
-                                    STAGE0 + (nxt % TWO) * STAGE, kv_head * group + nxt // tiles,
-                                    (q_first // BR + nxt % tiles) * BR, n_q, tid)
+                nxt_head, nxt_start, _ = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, nxt)
+                load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR),
+                                STAGE0 + (nxt % TWO) * STAGE, nxt_head, nxt_start, n_q, tid)
             scores(s, kf, k_warp, stage + k_lane)  # Sᵀ = K_j Q_iᵀ for the warp's keys
             scores(dp, kf, v_warp, stage + uint32(DO_IN * FOUR) + k_lane)  # dPᵀ = V_j dO_iᵀ
             # a mask where some (key, query) of the tile is not allowed: the ragged last tiles, the diagonal
@@ -389,6 +374,13 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
 
         write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, dkv_col0, g, t, n_k, scale)
 
+    return entries(attend, FLEX)
+
+
+def entries(attend, flex: bool):
+    """The kernel around the body ``attend``: ``flash_bwd_tc``, or with FlexAttention's hooks ``flex_bwd_tc``, which
+    takes the block mask too."""
+
     @cuda.jit(fastmath=FAST_MATH)
     def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group):
         attend(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group, None)
@@ -400,7 +392,24 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         bm = (Q_NUM, Q_IDX, FULL_Q_NUM, FULL_Q_IDX, bm_batch, bm_head, bm_tr, bm_block_k, bm_sub, bm_last_sub, heads)
         attend(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group, bm)
 
-    return flex_bwd_tc if FLEX else flash_bwd_tc
+    return flex_bwd_tc if flex else flash_bwd_tc
+
+
+def query_steps(cfg: BackwardTensorCoreTiling, block_sparse: bool):
+    """``(group_steps, visit_at)``: how many (query head, query tile) steps a block walks under a block mask
+    (``flex_tile.query_walk``), and which step ``step`` is: ``visit_at(bm, kv_head, group, k_start, q_first, tiles,
+    n_q, step)`` -> (query head, first query row, partial?). Without a block mask, the group's heads one after
+    another, each its ``tiles`` query tiles from the one of ``q_first`` on, mask_mod (if any) on every one."""
+    BR, BLOCK_SPARSE = u(cfg.BR), bool(block_sparse)
+    group_steps, group_visit = query_walk(cfg.BR)
+
+    @cuda.jit(device=True, inline="always")
+    def visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, step):
+        if BLOCK_SPARSE:
+            return group_visit(bm, kv_head, group, k_start, n_q, step)
+        return kv_head * group + step // tiles, (q_first // BR + step % tiles) * BR, True
+
+    return group_steps, visit_at
 
 
 def pair_atomics_available() -> bool:
