@@ -343,9 +343,9 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
             stage = base + uint32(stage_word * FOUR)
             if step + ONE < steps:  # the next query tile into the other stage, in flight during this one
                 nxt = step + ONE
+                nxt_stage, nxt_word = base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR), STAGE0 + (nxt % TWO) * STAGE
                 nxt_head, nxt_start, _ = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, nxt)
-                load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR),
-                                STAGE0 + (nxt % TWO) * STAGE, nxt_head, nxt_start, n_q, tid)
+                load_query_tile(Q, dO, LSE, Dvec, smemf, nxt_stage, nxt_word, nxt_head, nxt_start, n_q, tid)
             scores(s, kf, k_warp, stage + k_lane)  # Sᵀ = K_j Q_iᵀ for the warp's keys
             scores(dp, kf, v_warp, stage + uint32(DO_IN * FOUR) + k_lane)  # dPᵀ = V_j dO_iᵀ
             # a mask where some (key, query) of the tile is not allowed: the ragged last tiles, the diagonal
