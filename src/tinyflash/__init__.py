@@ -15,7 +15,8 @@ All return ``(o, lse)`` for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv). The
 cache (``split_kv_attention``, ``paged_attention`` and their ``cuda_`` kernels) follow the same
 conventions. Attention as models write it: ``score_mod=``, ``mask_mod=`` and ``sinks=`` on stages 0 and 1,
 :func:`create_block_mask` and the ready-made variants (:func:`sliding_window`, :func:`document_mask`,
-:func:`softcap`, :func:`alibi`, ...), :func:`flex_attention` (the same functions compiled into stage 3's kernel)
+:func:`softcap`, :func:`alibi`, ...), :func:`flex_attention` (the same functions compiled into stage 3's kernel; its backward
+:func:`flex_attention_backward`, the derivative of score_mod by a source transformation)
 and :func:`varlen_attention` (packed sequences without padding). FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per
 tensor, head or block, optionally rotated) and :func:`fp8_attention` (stage 1's loop on them, as the FP8
 kernel will run it).

@@ -10,6 +10,10 @@ mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4, ``kernels/v4_warp_
 warp-specialised with TMA), dQ scaled and rounded. The 16-bit arrays travel
 as uint32 words of two values, whatever their format: only the tensor cores and the conversions know which. The
 checks, the plans and the launches of the main kernel are the host layer's (``tinyflash.host``).
+
+:func:`flex_attention_backward` is the same three launches for :func:`tinyflash.flex_attention`: v2 with the user's
+functions and a block mask compiled in (``flex_bwd_tc``), checked by ``tinyflash.host.flex_backward``, through
+numba's launches.
 """
 
 from __future__ import annotations
