@@ -149,6 +149,16 @@ def test_padded_head_dim_and_two_dimensional_inputs(rng):
     check(rng, q, k, v, do, score_mod=score, causal=True, what="(Nq, d) d=40")
 
 
+@pytest.mark.grid
+def test_a_score_mod_that_empties_rows(rng):
+    """A score_mod of -inf for every key of some rows: their lse is -inf, their P 0 (not NaN), as the NumPy stages
+    have it; the other rows through the score_mod's derivative."""
+    q, k, v, do = inputs(rng, (2,), 2, 17, 20, 16)
+    score = lambda s, b, h, q_idx, kv_idx: -math.inf if q_idx % 4 == 1 else s * 0.5 + 0.1 * h  # noqa: E731
+    dq, _, _ = check(rng, q, k, v, do, score_mod=score, what="rows of -inf")
+    assert np.all(dq[:, 1::4] == 0)
+
+
 def no_launch(monkeypatch):
     """Make any launch of the backward's kernels fail the test: its errors must come first."""
     def launch(*args, **kwargs):

@@ -192,7 +192,8 @@ class FlexAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None  # no gradient for the functions, the mask, causal, scale
 
 
-@torch.compiler.disable  # numba's launches cannot be traced: torch.compile leaves this call to eager mode
+# numba's launches cannot be traced: torch.compile leaves this call to eager mode (torch.compiler: PyTorch 2.1 on)
+@getattr(getattr(torch, "compiler", None), "disable", lambda fn: fn)
 def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, causal: bool = False,
                    scale: Optional[float] = None):
     """Differentiable FlexAttention on CUDA tensors q (Nq, d), (H, Nq, d) or (B, H, Nq, d), k and v (..., Nk, d),

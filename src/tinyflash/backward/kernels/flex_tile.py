@@ -121,7 +121,7 @@ def flex_softmax_backward(cfg, element: str, score_mod, mask_mod):
     # one_score compiled once and inlined by LLVM: numba's own inlining (inline="always") of its IR into each of
     # the 4 · ROW_TILES · S_TILES calls makes the compile take minutes
     INLINED = {} if simulator_enabled() else {"forceinline": True}
-    TO_BASE_2, P_ZERO = float32(LOG2E), float32(0.0)
+    TO_BASE_2, P_ZERO, NEG_INF = float32(LOG2E), float32(0.0), float32(-math.inf)
 
     @cuda.jit(device=True, **INLINED)
     def one_score(s, dp, r, n, e, ctx):
@@ -135,7 +135,8 @@ def flex_softmax_backward(cfg, element: str, score_mod, mask_mod):
             if inside:  # the modified score, in base 2 as the forward has it, and d score_mod / d score
                 value, slope = score_mod(s[r, n, e] * scale, b, h, int64(query), int64(key))
                 z = float32(value) * TO_BASE_2
-        p = math.exp2(z - smemf[stage_word + LSE_IN + col])
+        lse = smemf[stage_word + LSE_IN + col]  # base 2; -inf: a row that saw no key (a score_mod of -inf), P = 0
+        p = math.exp2(z - lse) if lse != NEG_INF else P_ZERO
         if masked:
             if key >= key_stop(query + ONE, n_q, n_k, causal):
                 p = P_ZERO
