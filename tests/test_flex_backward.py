@@ -13,10 +13,13 @@ import math
 import numpy as np
 import pytest
 from conftest import make_qkv
+from numba import cuda, float32, int64  # after conftest: it chooses the GPU or numba's simulator first
 
 import tinyflash as tf
 from tinyflash.core import variants
+from tinyflash.core.dual_source import value_and_derivative
 from tinyflash.core.tolerance import assert_fa_rule, round_to
+from tinyflash.gpu.user_code import compiled
 
 pytestmark = pytest.mark.simulator
 GRAD_FACTOR = 3.0  # FlashAttention's rule for 16-bit gradients
@@ -157,6 +160,39 @@ def test_a_score_mod_that_empties_rows(rng):
     score = lambda s, b, h, q_idx, kv_idx: -math.inf if q_idx % 4 == 1 else s * 0.5 + 0.1 * h  # noqa: E731
     dq, _, _ = check(rng, q, k, v, do, score_mod=score, what="rows of -inf")
     assert np.all(dq[:, 1::4] == 0)
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("name", ["softcap", "alibi", "relative bias", "branches"])
+def test_the_derivative_s_value_is_the_forward_s_score(rng, name):
+    """In a kernel (the simulator's, or a GPU's: NVVM compiles both), score_mod(scale · s, ...) and the value of its
+    rewritten (value, derivative) form are the same float32 bits, for fresh scores s."""
+    fn = {"softcap": variants.softcap(30.0), "alibi": variants.alibi(4), "branches": branchy,
+          "relative bias": variants.relative_bias(rng.standard_normal((4, 9)).astype(np.float32))}[name]
+    plain, both = compiled(fn), compiled(value_and_derivative(fn, device=compiled))
+
+    @cuda.jit
+    def scores(S, scale, out, slopes):
+        i = cuda.threadIdx.x  # one block
+        if i < S.size:
+            x = S[i] * scale
+            q_idx, kv_idx = int64(i % 7), int64(i % 11)
+            out[i] = float32(plain(x, int64(0), int64(i % 4), q_idx, kv_idx))
+            value, slopes[i] = both(x, int64(0), int64(i % 4), q_idx, kv_idx)
+            out[S.size + i] = float32(value)
+
+    S = (rng.standard_normal(64) * 8).astype(np.float32)
+    out, slopes = np.zeros(128, np.float32), np.zeros(64, np.float32)
+    scores[1, 64](S, np.float32(0.125), out, slopes)
+    assert np.array_equal(out[:64].view(np.uint32), out[64:].view(np.uint32)), name
+    assert np.isfinite(slopes).all()
+
+
+def branchy(s, b, h, q_idx, kv_idx):
+    """A score_mod with a branch, min and a math function (its derivative differs on each side of 0)."""
+    if s > 0:
+        return min(s, np.float32(4.0)) - 0.5 * h
+    return math.exp(s) - np.float32(1.0)
 
 
 def no_launch(monkeypatch):

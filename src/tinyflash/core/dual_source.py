@@ -54,7 +54,8 @@ PREFIX = "_tf_"  # the names this module adds; a function that uses such names i
 RULES = {
     "exp": "y", "expm1": "y + _tf_f32(1.0)", "exp2": "y * _tf_f32(0.6931471805599453)",
     "log": "_tf_f32(1.0) / a", "log1p": "_tf_f32(1.0) / (_tf_f32(1.0) + a)",
-    "log2": "_tf_f32(1.0) / (a * _tf_f32(0.6931471805599453))", "log10": "_tf_f32(1.0) / (a * _tf_f32(2.302585092994046))",
+    "log2": "_tf_f32(1.0) / (a * _tf_f32(0.6931471805599453))",
+    "log10": "_tf_f32(1.0) / (a * _tf_f32(2.302585092994046))",
     "sqrt": "_tf_f32(0.5) / y", "tanh": "_tf_f32(1.0) - y * y", "sinh": "_tf_math.cosh(a)", "cosh": "_tf_math.sinh(a)",
     "sin": "_tf_math.cos(a)", "cos": "-_tf_math.sin(a)", "tan": "_tf_f32(1.0) + y * y",
     "atan": "_tf_f32(1.0) / (_tf_f32(1.0) + a * a)", "asin": "_tf_f32(1.0) / _tf_math.sqrt(_tf_f32(1.0) - a * a)",

@@ -424,6 +424,7 @@ def build(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = Fal
     order (:func:`make_kernel`); ``pair_atomics`` None: where :func:`pair_atomics_available`; with FlexAttention's
     functions or a block mask, its ``flex_bwd_tc`` (:func:`make_kernel`)."""
     if deterministic and (score_mod is not None or mask_mod is not None or block_sparse):
-        raise ValueError("flex_bwd_tc has no deterministic mode (a block mask's key tiles add to dQ_i in no fixed turn)")
+        raise ValueError("flex_bwd_tc has no deterministic mode (a block mask's key tiles add to dQ_i in no fixed "
+                         "turn)")
     pairs = pair_atomics_available() if pair_atomics is None else pair_atomics
     return make_kernel(cfg, element, deterministic, pairs, score_mod, mask_mod, block_sparse)
