@@ -228,3 +228,22 @@ def test_bad_arguments(rng, monkeypatch, kwargs, error, words):
         tf.flex_attention_backward(q, k, v, o, lse, do, **kwargs)
     with pytest.raises(TypeError, match="float16 or bfloat16"):
         tf.flex_attention_backward(*(x.astype(np.float32) for x in (q, k, v, o)), lse, do.astype(np.float32))
+
+
+def test_bad_transposed_lists(rng, monkeypatch):
+    """A block mask whose transposed lists name a query tile past Nq, or list them out of order: raised before any
+    launch (the backward's block would read rows past Nq)."""
+    from dataclasses import replace
+
+    no_launch(monkeypatch)
+    q, k, v, do = inputs(rng, (1,), 1, 17, 17, 16)
+    o, lse = tf.naive_attention(q, k, v, mask_mod=window)
+    good = tf.create_block_mask(window, 1, 1, 17, 17, block_q=16, block_k=16)
+    assert good.q_num_blocks[0, 0, 0] == 2 and good.q_indices[0, 0, 0].tolist() == [0, 1]  # key tile 0: 2 partial
+    for name, where, value in (("q_indices", (0, 0, 0, 1), 2), ("q_indices", (0, 0, 0, 1), 0),
+                               ("full_q_num_blocks", (0, 0, 1), 3)):
+        lists = {n: getattr(good, n).copy() for n in ("q_num_blocks", "q_indices", "full_q_num_blocks",
+                                                      "full_q_indices")}
+        lists[name][where] = value
+        with pytest.raises(ValueError, match="must list 0 to Tr = 2 query tiles"):
+            tf.flex_attention_backward(q, k, v, o, lse, do, block_mask=replace(good, **lists))
