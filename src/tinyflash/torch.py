@@ -52,6 +52,8 @@ from .forward.kernels.hopper_tiling import COMPUTE_CAPABILITY as HOPPER
 from .forward.tensor_cores import flex_attention as flex_forward
 from .forward.tensor_cores import tensor_core_attention
 from .gpu.runtime import compute_capability
+from .host.flex import user_function
+from .host.flex_backward import check_derivative
 from .warpgroup_tile import HEAD_DIMS as HOPPER_HEAD_DIMS
 from .warp_tile import BACKWARD_HEAD_DIMS, HEAD_DIMS, head_dims_text
 
@@ -209,6 +211,8 @@ def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, c
         raise TypeError(f"causal must be a bool; got {type(causal).__name__} {causal!r}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
+    if score_mod is not None and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        check_derivative(user_function(score_mod, "score_mod", 5))  # a TypeError now, not in the backward
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("tinyflash.torch.flex_attention cannot be captured in a CUDA graph: its kernels launch "
                            "through numba (tinyflash.torch.attention can, on the tensor cores)")

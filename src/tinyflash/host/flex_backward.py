@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from functools import lru_cache
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -60,7 +61,7 @@ def plan_flex_backward(registry: Registry, who: str, arrays, score_mod, mask_mod
     version (among those with FlexAttention's hooks) and its tiling."""
     score, mask = user_function(score_mod, "score_mod", 5), user_function(mask_mod, "mask_mod", 4)
     if score is not None:  # its derivative by source transformation: a TypeError now if the kernel could not have it
-        value_and_derivative(score.fn, "score_mod")
+        check_derivative(score)
     flex_versions = [name for name, v in registry.items() if v.flex]
     if kernel is not None:
         registry.choose(kernel, who, among=flex_versions)
@@ -99,6 +100,13 @@ def plan_flex_backward(registry: Registry, who: str, arrays, score_mod, mask_mod
                          f"query tile Br = {cfg.BR} and its block_k = {block_mask.block_k} a multiple of its key tile "
                          f"Bc = {cfg.BC} (tiling {cfg}): build the block mask with such sizes, or pass a config")
     return FlexBackwardPlan(prob, element, version, cfg, score, mask, lists, H)
+
+
+@lru_cache(maxsize=256)
+def check_derivative(score: UserFunction) -> None:
+    """A TypeError naming score_mod if its derivative cannot be made by source transformation (``core.dual_source``);
+    once per distinct function (a call in a training loop does not read its source again)."""
+    value_and_derivative(score.fn, "score_mod")
 
 
 def fitted_tiling(cfg, block_q: int, block_k: int):
