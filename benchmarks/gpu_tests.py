@@ -58,7 +58,8 @@ FILES = ["tests/test_cuda_gpu.py", "tests/test_cuda_kernel.py", "tests/test_nonf
          "tests/test_backward_warp_specialized.py", "tests/test_fp8_ptx.py", "tests/test_wgmma_fp8_ptx.py",
          "tests/test_flex_tensor_cores.py", "tests/test_flex_tensor_cores_gpu.py", "tests/test_varlen_tensor_cores.py",
          "tests/test_varlen_tensor_cores_gpu.py", "tests/test_hopper_fp8_gpu.py", "tests/test_hopper_fp8.py",
-         "tests/test_flex_hopper.py", "tests/test_flex_hopper_gpu.py"]
+         "tests/test_flex_hopper.py", "tests/test_flex_hopper_gpu.py",
+         "tests/test_flex_backward.py", "tests/test_flex_backward_gpu.py"]
 PARTS = 2  # calls of the whole suite: each well inside the 10 minutes one command may run on a lent GPU machine
 MIN_SECONDS = 0.05  # a test's least estimate: pytest's own time per test
 PROCESSES = 14  # pytest processes at once, each holding its own CUDA context: most of a 16-core machine's cores

@@ -23,6 +23,8 @@ one reached through its registry (``VERSIONS[name]``: its build and its tiling o
 * backward v1 (``v1_atomic_dq``) at its default tilings, d = 64 and 128, float16 and float32;
 * backward v2 (``v2_tensor_cores``) at its default tilings, d in BACKWARD_DIMS (64, 96, 128, 192, 256, and 200:
   padded to 224), float16 and bfloat16, for sm_90 (dQ's paired atomics) and for ``sm_80`` (an A100: two atomics);
+* backward v2's flex_bwd_tc (``tinyflash.flex_attention_backward``) at its default tilings, d = 64 and 128,
+  float16, with the same closures compiled in as forward v6's flex_fwd;
 * backward v3 (``v3_wgmma``) and v4 (``v4_warp_specialized``) at their default tilings, d = 64 and 128, float16
   and bfloat16, for ``sm_90a``; v4 also with dQ added by TMA (``DQ_BY_TMA``).
 
@@ -179,6 +181,25 @@ def flex_v10_jobs() -> list[Job]:
     return found
 
 
+def flex_backward_jobs() -> list[Job]:
+    """Backward v2's flex_bwd_tc (``tinyflash.flex_attention_backward``) at its default tilings (FlexAttention's
+    128 × 128 block mask fits them), d = 64 and 128, float16, with each of :func:`flex_mods` compiled in (score_mod
+    with its derivative, ``tinyflash.core.dual_source``)."""
+    from tinyflash.backward.kernels import VERSIONS
+    from tinyflash.gpu.user_code import UserFunction
+
+    v2, found = VERSIONS["v2"], []
+    for d in (64, 128):
+        cfg = v2.tilings[0](d)
+        for name, (score, mask, sparse) in flex_mods().items():
+            mods = {"score_mod": score and UserFunction.of(score, "score_mod"),
+                    "mask_mod": mask and UserFunction.of(mask, "mask_mod"), "block_sparse": sparse}
+            variant = f"d={d} float16 warps={cfg.WARPS} keys={cfg.BC} BR={cfg.BR} {name}"
+            found.append(Job("backward v2 flex", variant, lambda c=cfg, m=mods: (
+                v2.build(c, "float16", pair_atomics=True, **m), v2.code.FLEX_SIGNATURE)))
+    return found
+
+
 def v6_sweep_jobs() -> list[Job]:
     """v6 at every candidate tiling of the H200 sweeps (``bench.suites.V6_TILINGS``), float16, one head at a time."""
     from tinyflash.bench.suites import V6_TILINGS
@@ -321,7 +342,7 @@ def fp8_jobs() -> list[Job]:
 
 def jobs(sweep: bool = False) -> list[Job]:
     return (stage2_jobs() + v6_jobs() + flex_jobs() + hopper_jobs() + fp8_jobs() + decode_jobs() + backward_jobs() + backward_tensor_core_jobs()
-            + backward_hopper_jobs() + (v6_sweep_jobs() if sweep else []))
+            + flex_backward_jobs() + backward_hopper_jobs() + (v6_sweep_jobs() if sweep else []))
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,8 @@ cache (``split_kv_attention``, ``paged_attention`` and their ``cuda_`` kernels) 
 conventions. Attention as models write it: ``score_mod=``, ``mask_mod=`` and ``sinks=`` on stages 0 and 1,
 :func:`create_block_mask` and the ready-made variants (:func:`sliding_window`, :func:`document_mask`,
 :func:`softcap`, :func:`alibi`, ...), :func:`flex_attention` (the same functions compiled into stage 3's kernel,
-stage 4's on Hopper) and :func:`varlen_attention` (packed sequences without padding). FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per
+stage 4's on Hopper; its backward :func:`flex_attention_backward`, the derivative of score_mod by a source
+transformation) and :func:`varlen_attention` (packed sequences without padding). FP8, emulated in NumPy: :func:`quantize_fp8` (e4m3 inputs and their descale factors, per
 tensor, head or block, optionally rotated) and :func:`fp8_attention` (stage 1's loop on them, as the FP8
 kernel runs it); :func:`hopper_fp8_attention` runs that kernel (stage 4 on e4m3 inputs, kernel v11).
 
@@ -71,6 +72,7 @@ _ON_FIRST_USE = {
     "hopper_fp8_attention": "forward.hopper_fp8",
     "cuda_attention_backward": "backward.cuda",
     "tensor_core_attention_backward": "backward.tensor_cores",
+    "flex_attention_backward": "backward.tensor_cores",
     "cuda_split_kv_attention": "decode.cuda",
     "cuda_paged_attention": "decode.cuda",
 }

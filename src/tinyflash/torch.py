@@ -21,6 +21,15 @@ recomputes P from them. float16 and bfloat16 with d = dv a multiple of 8 up to 2
 whose launches go to the default stream and cannot be captured in a graph. This module imports PyTorch; nothing else in tinyflash does unless a
 tensor is passed in.
 
+FlexAttention (:func:`flex_attention`): the same with a ``score_mod``, a ``mask_mod`` and a block mask, the user's
+Python functions compiled into the kernels (:func:`tinyflash.flex_attention` and
+:func:`tinyflash.flex_attention_backward`). A Python function cannot be an argument of a custom operator (its
+schema takes tensors, numbers and strings), so this one is a ``torch.autograd.Function`` instead, which holds the
+functions and the block mask beside the saved tensors. What works: eager mode, float16 and bfloat16, grouped-query
+heads, q.grad, k.grad and v.grad through score_mod's derivative. What does not: ``torch.compile`` does not trace into
+it (the call is a graph break, marked with ``torch.compiler.disable``: ``fullgraph=True`` refuses it), and a CUDA
+graph cannot capture it (its kernels launch through numba on its own stream: a capture is refused with a clear error).
+
 The causal mask is bottom-right aligned (the project's rule, :func:`tinyflash.core.masks.key_stop`: the
 last query sees every key, as in FlashAttention-2 from version 2.1). SDPA's ``is_causal`` is top-left
 aligned (query i sees keys 0..i). The two are the same mask when Nq == Nk, as in training; for Nq < Nk
@@ -36,12 +45,15 @@ except ImportError as exc:  # say what is missing and what still works, not a ba
                       "kernels: pip install torch. Everything else in tinyflash works without it.") from exc
 
 from .backward.cuda import cuda_attention_backward
-from .backward.tensor_cores import tensor_core_attention_backward
+from .backward.tensor_cores import flex_attention_backward, tensor_core_attention_backward
 from .forward.cuda import cuda_attention
 from .forward.hopper import hopper_attention
 from .forward.kernels.hopper_tiling import COMPUTE_CAPABILITY as HOPPER
+from .forward.tensor_cores import flex_attention as flex_forward
 from .forward.tensor_cores import tensor_core_attention
 from .gpu.runtime import compute_capability
+from .host.flex import user_function
+from .host.flex_backward import check_derivative
 from .warpgroup_tile import HEAD_DIMS as HOPPER_HEAD_DIMS
 from .warp_tile import BACKWARD_HEAD_DIMS, HEAD_DIMS, head_dims_text
 
@@ -158,4 +170,52 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, d
     if not on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):  # refused now, not after a forward pass
         _refuse_deterministic_off_tensor_cores(q, v, deterministic)
     o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
+    return o
+
+
+class FlexAttention(torch.autograd.Function):
+    """o = flex_attention(q, k, v, ...) with its backward: the forward saves (q, k, v, o, lse), the user's functions
+    and the block mask, and the backward recomputes P from them (:func:`tinyflash.flex_attention_backward`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, score_mod, mask_mod, block_mask, causal, scale):
+        o, lse = flex_forward(q.detach(), k.detach(), v.detach(), score_mod=score_mod, mask_mod=mask_mod,
+                              block_mask=block_mask, causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.flex = {"score_mod": score_mod, "mask_mod": mask_mod, "block_mask": block_mask, "causal": causal,
+                    "scale": scale}
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = (x.detach() for x in ctx.saved_tensors)
+        dq, dk, dv = flex_attention_backward(q, k, v, o, lse, do.detach().contiguous(), **ctx.flex)
+        return dq, dk, dv, None, None, None, None, None  # no gradient for the functions, the mask, causal, scale
+
+
+# numba's launches cannot be traced: torch.compile leaves this call to eager mode (torch.compiler: PyTorch 2.1 on)
+@getattr(getattr(torch, "compiler", None), "disable", lambda fn: fn)
+def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, causal: bool = False,
+                   scale: Optional[float] = None):
+    """Differentiable FlexAttention on CUDA tensors q (Nq, d), (H, Nq, d) or (B, H, Nq, d), k and v (..., Nk, d),
+    float16 or bfloat16, d = dv a multiple of 8 up to 256 (k, v may have fewer heads than q): the arguments and the
+    result o of :func:`tinyflash.flex_attention` (module docstring: eager mode; a graph break under torch.compile;
+    no CUDA graph). q.grad, k.grad and v.grad come from :func:`tinyflash.flex_attention_backward`, through
+    score_mod's derivative (``tinyflash.core.dual_source``: score_mod's source must be readable)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or not x.is_cuda:
+            raise TypeError(f"{name} must be a CUDA torch.Tensor; got {type(x).__name__}"
+                            f"{' on ' + str(x.device) if isinstance(x, torch.Tensor) else ''}")
+    if type(causal) is not bool:
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__} {causal!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
+    if score_mod is not None and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        check_derivative(user_function(score_mod, "score_mod", 5))  # a TypeError now, not in the backward
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("tinyflash.torch.flex_attention cannot be captured in a CUDA graph: its kernels launch "
+                           "through numba (tinyflash.torch.attention can, on the tensor cores)")
+    o, _lse = FlexAttention.apply(q, k, v, score_mod, mask_mod, block_mask, causal,
+                                  None if scale is None else float(scale))
     return o

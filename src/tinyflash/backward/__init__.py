@@ -6,7 +6,8 @@
     varlen.py    the backward of packed sequences (varlen_attention_backward), stage 1 sequence by sequence
     cuda.py      stage 2: cuda_attention_backward, on the CUDA cores (main kernel v1)
     tensor_cores.py  tensor_core_attention_backward, on the tensor cores: main kernel v2 (mma.sync), v3
-                 (Hopper's wgmma) and v4 (wgmma, warp-specialised, TMA)
+                 (Hopper's wgmma) and v4 (wgmma, warp-specialised, TMA); flex_attention_backward, flex_attention's
+                 backward: v2 with score_mod, its derivative, mask_mod and a block mask compiled in
     kernels/     the kernels around the main one (rows.py: D = rowsum(dO ∘ O) before, dQ's finish after),
                  the main kernels v1-v4, their tilings and their registry (which runs by default, where)
 

@@ -10,6 +10,10 @@ mma.sync; v3, ``kernels/v3_wgmma.py``, on Hopper's wgmma; v4, ``kernels/v4_warp_
 warp-specialised with TMA), dQ scaled and rounded. The 16-bit arrays travel
 as uint32 words of two values, whatever their format: only the tensor cores and the conversions know which. The
 checks, the plans and the launches of the main kernel are the host layer's (``tinyflash.host``).
+
+:func:`flex_attention_backward` is the same three launches for :func:`tinyflash.flex_attention`: v2 with the user's
+functions and a block mask compiled in (``flex_bwd_tc``), checked by ``tinyflash.host.flex_backward``, through
+numba's launches.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..gpu.driver_launch import GridLaunch, driver_kernel
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
 from ..host.inputs import FLOAT16, FLOAT32, flat16, placed, shape_only, sixteen_bit
+from ..host.flex_backward import block_mask_scalars, plan_flex_backward
 from ..host.launch import launch_backward_tensor_cores
 from ..host.plans import PLANS, backward_key
 from ..host.registry import KernelVersion
@@ -36,6 +41,7 @@ from .kernels.rows import (FINISH_DQ_WORDS_SIGNATURE, ROW_DOT_ROWS, ROW_DOT_WORD
                            word_rows)
 
 WHO = "tensor_core_attention_backward"
+FLEX_WHO = "flex_attention_backward"
 NAMES = ("q", "k", "v", "o", "lse", "do")
 MAIN_KERNELS = [name for name, version in VERSIONS.items() if version.arguments in ("words", "maps")]  # v2, v3, v4
 
@@ -173,9 +179,36 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     return dq, dk, dv
 
 
-def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
+def flex_attention_backward(q, k, v, o, lse, do, *, score_mod=None, mask_mod=None, block_mask=None,
+                            causal: bool = False, scale: float | None = None, kernel: str | None = None, config=None):
+    """The backward pass of :func:`tinyflash.flex_attention` on the tensor cores: ``(dq, dk, dv)`` from its ``o`` and
+    ``lse`` and ``do`` = ∂L/∂o, with the same ``score_mod``, ``mask_mod``, ``block_mask``, ``causal`` and ``scale``.
+
+    Inputs as :func:`tensor_core_attention_backward`'s (float16 or bfloat16 q, k, v, o, do; lse float32; d = dv a
+    multiple of 8 up to 256; k, v with fewer heads than q: dk, dv summed over each group), with q (Nq, d),
+    (H, Nq, d) or (B, H, Nq, d), which defines b and h for the functions. The functions are compiled into backward
+    kernel v2 (``flex_bwd_tc``): the scores are recomputed, score_mod applied with its derivative, which a source
+    transformation of score_mod gives (``tinyflash.core.dual_source``: score_mod's source must be readable, and
+    within what it lists), and dS = P ∘ (dP − D) · d score_mod / d score feeds dq and dk, as in
+    :func:`tinyflash.blocked_attention_backward`. A block mask's transposed lists say which query tiles each key
+    tile meets (empty ones never loaded; mask_mod on the partial ones only); its block_q must be a multiple of the
+    kernel's query tile Br and its block_k of its key tile Bc (``config``'s, or the default tiling's: Bc = 128,
+    Br = 64 at d = 32, 64, 128; FlexAttention's 128 × 128 fits every default tiling). dk and dv are bitwise
+    reproducible, dq (atomics) up to rounding: there is no deterministic mode. ``kernel``: a version with the hooks
+    (v2, the default); ``config``: a tiling of it.
+    """
+    arrays = (q, k, v, o, lse, do)
+    plan = plan_flex_backward(VERSIONS, FLEX_WHO, arrays, score_mod, mask_mod, block_mask, causal, scale, kernel,
+                              config)
+    options = {"score_mod": plan.score_mod, "mask_mod": plan.mask_mod, "block_sparse": block_mask is not None}
+    general = BackwardPlan(plan.prob, plan.element, plan.version, plan.config, None)
+    return _general_call(arrays, general, False, block_mask_scalars(plan, block_mask), options)
+
+
+def _general_call(arrays, plan: BackwardPlan, deterministic: bool, flex_scalars=None, flex_options=None):
     """NumPy arrays (copied to the GPU and back), numba device arrays, numba's simulator, more heads than one grid
-    holds, empty inputs: the three kernels through numba's launches."""
+    holds, empty inputs: the three kernels through numba's launches. FlexAttention's calls add the scale and the
+    block mask (``flex_scalars``) and the user's functions (``flex_options``) to the main kernel's."""
     prob, element = plan.prob, plan.element
     found, on_device = placed(dict(zip(NAMES, arrays)))
     q, k, v, o, lse, do = found.values()
@@ -208,9 +241,10 @@ def _general_call(arrays, plan: BackwardPlan, deterministic: bool):
                                   "dQ_acc": (dQa, n_q * d), "dK": (flat["dK"], n_k * d), "dV": (flat["dV"], n_k * d),
                                   "dQ_turn": (numba_flat(turns), tiles if deterministic else 0)},
                           scalars={"n_q": n_q, "n_k": n_k, "scale": np.float32(prob.scale),
-                                   "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal},
+                                   "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal,
+                                   **(flex_scalars or {})},
                           n_heads=heads, kv_group=g)
-        options = {"deterministic": True} if deterministic else {}
+        options = {"deterministic": True} if deterministic else dict(flex_options or {})
         launch_backward_tensor_cores(plan.version, main, prob, plan.config, element,
                                      who=f"backward kernel {plan.version.name}", **options)
     if heads > 0 and n_q > 0:

@@ -8,6 +8,7 @@
     tolerance.py        error metrics and FlashAttention's tolerance rule (F32_TOL, fa_rule)
     mods.py             score_mod and mask_mod: their checks, their evaluation on tiles of indices
     dual.py             dual numbers: d score_mod / d score from the function alone, for the backward
+    dual_source.py      the same derivative by a source transformation of score_mod, for the backward kernel
     block_mask.py       the block mask: empty, partial and full tiles; the order stage 1 visits tiles in
     variants.py         ready-made mods: sliding window, prefix-LM, documents, softcap, ALiBi, relative bias
     sinks.py            attention sinks: one logit per head in the softmax, and its gradient

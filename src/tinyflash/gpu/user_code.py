@@ -105,14 +105,20 @@ class UserFunction:
 
     @property
     def device(self):
-        """The function as a device function, compiled once and inlined by LLVM into each call (``forceinline``): a
-        function inlined into its callers' IR (``inline="always"``, as the kernels' own pieces are) would carry a
-        copy of each array it captures into every call site, and the kernel calls it once per 16 × 8 tile."""
-        from numba import cuda  # numba is imported on first use (tinyflash.gpu.where decides the simulator first)
+        """The function as a device function (:func:`compiled`)."""
+        return compiled(self.fn)
 
-        from .runtime import simulator_enabled
 
-        return cuda.jit(device=True, **({} if simulator_enabled() else {"forceinline": True}))(self.fn)
+def compiled(fn):
+    """A user's function (or one made from it, such as its derivative) as a device function, compiled once and
+    inlined by LLVM into each call (``forceinline``): a function inlined into its callers' IR (``inline="always"``,
+    as the kernels' own pieces are) would carry a copy of each array it captures into every call site, and a kernel
+    calls it once per 16 × 8 tile."""
+    from numba import cuda  # numba is imported on first use (tinyflash.gpu.where decides the simulator first)
+
+    from .runtime import simulator_enabled
+
+    return cuda.jit(device=True, **({} if simulator_enabled() else {"forceinline": True}))(fn)
 
 
 def _array_bytes(key) -> int:

@@ -18,6 +18,8 @@ A call of a GPU entry point goes the same way down, whichever stage it is:
     sized.py     a version sized for one problem and launched through the driver: the lean path
     forward.py   the steps of a forward call on the tensor cores (stages 3 and 4)
     flex.py      the steps of a FlexAttention call (user functions compiled into v6 or v10, a block mask)
+    flex_backward.py  the checks of its backward (the functions compiled into backward v2, the block mask's
+                 transposed lists, the tiling that fits them)
 
 The host layer imports ``core``, ``gpu``, ``hardware`` and ``warp_tile``'s text of head dims, never a stage: the
 public functions hand it their registry.

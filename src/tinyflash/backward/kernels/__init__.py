@@ -5,7 +5,10 @@
     v1_atomic_dq.py        the main kernel on the CUDA cores: one block per key tile, dK_j and dV_j in registers,
                            dQ by atomics
     tensor_core_tiling.py  v2's tiling (the grid over K/V heads) and the argument types of v2 and v3
-    v2_tensor_cores.py     the same on the tensor cores (float16, bfloat16), grouped-query heads summed in the block
+    v2_tensor_cores.py     the same on the tensor cores (float16, bfloat16), grouped-query heads summed in the block;
+                           with FlexAttention's hooks (``tinyflash.flex_attention_backward``)
+    flex_tile.py           those hooks: score_mod, its derivative and mask_mod on a warp's transposed tile, the
+                           query tiles a block mask lists for a key tile
     hopper_tiling.py       v3's tiling: warpgroups of 64 keys, query tiles of 64 rows, swizzled tiles
     v3_wgmma.py            v2 on Hopper's warpgroup multiplies (wgmma), FlashAttention-3's backward
     wgmma_steps.py         the steps of the loop that v3 and v4 share: scores, P and dS, dSᵀ stored, dQ_i, the writes
@@ -47,7 +50,7 @@ VERSIONS = Registry("backward kernel", (
              "deterministic mode); float16 and bfloat16, d a multiple of 8 up to 256 (padded to a multiple of "
              "32; past 128 two warps share a warp's keys, each with half of dK's and dV's columns); grouped-query "
              "heads summed in the block", tilings=(tensor_core_tiling.default_tiling, tensor_core_tiling.simulator_tiling),
-             arguments="words", deterministic=("dq", "dk", "dv"), requirement=TENSOR_CORES_NEEDED, stage=3,
+             arguments="words", deterministic=("dq", "dk", "dv"), requirement=TENSOR_CORES_NEEDED, stage=3, flex=True,
              **TENSOR_CORES, **MMA_SYNC_DIMS),
     _version("v3", v3_wgmma, "Hopper's warpgroup multiplies (wgmma, FlashAttention-3's backward): a warpgroup's 64 keys "
              "as the rows of every product but dQ_i; Sᵀ, dPᵀ from shared memory, Pᵀ and dSᵀ from registers for dV, dK; "
@@ -69,4 +72,5 @@ VERSIONS = Registry("backward kernel", (
     Default("tensor_core_attention_backward", "v4", capability=(9, 0)),  # Hopper: the fastest (docs/results.md),
     # at d = 64 and 128; v2 at the other head dims
     Default("tensor_core_attention_backward", "v2"),
+    Default("flex_attention_backward", "v2"),  # FlexAttention's functions compiled in: v2's hooks (flex_bwd_tc)
 ))

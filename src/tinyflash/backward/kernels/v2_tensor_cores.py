@@ -21,6 +21,12 @@ What changed since v1 (the CUDA-core backward):
   memory and in the fragments, only d columns read and written; past DP = 128 two warps on the same keys, each
   with half of dK_j's and dV_j's columns (the tiling's DKV_COLUMN_GROUPS).
 
+FlexAttention's backward (``tinyflash.flex_attention_backward``) is v2 with three hooks in its loop, compiled away
+when absent, as v6 has them in the forward: score_mod with its derivative and mask_mod, the user's functions
+compiled into the kernel, on each tile's Pᵀ and dSᵀ; and a block mask's query tiles (its transposed lists), which
+a block visits instead of every query tile of its causal bound, mask_mod on the partial ones only
+(``flex_tile.py``). :func:`make_kernel` builds that kernel, ``flex_bwd_tc``, when given them.
+
 The loop reads like FlashAttention-2's backward (``tinyflash.backward.blocked``): for each query tile that
 sees the key tile, S and P recomputed from lse, dP, dS = P ∘ (dP − D), then dV, dK, dQ. Its tiling is
 ``tensor_core_tiling.py``; its limits: d = dv ∈ ``tensor_core_tiling.HEAD_DIMS`` (every multiple of 8 up to
@@ -33,18 +39,25 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, int64, uint32, uint64
+from numba.cuda import types
 
+from ...core.dual_source import value_and_derivative
 from ...core.masks import key_stop
 from ...core.online_softmax import LOG2E
 from ...gpu import ptx
 from ...gpu.loads import cp_async_rows
 from ...gpu.runtime import compute_capability, device_function, simulator_enabled, u
 from ...gpu.smem import shared_floats, shared_words
+from ...gpu.user_code import compiled
 from ...warp_tile import FAST_MATH, MMA_K, MMA_M, MMA_N, WARP, warp_tile
+from .flex_tile import flex_softmax_backward, query_walk
 from .tensor_core_tiling import SIGNATURE, BackwardTensorCoreTiling  # noqa: F401 (SIGNATURE: its argument types)
 
 ZERO, ONE, TWO, FOUR, EIGHT = u(0), u(1), u(2), u(4), u(8)
+# flex_bwd_tc's argument types: flash_bwd_tc's (SIGNATURE), then the block mask's four lists (int32) and its seven
+# numbers (flex_tile.BM_FIELDS), as numba's launch passes them
+FLEX_SIGNATURE = SIGNATURE + (types.Array(types.int32, 1, "C"),) * 4 + (types.int64,) * 7
 POS_INF = float32(np.inf)
 key_stop = device_function(key_stop)  # the causal rule of tinyflash.core.masks, compiled for the GPU
 
@@ -225,13 +238,20 @@ def key_writes(cfg: BackwardTensorCoreTiling, element: str):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool = False):
+def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool = False,
+                score_mod=None, mask_mod=None, block_sparse: bool = False):
     """``flash_bwd_tc`` for one tiling and one element type (float16 or bfloat16); ``deterministic``: the key
     tiles add their dQ_i in turn (:func:`dq_additions`), so that dQ is the same, bit for bit, at every run;
     ``pair_atomics``: dQ's neighbouring columns added by one ``red.global.add.v2.f32`` (compute capability 9.0
     on: :func:`pair_atomics_available`), else by two scalar atomics. The loop over query tiles is composed of
     :func:`loads`, the warp tile's products, :func:`softmax_backward`, :func:`query_gradients`,
-    :func:`dq_additions` and :func:`key_writes`."""
+    :func:`dq_additions` and :func:`key_writes`.
+
+    With FlexAttention's user functions (``score_mod``, ``mask_mod``: ``gpu.user_code.UserFunction``) or a block
+    mask (``block_sparse``), ``flex_bwd_tc`` instead: the same loop with three hooks, compiled away without them
+    (module docstring): Pᵀ and dSᵀ through the functions (``flex_tile.flex_softmax_backward``), the query tiles
+    the block mask lists (``flex_tile.query_walk``), mask_mod on its partial tiles only. It takes the block mask
+    too (``flex_tile.BM_FIELDS``), and has no deterministic mode."""
     cfg.validate()
     spec = cfg.warp_tile(element)
     tile = warp_tile(spec)
@@ -255,9 +275,17 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
     store_ds, ds_times_k = query_gradients(cfg, element)
     wait_turn, add_dq, pass_turn = dq_additions(cfg, element, deterministic, pair_atomics)
     write_dk_dv = key_writes(cfg, element)
+    SCORE_MOD, MASK_MOD, BLOCK_SPARSE = score_mod is not None, mask_mod is not None, bool(block_sparse)
+    FLEX = SCORE_MOD or MASK_MOD or BLOCK_SPARSE
+    if FLEX:  # the user's functions compiled in: score_mod as (value, derivative) (core.dual_source)
+        dual = compiled(value_and_derivative(score_mod.fn, "score_mod", compiled)) if SCORE_MOD else None
+        flex_probabilities = flex_softmax_backward(cfg, element, dual, mask_mod and mask_mod.device)
+    group_steps, visit_at = query_steps(cfg, block_sparse)  # the query tiles a block walks
 
-    @cuda.jit(fastmath=FAST_MATH)
-    def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group):
+    @cuda.jit(device=True, inline="always")
+    def attend(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group, bm):
+        """The kernel's body: one block's key tile, for flash_bwd_tc and flex_bwd_tc (``bm``: the block mask and the
+        query heads per batch, ``flex_tile.BM_FIELDS``; None for flash_bwd_tc)."""
         smem, smemf = shared_words(), shared_floats()  # cfg.smem_layout(), as words and as floats (one memory)
         tid = uint64(cuda.threadIdx.x)
         warp, lane = tid // uint64(WARP), tid % uint64(WARP)
@@ -274,12 +302,14 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
         tiles = (n_q + BR - ONE) // BR - q_first // BR if q_first < n_q else ZERO  # per query head
         steps = tiles * group  # (query head, query tile) pairs, head by head
         q_tiles = (n_q + BR - ONE) // BR  # query tiles per query head
+        if BLOCK_SPARSE:  # the query tiles the block mask lists for this key tile, over the group's query heads
+            steps = group_steps(bm, kv_head, group, k_start, n_q)
 
         copy_rows(K, kv_off, k_start, n_k, base + uint32(K_OFF * FOUR), tid, KV_CHUNKS)  # K_j, V_j, once
         copy_rows(V, kv_off, k_start, n_k, base + uint32(V_OFF * FOUR), tid, KV_CHUNKS)
         if steps > ZERO:
-            load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(STAGE0 * FOUR), STAGE0, kv_head * group,
-                            q_first // BR * BR, n_q, tid)
+            head, q_start, _ = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, ZERO)
+            load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32(STAGE0 * FOUR), STAGE0, head, q_start, n_q, tid)
         ptx.cp_async_commit()
         ptx.cp_async_wait_all()
         cuda.syncthreads()  # K_j, V_j and the first query tile have landed
@@ -308,21 +338,25 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
                     dk[r, n, e], dv[r, n, e] = float32(0.0), float32(0.0)
 
         for step in range(steps):
-            head = kv_head * group + step // tiles
-            q_start = (q_first // BR + step % tiles) * BR
+            head, q_start, partial = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, step)
             stage_word = STAGE0 + (step % TWO) * STAGE
             stage = base + uint32(stage_word * FOUR)
             if step + ONE < steps:  # the next query tile into the other stage, in flight during this one
                 nxt = step + ONE
-                load_query_tile(Q, dO, LSE, Dvec, smemf, base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR),
-                                STAGE0 + (nxt % TWO) * STAGE, kv_head * group + nxt // tiles,
-                                (q_first // BR + nxt % tiles) * BR, n_q, tid)
+                nxt_stage, nxt_word = base + uint32((STAGE0 + (nxt % TWO) * STAGE) * FOUR), STAGE0 + (nxt % TWO) * STAGE
+                nxt_head, nxt_start, _ = visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, nxt)
+                load_query_tile(Q, dO, LSE, Dvec, smemf, nxt_stage, nxt_word, nxt_head, nxt_start, n_q, tid)
             scores(s, kf, k_warp, stage + k_lane)  # Sᵀ = K_j Q_iᵀ for the warp's keys
             scores(dp, kf, v_warp, stage + uint32(DO_IN * FOUR) + k_lane)  # dPᵀ = V_j dO_iᵀ
             # a mask where some (key, query) of the tile is not allowed: the ragged last tiles, the diagonal
             masked = (k_start + BC > n_k or q_start + BR > n_q
                       or k_start + BC > key_stop(q_start + ONE, n_q, n_k, causal))
-            probabilities(s, dp, smemf, stage_word, warp_key + g, q_start, t, n_q, n_k, causal, masked, scale_log2)
+            if FLEX:  # the user's functions: (b, h) of the query head, b · H + h
+                b, h = int64(head // uint64(bm[10])), int64(head % uint64(bm[10]))
+                flex_probabilities(s, dp, smemf, stage_word, warp_key + g, q_start, t, n_q, n_k, causal, masked,
+                                   partial, scale, scale_log2, b, h)
+            else:
+                probabilities(s, dp, smemf, stage_word, warp_key + g, q_start, t, n_q, n_k, causal, masked, scale_log2)
             p_times_v(dv, s, stage + uint32(DO_IN * FOUR) + dkv_lane)  # dV_j += Pᵀ dO_i
             p_times_v(dk, dp, stage + dkv_lane)  # dK_j += dSᵀ Q_i
             store_ds(smem, dp, key_warp, dkv_group, g, t)
@@ -340,7 +374,42 @@ def make_kernel(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool
 
         write_dk_dv(dK, dV, dk, dv, kv_off, warp_key + g, dkv_col0, g, t, n_k, scale)
 
-    return flash_bwd_tc
+    return entries(attend, FLEX)
+
+
+def entries(attend, flex: bool):
+    """The kernel around the body ``attend``: ``flash_bwd_tc``, or with FlexAttention's hooks ``flex_bwd_tc``, which
+    takes the block mask too."""
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def flash_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group):
+        attend(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group, None)
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def flex_bwd_tc(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group,
+                    Q_NUM, Q_IDX, FULL_Q_NUM, FULL_Q_IDX, bm_batch, bm_head, bm_tr, bm_block_k, bm_sub, bm_last_sub,
+                    heads):
+        bm = (Q_NUM, Q_IDX, FULL_Q_NUM, FULL_Q_IDX, bm_batch, bm_head, bm_tr, bm_block_k, bm_sub, bm_last_sub, heads)
+        attend(Q, K, V, dO, LSE, Dvec, dQ_acc, dK, dV, dQ_turn, n_q, n_k, scale, scale_log2, causal, kv_group, bm)
+
+    return flex_bwd_tc if flex else flash_bwd_tc
+
+
+def query_steps(cfg: BackwardTensorCoreTiling, block_sparse: bool):
+    """``(group_steps, visit_at)``: how many (query head, query tile) steps a block walks under a block mask
+    (``flex_tile.query_walk``), and which step ``step`` is: ``visit_at(bm, kv_head, group, k_start, q_first, tiles,
+    n_q, step)`` -> (query head, first query row, partial?). Without a block mask, the group's heads one after
+    another, each its ``tiles`` query tiles from the one of ``q_first`` on, mask_mod (if any) on every one."""
+    BR, BLOCK_SPARSE = u(cfg.BR), bool(block_sparse)
+    group_steps, group_visit = query_walk(cfg.BR)
+
+    @cuda.jit(device=True, inline="always")
+    def visit_at(bm, kv_head, group, k_start, q_first, tiles, n_q, step):
+        if BLOCK_SPARSE:
+            return group_visit(bm, kv_head, group, k_start, n_q, step)
+        return kv_head * group + step // tiles, (q_first // BR + step % tiles) * BR, True
+
+    return group_steps, visit_at
 
 
 def pair_atomics_available() -> bool:
@@ -349,7 +418,13 @@ def pair_atomics_available() -> bool:
     return simulator_enabled() or compute_capability() >= (9, 0)
 
 
-def build(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool | None = None):
+def build(cfg: BackwardTensorCoreTiling, element: str, deterministic: bool = False, pair_atomics: bool | None = None,
+          score_mod=None, mask_mod=None, block_sparse: bool = False):
     """What v2 builds: its kernel for the tiling ``cfg`` and ``element`` inputs; ``deterministic``: dQ added in one
-    order (:func:`make_kernel`); ``pair_atomics`` None: where :func:`pair_atomics_available`."""
-    return make_kernel(cfg, element, deterministic, pair_atomics_available() if pair_atomics is None else pair_atomics)
+    order (:func:`make_kernel`); ``pair_atomics`` None: where :func:`pair_atomics_available`; with FlexAttention's
+    functions or a block mask, its ``flex_bwd_tc`` (:func:`make_kernel`)."""
+    if deterministic and (score_mod is not None or mask_mod is not None or block_sparse):
+        raise ValueError("flex_bwd_tc has no deterministic mode (a block mask's key tiles add to dQ_i in no fixed "
+                         "turn)")
+    pairs = pair_atomics_available() if pair_atomics is None else pair_atomics
+    return make_kernel(cfg, element, deterministic, pairs, score_mod, mask_mod, block_sparse)
