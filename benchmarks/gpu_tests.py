@@ -123,6 +123,9 @@ def plan(ids: list[str], per_test: dict, parts: int, processes: int) -> list[lis
         target = sum(cost[f] * len(by_file[f]) for f in files) / processes
         units = {}
         for file in files:
+            if file not in per_test:  # not yet in the record: test by test, spread over the groups (a new file's
+                units.update({(node,): cost[file] for node in by_file[file]})  # tests mostly compile kernels
+                continue  # of their own, and one group holding them all would end last by far)
             if cost[file] * len(by_file[file]) <= target:  # a whole file where it fits: its kernels compiled once
                 units[tuple(by_file[file])] = cost[file] * len(by_file[file])
                 continue
