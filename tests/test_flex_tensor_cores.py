@@ -256,8 +256,8 @@ class NotAFunction:
     ({"mask_mod": lambda b, h, q_idx, kv_idx, extra: True}, TypeError, "mask_mod must take 4"),
     ({"mask_mod": lambda b, h, q_idx, kv_idx: NOT_A_NUMBER is None}, TypeError, "mask_mod reads a value of type"),
     ({"block_mask": np.zeros((1, 1, 2))}, TypeError, "block_mask must be a tinyflash.BlockMask"),
-    ({"mask_mod": variants.document_mask(np.zeros(17000, dtype=np.int32))}, ValueError,
-     "mask_mod capture NumPy arrays of 136,000 bytes"),  # two copies (q_ids, kv_ids): more than constant memory holds
+    ({"mask_mod": variants.document_mask(np.arange(17000), np.arange(17000))}, ValueError,
+     "mask_mod capture NumPy arrays of 68,000 bytes"),  # two int16 arrays (q's ids, k's): more than constant memory
 ])
 def test_bad_arguments(rng, monkeypatch, kwargs, error, words):
     """Raised before any launch, naming the argument."""

@@ -113,3 +113,16 @@ def test_math_is_not_needed_inside_the_masks():
     mask = tf.sliding_window(3)
     assert mask(0, 0, 5, 3) and not mask(0, 0, 5, 2) and not mask(0, 0, 5, 6)
     assert tf.softcap(2.0)(1.0, 0, 0, 0, 0) == 2.0 * math.tanh(0.5)
+
+
+def test_document_ids_are_kept_small_and_once():
+    """document_mask keeps its ids in the smallest integer type (a kernel holds them in constant memory) and, for
+    one array of ids, captures it once; the caller's array is left as it was."""
+    from tinyflash.gpu.user_code import UserFunction
+
+    ids = np.repeat(np.arange(8), 512)  # int64, 4,096 tokens
+    mask = tf.document_mask(ids)
+    assert ids.dtype == np.int64 and UserFunction.of(mask, "mask_mod").constant_bytes == 4096
+    wide = tf.document_mask(np.arange(300), np.arange(300))  # int16 ids, two arrays
+    assert UserFunction.of(wide, "mask_mod").constant_bytes == 2 * 2 * 300
+    assert not mask(0, 0, 511, 512) and mask(0, 0, 512, 1023)

@@ -51,7 +51,14 @@ def document_mask(document_ids, kv_document_ids=None):
     ``causal=True`` to the call for causal attention within each document.
     """
     q_ids = _ids(document_ids, "document_ids")
-    kv_ids = q_ids if kv_document_ids is None else _ids(kv_document_ids, "kv_document_ids")
+    if kv_document_ids is None:  # one array, captured once: a kernel keeps what a function captures in its
+        ids = q_ids  # constant memory (64 KiB), once per captured array
+
+        def same_ids(b, h, q_idx, kv_idx):
+            return ids[q_idx] == ids[kv_idx]
+
+        return same_ids
+    kv_ids = _ids(kv_document_ids, "kv_document_ids")
 
     def mask_mod(b, h, q_idx, kv_idx):
         return q_ids[q_idx] == kv_ids[kv_idx]
@@ -146,8 +153,13 @@ def _positive(value, name: str) -> float:
 
 
 def _ids(ids, name: str) -> np.ndarray:
+    """Document ids as the smallest signed integer type that holds them (int8 for up to 127 documents): a kernel
+    keeps them in its constant memory, one byte a token where it can. A copy: the caller's array is left alone."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ValueError(f"{name} must be a 1-D integer array (one document id per token); got {ids.dtype} "
                          f"{ids.shape}")
-    return ids
+    low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+    small = next(t for t in (np.int8, np.int16, np.int32, np.int64)
+                 if np.iinfo(t).min <= low and high <= np.iinfo(t).max)
+    return ids.astype(small)
