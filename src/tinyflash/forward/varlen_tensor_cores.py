@@ -46,43 +46,39 @@ def packed_rules(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, score_mod=Non
     user_mask = None if mask_mod is None else UserFunction.of(mask_mod, "mask_mod").device
     user_score = None if score_mod is None else UserFunction.of(score_mod, "score_mod").device
 
-    def packed_mask(b, h, q_idx, kv_idx):
+    def sequence_of(q_idx):
+        """The sequence of packed query q_idx: the last s with cu_q[s] <= q_idx (binary search; cu_q repeats a value
+        where a sequence is empty)."""
         lo, hi = 0, last
-        while lo < hi:  # q_idx's sequence: the last s with cu_q[s] <= q_idx (cu_q may repeat: empty sequences)
+        while lo < hi:
             mid = (lo + hi + 1) // 2
             if cu_q[mid] <= q_idx:
                 lo = mid
             else:
                 hi = mid - 1
-        if kv_idx < cu_k[lo] or kv_idx >= cu_k[lo + 1]:
+        return lo
+
+    find = UserFunction.of(sequence_of, "cu_seqlens_q").device  # a device function that the rules call
+
+    def packed_mask(b, h, q_idx, kv_idx):
+        s = find(q_idx)
+        if kv_idx < cu_k[s] or kv_idx >= cu_k[s + 1]:
             return False
-        return not causal or kv_idx - cu_k[lo + 1] <= q_idx - cu_q[lo + 1]
+        return not causal or kv_idx - cu_k[s + 1] <= q_idx - cu_q[s + 1]
 
     def packed_user_mask(b, h, q_idx, kv_idx):
-        lo, hi = 0, last
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if cu_q[mid] <= q_idx:
-                lo = mid
-            else:
-                hi = mid - 1
-        if kv_idx < cu_k[lo] or kv_idx >= cu_k[lo + 1]:
+        s = find(q_idx)
+        if kv_idx < cu_k[s] or kv_idx >= cu_k[s + 1]:
             return False
-        if causal and kv_idx - cu_k[lo + 1] > q_idx - cu_q[lo + 1]:
+        if causal and kv_idx - cu_k[s + 1] > q_idx - cu_q[s + 1]:
             return False
-        return user_mask(lo, h, q_idx - cu_q[lo], kv_idx - cu_k[lo])
+        return user_mask(s, h, q_idx - cu_q[s], kv_idx - cu_k[s])
 
     def packed_score(score, b, h, q_idx, kv_idx):
-        lo, hi = 0, last
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if cu_q[mid] <= q_idx:
-                lo = mid
-            else:
-                hi = mid - 1
-        if kv_idx < cu_k[lo] or kv_idx >= cu_k[lo + 1]:
+        s = find(q_idx)
+        if kv_idx < cu_k[s] or kv_idx >= cu_k[s + 1]:
             return score
-        return user_score(score, lo, h, q_idx - cu_q[lo], kv_idx - cu_k[lo])
+        return user_score(score, s, h, q_idx - cu_q[s], kv_idx - cu_k[s])
 
     return (None if score_mod is None else packed_score), (packed_mask if mask_mod is None else packed_user_mask)
 
