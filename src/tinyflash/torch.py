@@ -157,6 +157,18 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, d
     docstring). ``deterministic``: q.grad bitwise reproducible from run to run (tensor cores only; k.grad and
     v.grad always are), at a cost in time (docs/results.md). Works under ``torch.compile(fullgraph=True)``; a
     CUDA graph can capture it on the tensor cores."""
+    _check_call(q, k, v, causal, scale)
+    if type(deterministic) is not bool:
+        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
+    if not on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):  # refused now, not after a forward pass
+        _refuse_deterministic_off_tensor_cores(q, v, deterministic)
+    o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
+    return o
+
+
+def _check_call(q, k, v, causal, scale) -> None:
+    """The checks :func:`attention` and :func:`flex_attention` make first: CUDA tensors, a bool causal, a float or
+    None scale (a TypeError naming the argument)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA torch.Tensor; got {type(x).__name__}"
@@ -165,12 +177,6 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, d
         raise TypeError(f"causal must be a bool; got {type(causal).__name__} {causal!r}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
-    if type(deterministic) is not bool:
-        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
-    if not on_tensor_cores(q, k, v, BACKWARD_HEAD_DIMS):  # refused now, not after a forward pass
-        _refuse_deterministic_off_tensor_cores(q, v, deterministic)
-    o, _lse = attention_forward(q, k, v, causal, None if scale is None else float(scale), deterministic)
-    return o
 
 
 class FlexAttention(torch.autograd.Function):
@@ -203,14 +209,7 @@ def flex_attention(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, c
     result o of :func:`tinyflash.flex_attention` (module docstring: eager mode; a graph break under torch.compile;
     no CUDA graph). q.grad, k.grad and v.grad come from :func:`tinyflash.flex_attention_backward`, through
     score_mod's derivative (``tinyflash.core.dual_source``: score_mod's source must be readable)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or not x.is_cuda:
-            raise TypeError(f"{name} must be a CUDA torch.Tensor; got {type(x).__name__}"
-                            f"{' on ' + str(x.device) if isinstance(x, torch.Tensor) else ''}")
-    if type(causal) is not bool:
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__} {causal!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a float or None; got {type(scale).__name__} {scale!r}")
+    _check_call(q, k, v, causal, scale)
     if score_mod is not None and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         check_derivative(user_function(score_mod, "score_mod", 5))  # a TypeError now, not in the backward
     if torch.cuda.is_current_stream_capturing():

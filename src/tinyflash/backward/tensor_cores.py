@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.checks import AttentionProblem, check_attention_inputs, check_backward_inputs
+from ..core.checks import AttentionProblem
 from ..core.online_softmax import LOG2E
 from ..gpu.arrays import current_stream, dense, empty, library, numba_flat, result, zeros
 from ..gpu.driver_launch import GridLaunch, driver_kernel
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
-from ..host.inputs import FLOAT16, FLOAT32, flat16, placed, shape_only, sixteen_bit
+from ..host.inputs import BACKWARD_NAMES, FLOAT16, FLOAT32, backward_arrays, flat16, placed
 from ..host.flex_backward import block_mask_scalars, plan_flex_backward
 from ..host.launch import launch_backward_tensor_cores
 from ..host.plans import PLANS, backward_key
@@ -42,7 +42,7 @@ from .kernels.rows import (FINISH_DQ_WORDS_SIGNATURE, ROW_DOT_ROWS, ROW_DOT_WORD
 
 WHO = "tensor_core_attention_backward"
 FLEX_WHO = "flex_attention_backward"
-NAMES = ("q", "k", "v", "o", "lse", "do")
+NAMES = BACKWARD_NAMES
 MAIN_KERNELS = [name for name, version in VERSIONS.items() if version.arguments in ("words", "maps")]  # v2, v3, v4
 
 
@@ -100,13 +100,8 @@ def plan_backward(arrays, causal, scale, deterministic=False, kernel=None, confi
     launches."""
     if kernel is not None:
         VERSIONS.choose(kernel, WHO, among=MAIN_KERNELS)  # a main kernel on the tensor cores (else a ValueError)
-    found, on_device = placed(dict(zip(NAMES, arrays)))
-    q, k, v, o, lse, do = found.values()
-    element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, WHO,
-                          "tinyflash.cuda_attention_backward takes float16, bfloat16 and float32")
-    stand_ins = [shape_only(x) for x in (q, k, v, o, do)]
-    prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
-    check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
+    (q, k, v, o, lse, do), on_device, element, prob = backward_arrays(
+        arrays, causal, scale, WHO, "tinyflash.cuda_attention_backward takes float16, bfloat16 and float32")
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__} {deterministic!r}")
     version = VERSIONS[kernel] if kernel else None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..core.checks import AttentionProblem, check_attention_inputs, check_backward_inputs
+from ..core.checks import AttentionProblem
 from ..core.dual_source import value_and_derivative
 from ..core.mods import check_heads_layout
 from ..gpu.launch import MAX_GRID_Y
@@ -30,10 +30,9 @@ from ..gpu.runtime import require_gpu, simulator_enabled
 from ..gpu.user_code import UserFunction, check_constant_bytes
 from ..warp_tile import head_dims_text
 from .flex import block_mask_rule, check_block_mask, user_function
-from .inputs import FLOAT16, placed, shape_only, sixteen_bit
+from .inputs import backward_arrays
 from .registry import KernelVersion, Registry
 
-NAMES = ("q", "k", "v", "o", "lse", "do")
 # the block mask's transposed lists, as the backward kernel reads them (backward/kernels/flex_tile.py)
 QUERY_LISTS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 _on_gpu = weakref.WeakKeyDictionary()  # block mask -> its transposed lists on the GPU (while the block mask lives)
@@ -65,13 +64,9 @@ def plan_flex_backward(registry: Registry, who: str, arrays, score_mod, mask_mod
     flex_versions = [name for name, v in registry.items() if v.flex]
     if kernel is not None:
         registry.choose(kernel, who, among=flex_versions)
-    found, _ = placed(dict(zip(NAMES, arrays)))
-    q, k, v, o, lse, do = found.values()
-    element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, who,
-                          "tinyflash.blocked_attention_backward takes score_mod and mask_mod in float32 and float64")
-    stand_ins = [shape_only(x) for x in (q, k, v, o, do)]
-    prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
-    check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
+    (q, k, v, o, lse, do), _, element, prob = backward_arrays(
+        arrays, causal, scale, who, "tinyflash.blocked_attention_backward takes score_mod and mask_mod in float32 and "
+        "float64")
     version = registry[kernel] if kernel else registry.default(who)
     if prob.d != prob.d_v or not version.accepts(element, prob.d, prob.d_v):
         raise ValueError(f"{who} supports d = dv {head_dims_text(version.head_dims)}; got q {tuple(q.shape)}, "

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..core.checks import BFLOAT16, as_array
+from ..core.checks import BFLOAT16, AttentionProblem, as_array, check_attention_inputs, check_backward_inputs
 from ..gpu.arrays import bfloat16_bits, dense, is_device_array, numba_flat
 
 FLOAT16, FLOAT32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -87,3 +87,19 @@ def as_words(a):
     """A flat array of 16-bit elements as a kernel that reads pairs takes it: uint32 words, two elements each."""
     a = flat(a)
     return a if a.dtype == np.uint32 else a.view(np.uint32)
+
+
+BACKWARD_NAMES = ("q", "k", "v", "o", "lse", "do")  # a backward call's arrays, in its arguments' order
+
+
+def backward_arrays(arrays, causal, scale, who: str, instead: str) -> tuple[tuple, bool, str, AttentionProblem]:
+    """The checks a tensor-core backward makes of its six arrays (q, k, v, o, lse, do): placed, 16-bit (else a
+    TypeError naming ``who`` and ``instead``), every rule of ``check_attention_inputs`` and ``check_backward_inputs``
+    (grouped K/V heads taken). Returns (the arrays, whether they are on the GPU, the element type, the problem)."""
+    found, on_device = placed(dict(zip(BACKWARD_NAMES, arrays)))
+    q, k, v, o, lse, do = found.values()
+    element = sixteen_bit({"q": q, "k": k, "v": v, "o": o, "do": do}, who, instead)
+    stand_ins = [shape_only(x) for x in (q, k, v, o, do)]
+    prob = check_attention_inputs(*stand_ins[:3], causal=causal, scale=scale, allowed=(FLOAT16,))
+    check_backward_inputs(prob, stand_ins[4], stand_ins[3], lse, grouped=True)
+    return (q, k, v, o, lse, do), on_device, element, prob
