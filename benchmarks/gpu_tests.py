@@ -11,8 +11,8 @@ The GPU suite is :data:`FILES`, every test in them (``--grid``: the exhaustive g
 split into parts of whole files, and each part into ``--processes`` groups, one pytest process each, all at
 once: most of a GPU test's time is numba compiling kernels and NumPy computing float64 references, both on the
 CPU. The split is balanced by the records (:data:`RECORDS`): each file's seconds per test in its newest run, times
-its tests now; a test function's cases stay in one group where they fit (they share compiled kernels), and a
-part holds whole files, so that a part's rows replace the rows of the same files. ``--plan`` prints the groups
+its tests now; a test function's cases stay in one group where they fit (they share compiled kernels), else
+they go in runs that keep a kernel's sizes together (:func:`kernels_together`), and a part holds whole files, so that a part's rows replace the rows of the same files. ``--plan`` prints the groups
 and runs nothing (no GPU needed).
 
 Each process writes a JUnit XML report and a log (gpu_tests_<first file>.log, beside the CSV, or in
@@ -133,12 +133,34 @@ def plan(ids: list[str], per_test: dict, parts: int, processes: int) -> list[lis
             for node in by_file[file]:
                 functions.setdefault(node.split("[")[0], []).append(node)
             run = max(1, int(target // cost[file]))  # the cases a group holds at this file's rate
-            for nodes in functions.values():
+            for nodes in map(kernels_together, functions.values()):
                 for start in range(0, len(nodes), run):
                     units[tuple(nodes[start:start + run])] = cost[file] * len(nodes[start:start + run])
         groups = [[node for unit in group for node in unit] for group in balance(units, processes)]
         out.append([group for group in groups if group])
     return out
+
+
+def kernels_together(nodes: list[str]) -> list[str]:
+    """One test function's cases, those that differ only in their sizes next to each other, so that a run of
+    them in one group compiles each kernel once. A parameter is a size when all its values are integers and one
+    is not a multiple of 8 (1, 17, 1000, 4097: a head dim or a tile is a multiple of 8); pytest's order is kept
+    otherwise. ``test_x[1-64-False]`` … ``test_x[17-64-False]`` are one kernel's cases; ``test_x[1-96-False]`` is
+    another's."""
+    cases = [node[node.index("[") + 1:-1].split("-") if node.endswith("]") else [] for node in nodes]
+    widths = {len(parts) for parts in cases}
+    if len(widths) != 1 or not cases[0]:
+        return list(nodes)
+    columns = list(zip(*cases))
+    sizes = {i for i, values in enumerate(columns)
+             if all(v.isdigit() for v in values) and any(int(v) % 8 for v in values)}
+    if not sizes:
+        return list(nodes)
+    kernel = lambda k: tuple(v for i, v in enumerate(cases[k]) if i not in sizes)  # noqa: E731
+    first = {}
+    for k in range(len(nodes)):
+        first.setdefault(kernel(k), k)
+    return [nodes[k] for k in sorted(range(len(nodes)), key=lambda k: (first[kernel(k)], k))]
 
 
 def unrecorded_rate(per_test: dict) -> float:

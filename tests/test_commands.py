@@ -110,6 +110,26 @@ def test_the_gpu_suite_splits_into_balanced_parts():
     assert gpu_tests.balance({"x": 5, "y": 4, "z": 3, "w": 3}, 2) == [["x", "w"], ["y", "z"]]
 
 
+def test_a_split_test_function_keeps_each_kernels_sizes_in_one_run():
+    """Cases that differ only in a size (integers, one not a multiple of 8) are next to each other, in the order
+    their kernels first come; head dims and other parameters keep pytest's order; ids it cannot read stay as
+    they are."""
+    gpu_tests = gpu_tests_module()
+    ids = [f"tests/test_a.py::test_x[{n}-{d}-{dtype}]" for n in (1, 17, 4096) for d in (64, 96)
+           for dtype in ("float16", "bfloat16")]
+    ordered = gpu_tests.kernels_together(ids)
+    assert sorted(ordered) == sorted(ids)
+    kernels = [node.split("-", 1)[1] for node in ordered]
+    assert kernels == [k for k in ("64-float16]", "64-bfloat16]", "96-float16]", "96-bfloat16]") for _ in range(3)]
+    assert [node.split("[")[1].split("-")[0] for node in ordered[:3]] == ["1", "17", "4096"]
+    heads = [f"tests/test_a.py::test_y[{d}-{c}]" for d in (64, 128) for c in (False, True)]
+    assert gpu_tests.kernels_together(heads) == heads  # no size among them
+    odd = ["tests/test_a.py::test_z[a-b-1]", "tests/test_a.py::test_z[c-17]"]
+    assert gpu_tests.kernels_together(odd) == odd
+    parts = gpu_tests.plan(ids, {"tests/test_a.py": 1.0}, 1, 4)
+    assert all(len({node.split("-", 1)[1] for node in group}) == 1 for group in parts[0])  # a kernel per group
+
+
 def test_the_ptxas_report_finds_uniform_registers_that_nothing_writes(monkeypatch):
     """The SASS check of benchmarks/ptxas_report.py, on listings in nvdisasm's form: ptxas 13.0's cp.async with a
     cache policy (decode's split kernel at d = 32) reads UR0 and the descriptor pair UR1, UR2 that no instruction
