@@ -102,3 +102,35 @@ def test_smoke(rng):
     bm = tf.create_block_mask(window, 1, 1, 1000, 1000)
     o, lse = tf.flex_attention(q, k, v, score_mod=variants.softcap(20.0), block_mask=bm, kernel="v6")
     check(o, lse, q, k, v, rng, variants.softcap(20.0), window, what="smoke")
+
+
+@pytest.mark.parametrize("kernel", ["v6", "v10"])
+def test_device_arrays_through_the_driver_give_numbas_bits(rng, kernel):
+    """PyTorch tensors go through the driver, the launch sized once per problem (``host.sized.sized_flex``; v10's
+    tensor maps kept by the arrays' addresses), on the caller's stream; NumPy arrays through numba's launches. The
+    same kernel on the same inputs gives the same bits, a second call reuses the sized launch, and a call on
+    another stream waits for the work queued on it."""
+    torch = pytest.importorskip("torch")
+    from tinyflash.gpu.runtime import compute_capability
+    from tinyflash.host.sized import sized_flex
+
+    if kernel == "v10" and compute_capability() != (9, 0):
+        pytest.skip("kernel v10 (wgmma, TMA) needs compute capability 9.0")
+    n = 1000
+    q, k, v = random_qkv(torch, (1, 4), 2, n, 128, torch.bfloat16, seed=int(rng.integers(2**31)))
+    softcap, window = variants.softcap(30.0), variants.sliding_window(256)
+    bm = tf.create_block_mask(window, 1, 1, n, n, causal=True)
+    call = lambda *x: tf.flex_attention(*x, score_mod=softcap, block_mask=bm, causal=True, kernel=kernel)  # noqa: E731
+    sized_flex.cache_clear()
+    o, lse = call(q, k, v)
+    bfloat16 = pytest.importorskip("ml_dtypes").bfloat16
+    o_host, lse_host = call(*(x.cpu().view(torch.int16).numpy().view(bfloat16) for x in (q, k, v)))
+    assert sized_flex.cache_info().currsize == 1  # NumPy inputs took numba's launches
+    assert np.array_equal(o.float().cpu().numpy(), o_host.astype(np.float32))
+    assert np.array_equal(lse.cpu().numpy(), lse_host)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        q2 = q * 1  # queued on the stream: the call must wait for it
+        o2, _ = call(q2, k, v)
+    stream.synchronize()
+    assert sized_flex.cache_info().hits >= 1 and torch.equal(o2, o)

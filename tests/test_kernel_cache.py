@@ -63,6 +63,32 @@ def test_the_fingerprint_names_what_the_kernel_is_built_from():
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in out[1]
 
 
+def test_a_users_function_counts_by_its_code_its_globals_and_its_arrays_bytes(monkeypatch):
+    """A score_mod compiled into a kernel comes from outside the package, where the source hash does not look: two
+    lambdas of one name and other code, one reading another global value, or capturing arrays that differ only
+    where their repr leaves them out (the middle of 16,384 ids) fingerprint apart; the same function twice alike."""
+    def make(scale, ids):
+        return lambda s, b, h, q, k: s * scale + ids[q]
+
+    ids = np.zeros(16384, np.int8)
+    other = ids.copy()
+    other[8000] = 1
+    plus = lambda s, b, h, q, k: s + OFFSET  # noqa: E731
+    minus = lambda s, b, h, q, k: s - OFFSET  # noqa: E731
+    plus.__qualname__ = minus.__qualname__ = "mod"
+    same = kernel_cache.fingerprint(make(2.0, ids)), kernel_cache.fingerprint(make(2.0, ids.copy()))
+    assert same[0] == same[1]
+    assert kernel_cache.fingerprint(make(2.0, other)) != same[0] != kernel_cache.fingerprint(make(3.0, ids))
+    assert kernel_cache.fingerprint(plus) != kernel_cache.fingerprint(minus)
+    before = kernel_cache.fingerprint(plus)
+    monkeypatch.setitem(globals(), "OFFSET", 2.0)
+    assert kernel_cache.fingerprint(plus) != before
+    assert "[" not in kernel_cache.fingerprint(kernel_cache.fingerprint)  # the package's own: its source hash
+
+
+OFFSET = 1.0
+
+
 def test_an_edit_anywhere_in_the_package_changes_the_source_hash(tmp_path):
     copy = tmp_path / "tinyflash"
     shutil.copytree(ROOT / "src" / "tinyflash", copy, ignore=shutil.ignore_patterns("__pycache__"))

@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--n", type=int, nargs="+", help="sequence lengths, Nq = Nk")
     ap.add_argument("--n-k", type=int, nargs="+", help="cache lengths Nk (decode)")
     ap.add_argument("--batch", type=int, nargs="+", help="batch sizes")
+    ap.add_argument("--mods", nargs="+", help="only these variants of a benchmark with a 'mods' axis (flex: causal, "
+                    "window-1024, documents-8, softcap-30, alibi)")
     ap.add_argument("--impl", nargs="+", help="only these implementations (tinyflash, torch_flash, naive, ...)")
     ap.add_argument("--rounds", type=int, help="rounds of interleaved timing (default: the benchmark's)")
     ap.add_argument("--seed", type=int, help="random seed of the inputs (default: fresh)")
@@ -65,6 +67,9 @@ def main(argv=None) -> int:
         return 0
     if args.name is None:
         parser().error("name a benchmark (--list names them)")
+    known = BENCHMARKS[args.name].axes.get("mods", ())
+    if args.mods and not set(args.mods) <= set(known):
+        parser().error(f"--mods: {args.name} has the variants {', '.join(known) or 'none'}; got {', '.join(args.mods)}")
     try:
         import cupy
 
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
     from .runner import run
 
     overrides = {"dtype": args.dtype, "d": args.d, "causal": args.causal and [c == "True" for c in args.causal],
-                 "n": args.n, "n_k": args.n_k, "batch": args.batch}
+                 "n": args.n, "n_k": args.n_k, "batch": args.batch, "mods": args.mods}
     run(BENCHMARKS[args.name], overrides=overrides, impls=args.impl, csv_path=args.csv, seed=args.seed,
         rounds=args.rounds)
     return 0

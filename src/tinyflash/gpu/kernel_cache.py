@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+
+import numpy as np
 
 ENV = "TINYFLASH_KERNEL_CACHE"
 PACKAGE = Path(__file__).resolve().parents[1]  # src/tinyflash
@@ -63,7 +66,8 @@ def source_hash() -> str:
 def fingerprint(obj, seen=None) -> str:
     """A text that names what ``obj`` compiles to, for what a closure holds, the same in every process: a numba
     dispatcher or intrinsic by its Python function; a function by its qualified name, its closure's values and its
-    defaults (each fingerprinted in turn); containers by their items (sets sorted: their order changes from process
+    defaults (each fingerprinted in turn), and one from outside the package by its code and the globals it reads
+    too; a NumPy array by its bytes; containers by their items (sets sorted: their order changes from process
     to process); an object whose ``repr`` is its address by its type and attributes; anything else by ``repr``
     (numbers, strings, numba types, the tilings' dataclasses)."""
     seen = set() if seen is None else seen
@@ -84,11 +88,27 @@ def fingerprint(obj, seen=None) -> str:
         seen.add(id(obj))
         cells = [fingerprint(c.cell_contents, seen) for c in (obj.__closure__ or ()) if _filled(c)]
         defaults = [fingerprint(d, seen) for d in (obj.__defaults__ or ())]
-        return f"{obj.__module__}.{obj.__qualname__}({', '.join(cells)}; {', '.join(defaults)})"
+        return f"{obj.__module__}.{obj.__qualname__}{_outside(obj, seen)}({', '.join(cells)}; {', '.join(defaults)})"
+    if isinstance(obj, np.ndarray):  # by its bytes: a large array's repr leaves most of them out
+        digest = hashlib.sha256(np.ascontiguousarray(obj).view(np.uint8).reshape(-1)).hexdigest()[:32]
+        return f"array({obj.dtype.str}, {obj.shape}, {digest})"
     text = repr(obj)
     if " at 0x" in text:  # a repr that names an address: different in every process
         return type(obj).__qualname__ + fingerprint(getattr(obj, "__dict__", {}), seen)
     return text
+
+
+def _outside(fn, seen) -> str:
+    """For a function from outside the package (a user's score_mod or mask_mod, compiled into a kernel), what the
+    source hash does not cover: its code (an edited lambda keeps its name) and the globals it reads, as
+    ``[code digest; name=value, ...]``; nothing for the package's own."""
+    if (fn.__module__ or "").split(".")[0] == PACKAGE.name:
+        return ""
+    from .user_code import global_names
+
+    read = [f"{n}={fingerprint(fn.__globals__[n], seen)}" for n in sorted(global_names(fn.__code__))
+            if n in fn.__globals__]
+    return f"[{hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest()[:32]}; {', '.join(read)}]"
 
 
 def _filled(cell) -> bool:

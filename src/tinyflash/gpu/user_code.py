@@ -64,19 +64,19 @@ def code_key(fn, who: str, depth: int = 0) -> tuple:
     if depth > MAX_DEPTH:
         raise TypeError(f"{who} calls functions nested more than {MAX_DEPTH} deep")
     cells = tuple(_value_key(c.cell_contents, who, depth) for c in (fn.__closure__ or ()))
-    names = _global_names(fn.__code__)
+    names = global_names(fn.__code__)
     read = tuple((n, _value_key(fn.__globals__[n], who, depth)) for n in sorted(names) if n in fn.__globals__)
     defaults = tuple(_value_key(v, who, depth) for v in (fn.__defaults__ or ()))
     return fn.__code__, cells, read, defaults
 
 
-def _global_names(code) -> set:
+def global_names(code) -> set:
     """The names a code object and the code objects nested in it (comprehensions, inner lambdas) may read as
     globals (``co_names`` holds attribute names too: a name that is no global is left out by the caller)."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _global_names(const)
+            names |= global_names(const)
     return names
 
 

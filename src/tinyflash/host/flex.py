@@ -3,10 +3,11 @@ v6's elsewhere): check the user's functions, the inputs and the block mask, choo
 
 The user's functions are compiled into the kernel (``gpu.user_code``): the kernel is built per (tiling, element
 type, block order, score_mod, mask_mod, block mask or not) and kept by the version's own cache, in which a
-function counts by its code and the values it reads from outside. A call then launches it through numba
-(``gpu/launch.py``), on NumPy arrays (copied to the GPU and back) or device arrays (left there); the block mask's
-lists go to the GPU once per block mask and stay there while it lives. v10 reads Q, K and V through TMA tensor maps,
-made for each launch from the arrays on the GPU (NumPy inputs are copied there first).
+function counts by its code and the values it reads from outside. Device arrays on a GPU (PyTorch, CuPy, numba)
+are launched through the driver, the launch sized once per problem (``host.sized.sized_flex``: the kernel loaded
+once, v10's tensor maps kept by the arrays' addresses), on the stream the caller's library works on; NumPy arrays
+(copied to the GPU and back) and numba's simulator go through numba's launches (``gpu/launch.py``), v10's tensor
+maps made for each launch. The block mask's lists go to the GPU once per block mask and stay there while it lives.
 
 Without a block mask, a mask_mod is evaluated on every key tile a query tile visits (all of them, or with causal
 those up to the diagonal): no block mask is built on the host, where evaluating the mask for every (b, h, q, k)
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..core.mods import check_heads_layout, check_mod
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, result
+from ..gpu.arrays import current_stream, empty, result
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_gpu, simulator_enabled
 from ..gpu.tensor_map import tensor_maps
@@ -33,6 +34,7 @@ from ..gpu.user_code import UserFunction, check_constant_bytes
 from .forward import Entry, check_call
 from .inputs import FLOAT16, as_words, flat, flat16, placed
 from .launch import on_the_gpu, simulated_warps
+from .sized import sized_flex
 
 # the block mask's lists, as a kernel reads them (forward/kernels/block_sparse.py)
 LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
@@ -188,16 +190,22 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
         blocks = no_block_mask(H, device) if block_mask is None else block_mask_scalars(
             lists, block_mask, n_k, H, cfg, device)
         group = cfg.head_group(n_k, heads, prob.kv_group, prob.causal)
+        scalars = {"n_q": n_q, "n_k": n_k, "scale_log2": np.float32(prob.scale * LOG2E), "scale": np.float32(prob.scale),
+                   "causal": prob.causal, "kv_group": prob.kv_group, "head_group": group, **blocks}
+        kernel_fn = version.build(cfg, element, group, score_mod=score, mask_mod=mask,
+                                  block_sparse=block_mask is not None)
+        if device and on_device and heads <= MAX_GRID_Y and version.flex_signature is not None:
+            # device arrays on a GPU: one launch through the driver, sized once per problem (tensor maps kept by
+            # the arrays' addresses), on the stream the caller's library works on
+            sized = sized_flex(version, kernel_fn, cfg, n_q, n_k, heads, prob.kv_group)
+            sized({"Q": flat16(q), "K": flat16(k), "V": flat16(v), "O": o, "LSE": lse}, scalars,
+                  stream=current_stream(q))
+            return finish(o, lse, q, prob, element, on_device)
         # the block mask's arrays go with the scalars: every head's block reads them whole (one launch)
         args = LaunchArgs(arrays={"Q": (as_words(flat16(q)), n_q * d // 2), "K": (as_words(flat16(k)), n_k * d // 2),
                                   "V": (as_words(flat16(v)), n_k * d // 2), "O": (as_words(o), n_q * d // 2),
                                   "LSE": (flat(lse), n_q)},
-                          scalars={"n_q": n_q, "n_k": n_k, "scale_log2": np.float32(prob.scale * LOG2E),
-                                   "scale": np.float32(prob.scale), "causal": prob.causal, "kv_group": prob.kv_group,
-                                   "head_group": group, **blocks},
-                          n_heads=heads, kv_group=prob.kv_group)
-        kernel_fn = version.build(cfg, element, group, score_mod=score, mask_mod=mask,
-                                  block_sparse=block_mask is not None)
+                          scalars=scalars, n_heads=heads, kv_group=prob.kv_group)
         maps = version.arguments == "maps"
         if maps:  # v10: Q, K, V through tensor maps of each launch's views (on the GPU)
             args = replace(args, derived=(("TMAPS", lambda views, h: tensor_maps(
@@ -208,6 +216,11 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
                                                                     cfg.smem_bytes, there))
             else:
                 launch(kernel_fn, -(-n_q // cfg.BR), cfg.NT, cfg.smem_bytes, args)
+    return finish(o, lse, q, prob, element, on_device)
+
+
+def finish(o, lse, q, prob, element: str, on_device: bool):
+    """``(o, lse)`` in the call's shapes (host arrays for host inputs), o labelled with q's 16-bit dtype."""
     o, lse = result(o, prob.out_shape, not on_device), result(lse, prob.lse_shape, not on_device)
     if element == "bfloat16":  # the kernel wrote bfloat16 bits into a float16 array: relabel them
         o = o.view(q.dtype)  # torch.bfloat16, or ml_dtypes.bfloat16

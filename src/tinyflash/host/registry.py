@@ -59,6 +59,7 @@ class KernelVersion:
     stage: int | None = None  # 2: the CUDA cores, 3: the tensor cores (mma.sync), 4: Hopper's wgmma
     # takes FlexAttention's user functions and block mask (its build's score_mod, mask_mod, block_sparse)
     flex: bool = False
+    flex_signature: tuple | None = None  # its flex kernel's argument types for a launch through the driver
 
     @property
     def module(self) -> str:

@@ -79,3 +79,32 @@ def sized_backward(version: KernelVersion, n_q: int, n_k: int, n_heads: int, kv_
     if version.arguments == "maps":
         return TmaMainLaunch(grid, MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)))
     return grid
+
+
+@dataclass(frozen=True)
+class FlexLaunch:
+    """A forward version's ``flex_fwd`` sized for one problem, launched through the driver: a call passes the
+    arrays and the block mask's values by name (``host.flex``'s LaunchArgs), and a kernel that reads tensor maps
+    gets those of Q, K and V from ``maps`` (kept by their addresses), as :class:`TmaLaunch` does."""
+
+    kernel: object  # gpu.driver_launch.DriverKernel
+    grid: tuple
+    threads: int
+    smem_bytes: int
+    maps: MapCache | None
+
+    def __call__(self, arrays: dict, scalars: dict, stream: int = 0) -> None:
+        values = {**arrays, **scalars}
+        if self.maps is not None:
+            values["TMAPS"] = self.maps(arrays["Q"], arrays["K"], arrays["V"], stream=stream)
+        self.kernel(self.grid, self.threads, self.smem_bytes, *self.kernel.arguments(values), stream=stream)
+
+
+@lru_cache(maxsize=256)
+def sized_flex(version: KernelVersion, kernel_fn, cfg, n_q: int, n_k: int, n_heads: int, kv_group: int) -> FlexLaunch:
+    """``kernel_fn`` (the ``flex_fwd`` that ``version.build`` made for the call's functions) sized for one problem:
+    one block per (query tile of Br rows, head), through the driver (``version.flex_signature``)."""
+    kernel = driver_kernel(kernel_fn, version.flex_signature, cfg.smem_bytes)
+    maps = MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)) if version.arguments == "maps" else None
+    return FlexLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, maps)
+
