@@ -4,7 +4,8 @@
 
 FlashAttention-3's experiment (its section on FP8's accuracy): q, k and v with standard normal entries, of which
 a fraction (0.1%) is drawn with ten times the scale instead, the outlier features that FP8's scaling must
-survive; the root-mean-square error of O against the float64 reference, for
+survive (``tinyflash.core.quantize.outlier_inputs``); the root-mean-square error of O against the float64
+reference, for
 
 * ``bfloat16``: q, k, v rounded to bfloat16 (ml_dtypes), S in float32, P rounded to bfloat16 before P·V with
   float32 accumulation, as the 16-bit kernels compute;
@@ -34,7 +35,7 @@ import time
 import numpy as np
 
 from ..core.e4m3 import round_e4m3
-from ..core.quantize import quantize_fp8
+from ..core.quantize import OUTLIER_FRACTION, OUTLIER_SCALE, outlier_inputs, quantize_fp8
 from ..forward.fp8 import P_OFFSET, fp8_attention
 from ..forward.naive import reference_attention
 from .record import CsvWriter, environment
@@ -48,18 +49,7 @@ METHODS = {  # name: (granularity, rotate, p_offset) of the FP8 forward, or the 
     "fp8 per tensor, rotated": ("tensor", True, P_OFFSET), "fp8 per block, rotated": ("block", True, P_OFFSET),
 }
 HEAD_DIMS, N, HEADS, BLOCK, SEEDS = (64, 128, 256), 1024, 4, 64, (0, 1, 2)
-OUTLIER_FRACTION, OUTLIER_SCALE = 1e-3, 10.0
 BAR = 2.0  # block scaling with rotation: at least 2× lower RMSE than per tensor
-
-
-def outlier_inputs(rng, shape, fraction=OUTLIER_FRACTION, scale=OUTLIER_SCALE):
-    """q, k, v (float32) of ``shape``: standard normal, each entry with probability ``fraction`` drawn from a normal
-    of standard deviation ``scale`` instead."""
-    def one():
-        x = rng.standard_normal(shape)
-        return np.where(rng.random(shape) < fraction, scale * rng.standard_normal(shape), x).astype(np.float32)
-
-    return one(), one(), one()
 
 
 def to_bfloat16(x) -> np.ndarray:

@@ -27,6 +27,9 @@ the fast Walsh-Hadamard transform, log2(d) rounds of sums and differences, O(d l
 (:func:`hadamard_rotate`). Sylvester's construction of H needs d a power of two; other head dims raise an error
 (a head dim could be padded with zero columns to the next power of two first, which changes no score). V is not
 rotated: its rotation would have to be undone on O.
+
+:func:`outlier_inputs` draws FlashAttention-3's test input for all this: standard normal entries, 0.1% of them
+drawn with ten times the scale (the outlier features).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .checks import BFLOAT16, SUPPORTED_DTYPES, array_dtype, as_array, check_kv_
 from .e4m3 import E4M3_MAX, encode_e4m3
 
 GRANULARITIES = ("tensor", "head", "block")
+OUTLIER_FRACTION, OUTLIER_SCALE = 1e-3, 10.0  # FlashAttention-3's outliers: 0.1% of the entries at 10× the scale
 
 
 def hadamard_rotate(x, signs) -> np.ndarray:
@@ -63,6 +67,16 @@ def hadamard_rotate(x, signs) -> np.ndarray:
 def random_signs(d: int, seed=None) -> np.ndarray:
     """d random signs (±1.0) from ``np.random.default_rng(seed)``: diag(signs) of the randomized Hadamard rotation."""
     return np.random.default_rng(seed).choice([-1.0, 1.0], size=d)
+
+
+def outlier_inputs(rng, shape, fraction=OUTLIER_FRACTION, scale=OUTLIER_SCALE):
+    """q, k, v (float32) of ``shape`` drawn from the generator ``rng``: standard normal, each entry with probability
+    ``fraction`` drawn from a normal of standard deviation ``scale`` instead (FlashAttention-3's FP8 experiment)."""
+    def one():
+        x = rng.standard_normal(shape)
+        return np.where(rng.random(shape) < fraction, scale * rng.standard_normal(shape), x).astype(np.float32)
+
+    return one(), one(), one()
 
 
 def descales(x, granularity: str, block: int) -> np.ndarray:
