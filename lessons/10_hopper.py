@@ -298,4 +298,5 @@ else:
 #   go round three warpgroups too) and up to 192 keys a tile; at d = 128, 176 keys without a mask.
 # * A persistent kernel: one block per multiprocessor walks many tiles, so one tile's epilogue overlaps
 #   the next tile's loads; causal tiles are handed out longest first.
-# * FP8 inputs, and P_ij through shared memory where the registers run out (large head dims).
+# * FP8 inputs (kernel v11 takes them too: lesson 12), and P_ij through shared memory where the registers run
+#   out (large head dims).
