@@ -27,7 +27,7 @@ Everything but cell [3] is NumPy. Cell [3] runs v11's Vᵀ pass and, on a Hopper
 toy size), v11 itself.
 
 Running time: about 4 s on 2 CPU cores without a GPU, its kernels on numba's simulator
-(figures/data/cpu_runs.csv, 2026-12-06, commit 8403f9c).
+(figures/data/cpu_runs.csv, 2026-12-06, commit 48d1070).
 """
 
 # %% [0] Where the kernels run (cell [3]): decide before numba is imported
