@@ -89,13 +89,15 @@ def simulated_warps(maps: bool):
 
 def on_the_gpu(args: LaunchArgs, outputs: tuple, launch_there) -> None:
     """``launch_there(args)`` with ``args``' host arrays copied to the GPU first (a tensor map holds a device
-    address), and the ``outputs`` copied back into the caller's arrays."""
+    address), and those of the ``outputs`` copied back into the caller's arrays (an output already on the GPU,
+    as the host wrappers allocate them for NumPy inputs, is written there)."""
     from numba import cuda
 
-    on_device = {name: (cuda.to_device(a), size) for name, (a, size) in args.arrays.items()}
+    on_device = {name: (a if is_device_array(a) else cuda.to_device(a), size) for name, (a, size) in args.arrays.items()}
     launch_there(replace(args, arrays=on_device))
     for name in outputs:
-        on_device[name][0].copy_to_host(args.arrays[name][0])
+        if not is_device_array(args.arrays[name][0]):
+            on_device[name][0].copy_to_host(args.arrays[name][0])
 
 
 def launch_tensor_cores(version: KernelVersion, args: LaunchArgs, prob, config=None, element: str | None = None, *,

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.online_softmax import LOG2E
 from ..gpu.driver_launch import GridLaunch, driver_kernel
+from ..gpu.launch import parameters
 from ..gpu.tensor_map import MapCache
 from .registry import KernelVersion
 
@@ -104,7 +105,9 @@ class FlexLaunch:
 def sized_flex(version: KernelVersion, kernel_fn, cfg, n_q: int, n_k: int, n_heads: int, kv_group: int) -> FlexLaunch:
     """``kernel_fn`` (the ``flex_fwd`` that ``version.build`` made for the call's functions) sized for one problem:
     one block per (query tile of Br rows, head), through the driver (``version.flex_signature``)."""
-    kernel = driver_kernel(kernel_fn, version.flex_signature, cfg.smem_bytes)
+    # without user functions or a block mask the build is the version's own flash_fwd, which takes fewer arguments
+    flex = len(parameters(kernel_fn)) == len(version.flex_signature)
+    kernel = driver_kernel(kernel_fn, version.flex_signature if flex else version.signature, cfg.smem_bytes)
     maps = MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)) if version.arguments == "maps" else None
     return FlexLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, maps)
 
