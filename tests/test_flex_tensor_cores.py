@@ -331,3 +331,23 @@ def test_two_dimensional_inputs_are_batch_0_head_0(rng):
     o, lse = tf.flex_attention(q, k, v, mask_mod=mask, score_mod=alibi)
     ref_o, _ = check(o, lse, q, k, v, alibi, mask, what="(Nq, d)")
     assert np.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("name", ["v6", "v10"])
+def test_the_driver_signatures_fit_what_the_builds_take(name):
+    """What a call on device arrays launches through the driver (``host.sized.sized_flex``) is compiled for the
+    signature ``host.sized.signature_of`` chooses: for a build with the user's functions or a block mask (flex_fwd)
+    the version's flex signature, for one without (the version's own flash_fwd) its plain one; either as long as
+    the kernel's parameters (checked on the builds, without a launch)."""
+    from tinyflash.gpu.launch import parameters
+    from tinyflash.host.flex import user_function
+    from tinyflash.host.sized import signature_of
+
+    version = VERSIONS[name]
+    cfg = version.tilings[1](64)
+    score = user_function(variants.softcap(20.0), "score_mod", 5)
+    for kwargs in ({"score_mod": score}, {"block_sparse": True}, {}):
+        kernel = version.build(cfg, "float16", 1, **kwargs)
+        signature = signature_of(version, kernel)
+        assert signature is (version.flex_signature if kwargs else version.signature), (name, kwargs)
+        assert len(parameters(kernel)) == len(signature), (name, kwargs)

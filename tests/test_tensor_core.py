@@ -291,3 +291,28 @@ def test_call_key(rng):
     host = rng.standard_normal((2, 9, 64)).astype(np.float16)
     assert call_key(host, host, host, True, None) is None  # NumPy: copied to the GPU at every call anyway
     assert call_key(q, host, q, True, None) is None
+
+
+def test_on_the_gpu_copies_only_host_arrays():
+    """``host.launch.on_the_gpu`` (a TMA kernel's NumPy inputs go to the GPU: a tensor map holds a device address):
+    host arrays are copied there and the host outputs back; an output the wrapper allocated on the GPU (as it does
+    for NumPy inputs) is handed over as it is and written there, never copied onto itself."""
+    from numba import cuda
+
+    from tinyflash.gpu.arrays import is_device_array
+    from tinyflash.gpu.launch import LaunchArgs
+    from tinyflash.host.launch import on_the_gpu
+
+    q, host_out = np.arange(6, dtype=np.float32), np.zeros(6, np.float32)
+    device_out = cuda.to_device(np.zeros(6, np.float32))
+    seen = {}
+
+    def launch_there(args):
+        seen.update({name: a for name, (a, _) in args.arrays.items()})
+        for name in ("O", "LSE"):
+            args.arrays[name][0].copy_to_device(args.arrays["Q"][0].copy_to_host() + 1)
+
+    on_the_gpu(LaunchArgs(arrays={"Q": (q, 6), "O": (device_out, 6), "LSE": (host_out, 6)}, scalars={}, n_heads=1),
+               ("O", "LSE"), launch_there)
+    assert all(map(is_device_array, seen.values())) and seen["O"] is device_out
+    assert np.array_equal(host_out, q + 1) and np.array_equal(device_out.copy_to_host(), q + 1)

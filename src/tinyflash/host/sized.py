@@ -101,13 +101,18 @@ class FlexLaunch:
         self.kernel(self.grid, self.threads, self.smem_bytes, *self.kernel.arguments(values), stream=stream)
 
 
+def signature_of(version: KernelVersion, kernel_fn) -> tuple:
+    """The driver signature of what ``version.build`` made for a flex call: its flex signature for ``flex_fwd``;
+    without user functions or a block mask the build is the version's own ``flash_fwd``, which takes fewer
+    arguments, and its plain signature."""
+    return version.flex_signature if len(parameters(kernel_fn)) == len(version.flex_signature) else version.signature
+
+
 @lru_cache(maxsize=256)
 def sized_flex(version: KernelVersion, kernel_fn, cfg, n_q: int, n_k: int, n_heads: int, kv_group: int) -> FlexLaunch:
     """``kernel_fn`` (the ``flex_fwd`` that ``version.build`` made for the call's functions) sized for one problem:
     one block per (query tile of Br rows, head), through the driver (``version.flex_signature``)."""
-    # without user functions or a block mask the build is the version's own flash_fwd, which takes fewer arguments
-    flex = len(parameters(kernel_fn)) == len(version.flex_signature)
-    kernel = driver_kernel(kernel_fn, version.flex_signature if flex else version.signature, cfg.smem_bytes)
+    kernel = driver_kernel(kernel_fn, signature_of(version, kernel_fn), cfg.smem_bytes)
     maps = MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)) if version.arguments == "maps" else None
     return FlexLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, maps)
 
