@@ -247,3 +247,22 @@ def test_bad_transposed_lists(rng, monkeypatch):
         lists[name][where] = value
         with pytest.raises(ValueError, match="must list 0 to Tr = 2 query tiles"):
             tf.flex_attention_backward(q, k, v, o, lse, do, block_mask=replace(good, **lists))
+
+
+def test_the_driver_signature_fits_what_the_build_takes():
+    """What a flex backward on PyTorch or CuPy arrays launches through the driver (``host.sized.sized_flex_backward``)
+    is compiled for ``host.sized.signature_of``'s choice: v2's flex signature for flex_bwd_tc (the user's functions or
+    a block mask), its plain one for its own kernel; either as long as the kernel's parameters (on the builds)."""
+    from tinyflash.backward.kernels import VERSIONS
+    from tinyflash.gpu.launch import parameters
+    from tinyflash.host.flex import user_function
+    from tinyflash.host.sized import signature_of
+
+    v2 = VERSIONS["v2"]
+    cfg = v2.tilings[1](64)
+    score = user_function(variants.softcap(20.0), "score_mod", 5)
+    for kwargs in ({"score_mod": score}, {"block_sparse": True}, {}):
+        kernel = v2.build(cfg, "float16", pair_atomics=False, **kwargs)
+        signature = signature_of(v2, kernel)
+        assert signature is (v2.flex_signature if kwargs else v2.signature), kwargs
+        assert len(parameters(kernel)) == len(signature), kwargs

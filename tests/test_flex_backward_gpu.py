@@ -138,3 +138,27 @@ def test_smoke(rng):
     o, lse = tf.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
     grads = tf.flex_attention_backward(q, k, v, o, lse, do, score_mod=score_mod, block_mask=bm)
     check(grads, q, k, v, do, score_mod, window, what="smoke")
+
+
+def test_device_arrays_through_the_driver_give_numbas_gradients(rng):
+    """PyTorch tensors take the driver (the three kernels sized once per problem: ``host.sized.sized_flex_backward``),
+    NumPy arrays numba's launches: dk and dv bit for bit (each key tile's sums in one order), dq (float32 atomics in
+    any order) by the rule on both; a second call reuses the sized launch."""
+    torch = pytest.importorskip("torch")
+    from tinyflash.host.sized import sized_flex_backward
+
+    q, k, v, do = random_inputs(torch, 4, 2, 300, 64, torch.float16, seed=int(rng.integers(2**31)))
+    score_mod, window = variants.softcap(5.0), variants.sliding_window(100)
+    bm = tf.create_block_mask(window, 1, 1, 300, 300)
+    o, lse = tf.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, kernel="v6")
+    sized_flex_backward.cache_clear()
+    on_gpu = tf.flex_attention_backward(q, k, v, o, lse, do, score_mod=score_mod, block_mask=bm)
+    host = tf.flex_attention_backward(*(x.cpu().numpy() for x in (q, k, v, o, lse, do)), score_mod=score_mod,
+                                      block_mask=bm)
+    assert sized_flex_backward.cache_info().currsize == 1  # NumPy arrays took numba's launches
+    for name, a, b in zip(("dk", "dv"), on_gpu[1:], host[1:]):
+        assert np.array_equal(a.cpu().numpy(), b), name
+    check(on_gpu, q, k, v, do, score_mod, window, what="driver")
+    check([torch.from_numpy(x).cuda() for x in host], q, k, v, do, score_mod, window, what="numba")
+    tf.flex_attention_backward(q, k, v, o, lse, do, score_mod=score_mod, block_mask=bm)
+    assert sized_flex_backward.cache_info().hits >= 1

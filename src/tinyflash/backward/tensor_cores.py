@@ -12,20 +12,22 @@ as uint32 words of two values, whatever their format: only the tensor cores and 
 checks, the plans and the launches of the main kernel are the host layer's (``tinyflash.host``).
 
 :func:`flex_attention_backward` is the same three launches for :func:`tinyflash.flex_attention`: v2 with the user's
-functions and a block mask compiled in (``flex_bwd_tc``), checked by ``tinyflash.host.flex_backward``, through
-numba's launches.
+functions and a block mask compiled in (``flex_bwd_tc``), checked by ``tinyflash.host.flex_backward``; on PyTorch
+or CuPy arrays on a GPU through the driver, sized once per problem (the checks, which read the user's functions,
+run at every call), else through numba's launches.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from ..core.checks import AttentionProblem
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import current_stream, dense, empty, library, numba_flat, result, zeros
+from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result, zeros
 from ..gpu.driver_launch import GridLaunch, driver_kernel
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_compute_capability, require_gpu, simulator_enabled
@@ -34,7 +36,7 @@ from ..host.flex_backward import block_mask_scalars, plan_flex_backward
 from ..host.launch import launch_backward_tensor_cores
 from ..host.plans import PLANS, backward_key
 from ..host.registry import KernelVersion
-from ..host.sized import sized_backward
+from ..host.sized import sized_backward, sized_flex_backward
 from ..warp_tile import BACKWARD_HEAD_DIMS, MIN_COMPUTE_CAPABILITY, MMA_M, head_dims_text
 from .kernels import VERSIONS
 from .kernels.rows import (FINISH_DQ_WORDS_SIGNATURE, ROW_DOT_ROWS, ROW_DOT_WORDS_SIGNATURE, ROWS_PER_BLOCK,
@@ -69,14 +71,22 @@ def driver_launches(version: KernelVersion, n_q: int, n_k: int, n_heads: int, kv
                     causal: bool, element: str, cfg, **options) -> DriverLaunches:
     """:class:`DriverLaunches` for n_heads query heads (kv_group per K/V head), Nq, Nk >= 1: ``version``'s main
     kernel at the tiling ``cfg`` (``options``: its build's), and the two row kernels, one launch each."""
+    row_dot, finish_dq = row_launches(element, n_q, cfg.D, n_heads, scale)
+    return DriverLaunches(row_dot, sized_backward(version, n_q, n_k, n_heads, kv_group, scale, causal, element, cfg,
+                                                  **options), finish_dq)
+
+
+@lru_cache(maxsize=256)
+def row_launches(element: str, n_q: int, d: int, n_heads: int, scale: float) -> tuple[GridLaunch, GridLaunch]:
+    """The two row kernels sized for one problem: D = rowsum(dO ∘ O) with dQ's accumulator zeroed, and dQ scaled
+    and rounded (``kernels/rows.py``), through the driver."""
     row_dot, finish_dq = word_rows(element)
-    words = n_q * cfg.D // 2  # words of one head's dQ
-    return DriverLaunches(
-        GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROW_DOT_ROWS), n_heads),
-                         ROWS_PER_BLOCK, 0, n_q=n_q, d=cfg.D),
-        sized_backward(version, n_q, n_k, n_heads, kv_group, scale, causal, element, cfg, **options),
-        GridLaunch.sized(driver_kernel(finish_dq, FINISH_DQ_WORDS_SIGNATURE), (-(-words // ROWS_PER_BLOCK), n_heads),
-                         ROWS_PER_BLOCK, 0, n=words, scale=np.float32(scale)))
+    words = n_q * d // 2  # words of one head's dQ
+    return (GridLaunch.sized(driver_kernel(row_dot, ROW_DOT_WORDS_SIGNATURE), (-(-n_q // ROW_DOT_ROWS), n_heads),
+                             ROWS_PER_BLOCK, 0, n_q=n_q, d=d),
+            GridLaunch.sized(driver_kernel(finish_dq, FINISH_DQ_WORDS_SIGNATURE), (-(-words // ROWS_PER_BLOCK),
+                                                                                    n_heads),
+                             ROWS_PER_BLOCK, 0, n=words, scale=np.float32(scale)))
 
 
 @dataclass(frozen=True)
@@ -196,8 +206,36 @@ def flex_attention_backward(q, k, v, o, lse, do, *, score_mod=None, mask_mod=Non
     plan = plan_flex_backward(VERSIONS, FLEX_WHO, arrays, score_mod, mask_mod, block_mask, causal, scale, kernel,
                               config)
     options = {"score_mod": plan.score_mod, "mask_mod": plan.mask_mod, "block_sparse": block_mask is not None}
+    prob, heads = plan.prob, math.prod(plan.prob.lead)
+    if (library(q) in ("torch", "cupy") and is_device_array(q) and not simulator_enabled() and 0 < heads <= MAX_GRID_Y
+            and prob.n_q > 0 and prob.n_k > 0 and plan.version.flex_signature and plan.version.arguments != "maps"):
+        return _flex_driver_call(arrays, plan, block_mask_scalars(plan, block_mask), options)
     general = BackwardPlan(plan.prob, plan.element, plan.version, plan.config, None)
     return _general_call(arrays, general, False, block_mask_scalars(plan, block_mask), options)
+
+
+def _flex_driver_call(arrays, plan, flex_scalars: dict, options: dict):
+    """A flex backward on PyTorch or CuPy arrays on a GPU: the three kernels through the driver, sized once per
+    problem (the main kernel per build of the user's functions: ``host.sized.sized_flex_backward``), on the stream
+    the caller's library works on."""
+    q, k, v, o, lse, do = (dense(x) for x in arrays)
+    prob, cfg = plan.prob, plan.config
+    heads, g = math.prod(prob.lead), prob.kv_group
+    dq, dk, dv = empty(q, tuple(arrays[0].shape)), empty(q, tuple(arrays[1].shape)), empty(q, tuple(arrays[2].shape))
+    D = empty(q, heads * prob.n_q, FLOAT32)  # (BH·Nq,) rowsum(dO ∘ O)
+    dq_acc = empty(q, heads * prob.n_q * prob.d, FLOAT32)  # (BH·Nq·d,) dQ before its scale, added by atomics
+    row_dot, finish_dq = row_launches(plan.element, prob.n_q, prob.d, heads, float(prob.scale))
+    main = sized_flex_backward(plan.version, plan.version.build(cfg, plan.element, **options), cfg, prob.n_q,
+                               prob.n_k, heads, g)
+    stream = current_stream(q)
+    row_dot(do, o, D, dq_acc, stream=stream)
+    main({"Q": q, "K": k, "V": v, "dO": do, "LSE": lse, "Dvec": D, "dQ_acc": dq_acc, "dK": dk, "dV": dv,
+          "dQ_turn": D},  # dQ_turn: no deterministic mode here, never read
+         {"n_q": prob.n_q, "n_k": prob.n_k, "scale": np.float32(prob.scale),
+          "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal, "kv_group": g, **flex_scalars},
+         stream=stream)
+    finish_dq(dq_acc, dq, stream=stream)
+    return dq, dk, dv
 
 
 def _general_call(arrays, plan: BackwardPlan, deterministic: bool, flex_scalars=None, flex_options=None):

@@ -92,7 +92,7 @@ class FlexLaunch:
     grid: tuple
     threads: int
     smem_bytes: int
-    maps: MapCache | None
+    maps: MapCache | None = None
 
     def __call__(self, arrays: dict, scalars: dict, stream: int = 0) -> None:
         values = {**arrays, **scalars}
@@ -115,4 +115,16 @@ def sized_flex(version: KernelVersion, kernel_fn, cfg, n_q: int, n_k: int, n_hea
     kernel = driver_kernel(kernel_fn, signature_of(version, kernel_fn), cfg.smem_bytes)
     maps = MapCache(cfg.maps(n_q, n_k, n_heads, n_heads // kv_group)) if version.arguments == "maps" else None
     return FlexLaunch(kernel, (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, maps)
+
+
+@lru_cache(maxsize=256)
+def sized_flex_backward(version: KernelVersion, kernel_fn, cfg, n_q: int, n_k: int, n_heads: int,
+                        kv_group: int) -> FlexLaunch:
+    """A backward main kernel built for a flex call (``flex_bwd_tc``, or the version's own without functions or a
+    block mask) sized for one problem: one block per (key tile of Bc keys, K/V head), through the driver; for a
+    version that reads words (v2), not tensor maps."""
+    if version.arguments == "maps":
+        raise ValueError(f"backward kernel {version.name} reads tensor maps: its flex launch is numba's")
+    kernel = driver_kernel(kernel_fn, signature_of(version, kernel_fn), cfg.smem_bytes)
+    return FlexLaunch(kernel, (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes)
 

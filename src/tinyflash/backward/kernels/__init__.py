@@ -38,7 +38,8 @@ TENSOR_CORES_NEEDED = partial(require_compute_capability, MIN_COMPUTE_CAPABILITY
 
 
 def _version(name, code, changed, **facts):
-    return KernelVersion(name, code, changed, code.build, signature=getattr(code, "SIGNATURE", None), **facts)
+    return KernelVersion(name, code, changed, code.build, signature=getattr(code, "SIGNATURE", None),
+                         flex_signature=getattr(code, "FLEX_SIGNATURE", None), **facts)
 
 
 VERSIONS = Registry("backward kernel", (
