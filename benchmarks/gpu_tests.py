@@ -4,6 +4,9 @@
                                                                         # kernel version once
     PYTHONPATH=src python benchmarks/gpu_tests.py OUT.csv --part 1      # the whole GPU suite in two calls:
     PYTHONPATH=src python benchmarks/gpu_tests.py OUT.csv --part 2      # each runs half of it
+    PYTHONPATH=src python benchmarks/gpu_tests.py OUT.csv --part 1 --deadline 480   # groups still running after
+                                                                        # 480 s are interrupted: their rows hold
+                                                                        # the tests that ended
     PYTHONPATH=src python benchmarks/gpu_tests.py OUT.csv               # the whole GPU suite in one call
     PYTHONPATH=src python benchmarks/gpu_tests.py OUT.csv "tests/a.py tests/b.py" ...   # these groups, as given
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +71,8 @@ PROCESSES = 14  # pytest processes at once, each holding its own CUDA context: m
 # process's share of the cores, unless the caller set them; left alone, each of the processes starts a pool as
 # large as the machine and they contend for its cores in the float64 references' matrix products
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+GRACE = 30.0  # seconds an interrupted pytest has to write its report before it is killed
+INTERRUPTED = 2  # pytest's exit code when interrupted
 
 
 def collect(files: list[str], smoke: bool) -> list[str]:
@@ -213,6 +219,8 @@ def count(report: Path, files: list[str]) -> dict:
     found = count_nothing(files)
     files = list(found)  # the group's files, a test named in it ('tests/a.py::test_b') as its file
     for case in ET.parse(report).getroot().iter("testcase"):
+        if not case.get("name"):  # the nameless entry pytest writes for a test interrupted (--deadline) mid-run
+            continue
         row = found.setdefault(case_file(case, files), count_nothing(["?"])["?"])
         row["tests"] += 1
         row[outcome(case)] += 1
@@ -233,10 +241,13 @@ def count_nothing(files: list[str]) -> dict:
             for f in files}
 
 
-def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path, tag: str):
-    """Start one pytest per group, all at once. Yields (tests, report path, log path, exit code) of each group as
-    it ends, first ended first, so that its rows are written at once: a run stopped by a time limit keeps them.
-    A group's tests are files or node ids, run as named: the grid's too (``--grid``)."""
+def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path, tag: str, deadline: float | None = None):
+    """Start one pytest per group, all at once. Yields (tests, report path, log path, exit code, stopped) of each
+    group as it ends, first ended first, so that its rows are written at once: a run stopped by a time limit keeps
+    them. A group's tests are files or node ids, run as named: the grid's too (``--grid``). ``deadline``: seconds
+    after which each pytest still running is interrupted (SIGINT: it ends the test it is in, and its report holds
+    the tests that ended; ``stopped`` is True), and killed GRACE seconds later if it has not ended."""
+    start, interrupted = time.perf_counter(), False
     running = []
     for i, tests in enumerate(groups):
         report = report_dir / f"group_{i}.xml"
@@ -255,7 +266,15 @@ def run_groups(groups: list[list[str]], log_dir: Path, report_dir: Path, tag: st
             tests, report, log, out, proc = group
             out.close()
             running.remove(group)
-            yield tests, report, log, proc.returncode
+            yield tests, report, log, proc.returncode, interrupted
+        elapsed = time.perf_counter() - start
+        if deadline is not None and elapsed > deadline and not interrupted:
+            interrupted = True
+            for group in running:
+                group[-1].send_signal(signal.SIGINT)
+        if interrupted and elapsed > deadline + GRACE:
+            for group in running:
+                group[-1].kill()
         if not ended:
             time.sleep(0.5)
 
@@ -283,6 +302,8 @@ def main(argv=None) -> int:
                     help=f"pytest processes at once (default {PROCESSES})")
     ap.add_argument("--plan", action="store_true", help="print the groups and their estimated seconds; run nothing")
     ap.add_argument("--log-dir", help="where each group's pytest log goes (default: the CSV's folder)")
+    ap.add_argument("--deadline", type=float, help="seconds after which the groups still running are interrupted, "
+                                                   "their rows holding the tests that ended (inside a call's limit)")
     args = ap.parse_intermixed_args(argv)  # options before or after the groups
 
     per_test = seconds_per_test(RECORDS)
@@ -297,7 +318,7 @@ def main(argv=None) -> int:
     csv_path = Path(args.csv)
     log_dir = Path(args.log_dir) if args.log_dir else csv_path.resolve().parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    return run_and_record(groups, tag, csv_path, log_dir)
+    return run_and_record(groups, tag, csv_path, log_dir, args.deadline)
 
 
 def chosen_groups(args, per_test: dict) -> tuple[list[list[str]], str]:
@@ -313,9 +334,11 @@ def chosen_groups(args, per_test: dict) -> tuple[list[list[str]], str]:
     return (parts[args.part - 1] if 1 <= args.part <= len(parts) else []), f"part{args.part}"
 
 
-def run_and_record(groups: list[list[str]], tag: str, csv_path: Path, log_dir: Path) -> int:
+def run_and_record(groups: list[list[str]], tag: str, csv_path: Path, log_dir: Path,
+                   deadline: float | None = None) -> int:
     """Run the groups at once; rows into ``csv_path`` as each ends, after the earlier rows of other files; the
-    exit code (0: nothing failed or gave an error)."""
+    exit code (0: every test ran, and nothing failed or gave an error). ``deadline``: :func:`run_groups`'."""
+    cut = 0
     from tinyflash.bench.record import CsvWriter, environment
 
     try:
@@ -333,11 +356,15 @@ def run_and_record(groups: list[list[str]], tag: str, csv_path: Path, log_dir: P
             writer.write({k: row.get(k, "") for k in FIELDS})
         print(f"{env['device']}  numba-cuda {env['numba_cuda']}  cupy {env['cupy'] or '-'}  torch {env['torch'] or '-'}"
               f"  commit {env['commit'] or '-'}  {env['date']}  {len(groups)} processes", flush=True)
-        for tests, report, log, code in run_groups(groups, log_dir, Path(tmp), tag):
+        for tests, report, log, code, stopped in run_groups(groups, log_dir, Path(tmp), tag, deadline):
             found = count(report, tests) if report.exists() else count_nothing(tests)
             for name in failures(report) if report.exists() else []:
                 print(f"FAILED {name}  (log: {log.name})", flush=True)
-            if code not in (0, 1, 5) and not any(row["failed"] or row["errors"] for row in found.values()):
+            if stopped and code == INTERRUPTED:  # the rows hold the tests that ended before the deadline
+                cut += 1
+                print(f"stopped at the deadline: {log.name} ({sum(r['tests'] for r in found.values())} tests "
+                      f"ended)", flush=True)
+            elif code not in (0, 1, 5) and not any(row["failed"] or row["errors"] for row in found.values()):
                 # pytest stopped without a failing test in its report (a file not found, a crash): the files
                 # that ran no test get an error each (all of them if every file ran some); the log says why
                 for row in [row for row in found.values() if not row["tests"]] or list(found.values()):
@@ -353,8 +380,9 @@ def run_and_record(groups: list[list[str]], tag: str, csv_path: Path, log_dir: P
         writer.close()
     print(f"{totals['tests']} tests: {totals['passed']} passed, {totals['failed']} failed, "
           f"{totals['skipped']} skipped, "
-          f"{totals['errors']} errors, in {time.perf_counter() - start:.0f} s (logs in {log_dir})")
-    return 0 if totals["failed"] == totals["errors"] == 0 else 1
+          f"{totals['errors']} errors, in {time.perf_counter() - start:.0f} s (logs in {log_dir})"
+          + (f"; {cut} of {len(groups)} groups stopped at the deadline" if cut else ""))
+    return 0 if totals["failed"] == totals["errors"] == cut == 0 else 1
 
 
 if __name__ == "__main__":

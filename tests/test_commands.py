@@ -130,6 +130,19 @@ def test_a_split_test_function_keeps_each_kernels_sizes_in_one_run():
     assert all(len({node.split("-", 1)[1] for node in group}) == 1 for group in parts[0])  # a kernel per group
 
 
+def test_a_report_cut_at_the_deadline_counts_the_tests_that_ended(tmp_path):
+    """An interrupted pytest's JUnit report ends with a nameless entry for the test it was in: not counted."""
+    gpu_tests = gpu_tests_module()
+    report = tmp_path / "group.xml"
+    report.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="test_x[1]" '
+                      'file="tests/test_a.py" time="2.0"/><testcase classname="tests.test_a" name="test_x[2]" '
+                      'file="tests/test_a.py" time="1.0"><failure message="no"/></testcase>'
+                      '<testcase time="0.000"/></testsuite></testsuites>')
+    found = gpu_tests.count(report, ["tests/test_a.py"])
+    assert found == {"tests/test_a.py": {"tests": 2, "passed": 1, "failed": 1, "skipped": 0, "errors": 0,
+                                         "seconds": 3.0}}
+
+
 def test_the_ptxas_report_finds_uniform_registers_that_nothing_writes(monkeypatch):
     """The SASS check of benchmarks/ptxas_report.py, on listings in nvdisasm's form: ptxas 13.0's cp.async with a
     cache policy (decode's split kernel at d = 32) reads UR0 and the descriptor pair UR1, UR2 that no instruction
