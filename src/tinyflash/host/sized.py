@@ -3,8 +3,9 @@
 Sizing depends only on a problem's shape: the grid, the threads, the shared memory and the trailing scalars are
 fixed once (``gpu.driver_launch.GridLaunch``), the kernel compiled on first use, and a call passes only its arrays'
 addresses. A version whose kernel reads TMA tensor maps (``arguments == 'maps'``) gets them from a
-``gpu.tensor_map.MapCache``, by the arrays' addresses. Both functions here are kept per problem (``lru_cache``):
-a plan (``host/plans.py``) holds what they return.
+``gpu.tensor_map.MapCache``, by the arrays' addresses. The functions here are kept per problem (``lru_cache``):
+a plan (``host/plans.py``) holds what the first two return; a flex call (whose checks read the user's functions at
+every call, and so have no plan) asks for its sized launch at each call.
 """
 
 from __future__ import annotations
@@ -84,9 +85,11 @@ def sized_backward(version: KernelVersion, n_q: int, n_k: int, n_heads: int, kv_
 
 @dataclass(frozen=True)
 class FlexLaunch:
-    """A forward version's ``flex_fwd`` sized for one problem, launched through the driver: a call passes the
-    arrays and the block mask's values by name (``host.flex``'s LaunchArgs), and a kernel that reads tensor maps
-    gets those of Q, K and V from ``maps`` (kept by their addresses), as :class:`TmaLaunch` does."""
+    """A kernel built for a flex call (a forward's ``flex_fwd``, a backward's ``flex_bwd_tc``, or the version's own
+    kernel where the call has no function and no block mask) sized for one problem, launched through the driver: a
+    call passes the arrays and the scalars (the block mask's lists among them) by the kernel's parameter names, and a
+    kernel that reads tensor maps gets those of Q, K and V from ``maps`` (kept by their addresses), as
+    :class:`TmaLaunch` does."""
 
     kernel: object  # gpu.driver_launch.DriverKernel
     grid: tuple
