@@ -11,6 +11,7 @@
 #   bash benchmarks/run_gpu.sh OUTDIR bench-example-32k
 #   bash benchmarks/run_gpu.sh OUTDIR bench-backward
 #   bash benchmarks/run_gpu.sh OUTDIR bench-backward-tensor-cores
+#   bash benchmarks/run_gpu.sh OUTDIR bench-flex bench-hopper-fp8
 #   bash benchmarks/run_gpu.sh OUTDIR bench-decode
 #   bash benchmarks/run_gpu.sh OUTDIR bench-training-step bench-decode-whole-call
 #   bash benchmarks/run_gpu.sh OUTDIR gpt cold-start accuracy   # the example and the scripts beside the benchmarks
@@ -22,7 +23,9 @@
 # OUTDIR/gpu_smoke_$DEVICE.csv), a log per process beside it. A benchmark step runs
 # `python -m tinyflash.bench NAME` and writes OUTDIR/<its record name>_$DEVICE.csv, the name the
 # record gives it in figures/data/ (tensor_cores_h200.csv, ...), and a log beside it; a CSV goes into
-# figures/data/ once its rows are checked. DEVICE (default h200) names the GPU in the files' names.
+# figures/data/ once its rows are checked. DEVICE (default h200) names the GPU in the files' names. DEADLINE
+# (seconds, unset: none) stops a tests step's groups still running then, their rows keeping the tests that ended:
+# set it under the time one call may run.
 set -uo pipefail
 out=${1:-gpu-logs}
 mkdir -p "$out"
@@ -41,8 +44,9 @@ bench() {  # bench NAME: one declared benchmark into the CSV the record names fo
 status=0
 for what in "$@"; do
   case $what in
-    tests) $py benchmarks/gpu_tests.py "$out/gpu_tests_$device.csv" || status=1 ;;
-    tests-1|tests-2) $py benchmarks/gpu_tests.py "$out/gpu_tests_$device.csv" --part "${what#tests-}" || status=1 ;;
+    tests) $py benchmarks/gpu_tests.py "$out/gpu_tests_$device.csv" ${DEADLINE:+--deadline "$DEADLINE"} || status=1 ;;
+    tests-1|tests-2) $py benchmarks/gpu_tests.py "$out/gpu_tests_$device.csv" --part "${what#tests-}" \
+                       ${DEADLINE:+--deadline "$DEADLINE"} || status=1 ;;
     smoke) $py benchmarks/gpu_tests.py "$out/gpu_smoke_$device.csv" --smoke || status=1 ;;
     lessons)
       $py lessons/run_all.py > "$out/lessons_$device.log" 2>&1 || status=1
@@ -52,6 +56,8 @@ for what in "$@"; do
     bench-example-32k) bench example-32k || status=1 ;;
     bench-backward) bench backward || status=1 ;;
     bench-backward-tensor-cores) bench backward-tensor-cores || status=1 ;;
+    bench-flex) bench flex || status=1 ;;
+    bench-hopper-fp8) bench hopper-fp8 || status=1 ;;
     bench-decode) bench decode || status=1 ;;
     bench-training-step) bench training-step || status=1 ;;
     bench-decode-whole-call) bench decode-whole-call || status=1 ;;
@@ -59,7 +65,8 @@ for what in "$@"; do
     cold-start) $py benchmarks/cold_start.py "$out/cold_start_$device.csv" 2>&1 | tee "$out/cold_start_$device.log" || status=1 ;;
     accuracy) $py benchmarks/accuracy.py "$out/accuracy_$device.csv" 2>&1 | tee "$out/accuracy_$device.log" || status=1 ;;
     *) echo "unknown step: $what (steps: smoke tests-1 tests-2 tests lessons bench-tensor-cores bench-tensor-core-tiles" \
-            "bench-example-32k bench-backward bench-backward-tensor-cores bench-decode bench-training-step" \
+            "bench-example-32k bench-backward bench-backward-tensor-cores bench-flex bench-hopper-fp8 bench-decode" \
+            "bench-training-step" \
             "bench-decode-whole-call gpt cold-start accuracy)" >&2; exit 2 ;;
   esac
 done

@@ -150,6 +150,20 @@ def pv_kernel(d):
     return kernel
 
 
+def test_the_driver_signatures_fit_the_kernels():
+    """What a call on PyTorch or CuPy arrays on a GPU launches through the driver (``forward.hopper_fp8.sized_fp8``)
+    is compiled for v11's SIGNATURE and the Vᵀ pass's TRANSPOSE_SIGNATURE: as many types as each kernel has
+    parameters, arrays where it takes arrays (checked on the builds, without a launch)."""
+    from tinyflash.forward.kernels.fp8_tiling import TRANSPOSE_SIGNATURE
+    from tinyflash.gpu.launch import parameters
+
+    v11 = VERSIONS["v11"]
+    for kernel, signature, arrays in ((v11.build(v11.tilings[1](64)), v11.signature, 5),
+                                      (transpose_v(64), TRANSPOSE_SIGNATURE, 2)):
+        assert len(parameters(kernel)) == len(signature)
+        assert [hasattr(t, "ndim") for t in signature] == [True] * arrays + [False] * (len(signature) - arrays)
+
+
 @pytest.mark.simulator
 @pytest.mark.grid
 def test_p_reaches_the_tensor_cores_by_renumbered_keys(rng):

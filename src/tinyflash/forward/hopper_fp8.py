@@ -7,31 +7,39 @@ with descale factors (x ≈ x8 · descale, ``tinyflash.quantize_fp8``), and the 
 
 The steps are the host layer's, in its order: check the arguments (before anything looks for a GPU), the GPU,
 allocate, launch. A call makes two launches: the pass that writes Vᵀ (``kernels/fp8_tiling.transpose_v``: FP8
-wgmma reads V transposed, with its keys renumbered as P's registers hold them), then v11. Every call goes through
-numba's launches (``gpu/launch.py``), the heads in slices of a grid's 65,535; there is no plan cache and no launch
-through the driver yet, so a call pays numba's dispatch on the host, tens of µs, which matters only for short
-sequences.
+wgmma reads V transposed, with its keys renumbered as P's registers hold them), then v11. On PyTorch or CuPy arrays
+on a GPU both go through the driver, sized once per problem (:func:`sized_fp8`: the tensor maps kept by the
+arrays' addresses, the descales kept on the GPU by their values), on the caller's stream, so that queued calls
+queue. Otherwise (NumPy arrays, numba's, the simulator) through numba's launches (``gpu/launch.py``), the heads in
+slices of a grid's 65,535, the tensor maps and the descales copied to the GPU at every call, which then waits for
+the kernels before it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
 
 from ..core.checks import check_attention_inputs
 from ..core.online_softmax import LOG2E
-from ..gpu.arrays import empty, is_device_array, library, numba_flat, result
+from ..gpu.arrays import current_stream, dense, empty, is_device_array, library, numba_flat, result
+from ..gpu.driver_launch import GridLaunch, driver_kernel
 from ..gpu.launch import MAX_GRID_Y, LaunchArgs, launch
 from ..gpu.runtime import require_gpu, simulator_enabled
-from ..gpu.tensor_map import tensor_maps
+from ..gpu.tensor_map import MapCache, tensor_maps
 from ..host.inputs import FLOAT16, as_words, placed, shape_only
 from ..host.launch import simulated_warps
 from .kernels import E4M3, FP8_VERSIONS, VERSIONS
-from .kernels.fp8_tiling import TRANSPOSE_KEYS, TRANSPOSE_THREADS, padded_keys, transpose_v
+from .kernels.fp8_tiling import TRANSPOSE_KEYS, TRANSPOSE_SIGNATURE, TRANSPOSE_THREADS, padded_keys, transpose_v
 
 WHO = "hopper_fp8_attention"
+MAX_SCALES = 64  # descales kept on the GPU by their values (device_scales)
+_SCALES: OrderedDict = OrderedDict()
 
 
 def e4m3_bytes(x, name: str):
@@ -112,6 +120,55 @@ def transposed_v(v_bytes, prob, like):
     return vt, nkp
 
 
+@dataclass(frozen=True)
+class Fp8Launch:
+    """v11 sized for one problem, through the driver: the pass that writes Vᵀ (``transpose``: one block per 32 keys
+    and K/V head), then v11 on O, LSE, the descales and the tensor maps of Q, K and Vᵀ (kept by their addresses)."""
+
+    transpose: GridLaunch
+    main: GridLaunch
+    maps: MapCache
+
+    def __call__(self, q, k, v, vt, o, lse, qk_scale, v_scale, stream: int = 0) -> None:
+        """q, k, v: e4m3 bytes; vt: a buffer for Vᵀ's bytes; o: bfloat16 bits; qk_scale, v_scale: float32 per head."""
+        self.transpose(v, vt, stream=stream)
+        self.main(o, lse, qk_scale, v_scale, self.maps(q, k, vt, stream=stream), stream=stream)
+
+
+@lru_cache(maxsize=256)
+def sized_fp8(version, n_q: int, n_k: int, n_heads: int, kv_group: int, causal: bool, cfg) -> Fp8Launch:
+    """An FP8 version and its Vᵀ pass sized for one problem: Vᵀ's columns n_k padded to a key tile, one block per
+    (query tile of Br rows, head)."""
+    nkp, kv_heads = padded_keys(n_k), n_heads // kv_group
+    transpose = GridLaunch.sized(driver_kernel(transpose_v(cfg.D), TRANSPOSE_SIGNATURE),
+                                 (nkp // TRANSPOSE_KEYS, kv_heads), TRANSPOSE_THREADS, 0, n_k=n_k, nkp=nkp)
+    main = GridLaunch.sized(driver_kernel(version.build(cfg, "e4m3"), version.signature, cfg.smem_bytes),
+                            (-(-n_q // cfg.BR), n_heads), cfg.NT, cfg.smem_bytes, n_q=n_q, n_k=n_k, causal=bool(causal),
+                            kv_group=kv_group)
+    return Fp8Launch(transpose, main, MapCache(cfg.maps(n_q, n_k, n_heads, kv_heads)))
+
+
+def device_scales(qk_scale: np.ndarray, v_scale: np.ndarray, like) -> tuple:
+    """The descales on the GPU, in ``like``'s library, kept by their values (the last MAX_SCALES of them): a call with
+    the descales of a call before copies nothing. A copy is asynchronous where the library allows it (PyTorch's
+    non_blocking), so that a call does not wait for the kernels queued before it."""
+    key = (library(like), str(getattr(like, "device", "")), qk_scale.tobytes(), v_scale.tobytes())
+    found = _SCALES.pop(key, None)
+    if found is None:
+        if library(like) == "torch":
+            import torch
+
+            found = tuple(torch.from_numpy(a.copy()).to(like.device, non_blocking=True) for a in (qk_scale, v_scale))
+        else:
+            import cupy
+
+            found = tuple(cupy.asarray(a) for a in (qk_scale, v_scale))
+        if len(_SCALES) >= MAX_SCALES:
+            _SCALES.pop(next(iter(_SCALES)))
+    _SCALES[key] = found  # the newest last
+    return found
+
+
 def hopper_fp8_attention(q, k, v, descale_q=1.0, descale_k=1.0, descale_v=1.0, *, causal: bool = False,
                          scale: float | None = None, kernel: str | None = None, config=None):
     """FlashAttention's forward pass on e4m3 inputs with Hopper's FP8 warpgroup multiplies. Returns ``(o, lse)``.
@@ -141,6 +198,14 @@ def hopper_fp8_attention(q, k, v, descale_q=1.0, descale_k=1.0, descale_v=1.0, *
 
     # 2. the inputs as flat bytes on the GPU, Vᵀ, and the outputs in the inputs' library (numba's for NumPy)
     heads, n_q, n_k, d = math.prod(prob.lead), prob.n_q, prob.n_k, prob.d
+    if (on_device and library(q) in ("torch", "cupy") and not simulator_enabled() and 0 < heads <= MAX_GRID_Y
+            and n_q > 0):  # PyTorch or CuPy on a GPU: the two launches through the driver, on the caller's stream
+        qb, kb, vb = (dense(found[n]) for n in ("q", "k", "v"))
+        o, lse = empty(q, heads * n_q * d, FLOAT16), empty(q, heads * n_q, np.float32)
+        vt = empty(q, heads // prob.kv_group * d * padded_keys(n_k), np.uint8)
+        sized_fp8(version, n_q, n_k, heads, prob.kv_group, prob.causal, cfg)(
+            qb, kb, vb, vt, o, lse, *device_scales(qk_scale, v_scale, q), stream=current_stream(q))
+        return bfloat16_result(o, prob.out_shape, True), result(lse, prob.lse_shape, False)
     qb, kb, vb = (numba_flat(found[n]) for n in ("q", "k", "v"))
     like = q if on_device else None
     o = empty(like, heads * n_q * d, FLOAT16)  # (B·H·Nq·d,) bfloat16 bits

@@ -130,4 +130,3 @@ def sized_flex_backward(version: KernelVersion, kernel_fn, cfg, n_q: int, n_k: i
         raise ValueError(f"backward kernel {version.name} reads tensor maps: its flex launch is numba's")
     kernel = driver_kernel(kernel_fn, signature_of(version, kernel_fn), cfg.smem_bytes)
     return FlexLaunch(kernel, (-(-n_k // cfg.BC), n_heads // kv_group), cfg.NT, cfg.smem_bytes)
-

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from numba import cuda, int64, uint8, uint64
+from numba.cuda import types
 
 from ...gpu.runtime import device_function, u
 from ...gpu.tensor_map import MAX_BOX_ROWS, TensorMap
@@ -94,6 +95,10 @@ def fp8_tiling(d: int, causal: bool = False, n_q: int = 0) -> Fp8Tiling:
 def simulator_fp8_tiling(d: int) -> Fp8Tiling:
     """A producer and one consumer warpgroup, two stages: the smallest, for numba's simulator."""
     return Fp8Tiling(D=d, WARPGROUPS=1).validate()
+
+
+# transpose's argument types, for a launch through the driver: V and Vᵀ as bytes, n_k, nkp
+TRANSPOSE_SIGNATURE = (types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C"), types.int64, types.int64)
 
 
 @lru_cache(maxsize=None)
