@@ -44,6 +44,23 @@ pytestmark = [pytest.mark.simulator, pytest.mark.smoke]
 N_Q, N_K = (37, 20) if simulator_enabled() else (300, 203)
 
 
+# each version's own tests, which --grid runs too (on the simulator, at more sizes than these): what a version's run
+# here repeats in the exhaustive grid
+OWN_TESTS = ("tests/test_cuda_kernel.py (v1-v5), tests/test_tensor_core.py (v6), tests/test_hopper.py (v7-v10), "
+             "tests/test_hopper_fp8.py (v11), tests/test_backward_kernel.py, test_backward_tensor_cores.py, "
+             "test_backward_wgmma.py, test_backward_warp_specialized.py (backward v1-v4), tests/test_decode_kernels.py "
+             "and test_decode_tensor_cores.py (decoding)")
+
+
+@pytest.fixture(autouse=True)
+def once_in_the_grid(request):
+    """With --grid on the simulator, a version's run here is left to its own tests (OWN_TESTS), which the grid runs
+    at more sizes: both would take minutes of CI's 15. The first tier (without --grid) and a GPU run these."""
+    versions = ("test_forward_version", "test_backward_version", "test_decode_kernel")
+    if request.config.getoption("grid") and simulator_enabled() and request.node.originalname in versions:
+        pytest.skip(f"with --grid on the simulator, each version runs in its own tests: {OWN_TESTS}")
+
+
 def shape_of(takes_float32: bool, takes_dv_apart: bool):
     """(dtype, d, dv) of a version's test: float32 at d = 8 where it takes float32 (dv = 5 where it takes
     dv != d), else float16 at d = 64."""
