@@ -201,14 +201,14 @@ def test_warps_share_dq_by_columns(rng):
 @pytest.mark.parametrize("d", [96, 200])
 # slow on the simulator (4 warps, two key tiles, the second ragged): the GPU's tilings of the new families
 def test_the_gpu_s_tilings_at_other_head_dims(rng, d):
-    """The GPU's own tiling (``default_tiling``), causal, ragged, two query heads on one K/V head: at d = 96 4
-    warps of 16 keys, query tiles of 32 rows, dQ_i split by rows and columns; at d = 200 (224 padded) 4 warps in
-    two pairs on 16 keys each, each warp of a pair with half of dK's and dV's columns. One ragged query tile of
-    27 rows: the causal rule then cuts the second key tile's keys for some rows and not others."""
+    """The GPU's own tiling (``default_tiling``), causal, ragged: at d = 96 4 warps of 16 keys, query tiles of 32
+    rows, dQ_i split by rows and columns; at d = 200 (224 padded) 4 warps in two pairs on 16 keys each, each warp of
+    a pair with half of dK's and dV's columns. One ragged query tile of 27 rows: the causal rule then cuts the second
+    key tile's keys for some rows and not others. One head: grouped heads at these head dims are
+    test_grouped_heads_at_other_head_dims's (and the GPU tests', with this tiling)."""
     cfg = default_tiling(d)
     assert (cfg.WARPS, cfg.BR, cfg.DKV_COLUMN_GROUPS) == ((4, 32, 1) if d == 96 else (4, 32, 2))
-    q, k, v = make_qkv(rng, (2,), 27, cfg.BC + 5, d, dtype=np.float16)
-    k, v = k[:1], v[:1]
+    q, k, v = make_qkv(rng, (1,), 27, cfg.BC + 5, d, dtype=np.float16)
     do = rng.standard_normal(q.shape).astype(np.float16)
     o, lse = tf.naive_attention(q, k, v, causal=True)
     grads = tf.tensor_core_attention_backward(q, k, v, o, lse, do, causal=True, config=cfg)
