@@ -172,15 +172,20 @@ def tensor_core_attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
             PLANS.keep(key, plan)
     if plan.launches is None:
         return _general_call(arrays, plan, deterministic)
-    prob = plan.prob
+    return _driver_call(arrays, plan.prob, plan.launches, plan.turns)
+
+
+def _driver_call(arrays, prob: AttentionProblem, launches: DriverLaunches, turns: int = 0):
+    """Steps 2 and 3 of a call on PyTorch or CuPy arrays on a GPU: allocate the gradients (shaped like q, k, v) and
+    the O(N) scratch in the inputs' library, then the three launches on the stream q's library works on. ``turns``:
+    deterministic mode's counters (0: none; the kernel then never reads dQ_turn)."""
+    q, k, v = arrays[:3]
     heads = math.prod(prob.lead)
-    # 2. allocate the gradients (shaped like q, k, v) and the O(N) scratch, in the inputs' library
     dq, dk, dv = empty(q, tuple(q.shape)), empty(q, tuple(k.shape)), empty(q, tuple(v.shape))
     D = empty(q, heads * prob.n_q, FLOAT32)  # (BH·Nq,) rowsum(dO ∘ O)
     dq_acc = empty(q, heads * prob.n_q * prob.d, FLOAT32)  # (BH·Nq·d,) dQ before its scale, added by atomics
-    turns = zeros(q, plan.turns, np.int32) if plan.turns else D  # deterministic mode's counters (else unread)
-    # 3. three launches on the stream q's library works on
-    plan.launches(*(dense(x) for x in arrays), dq, dk, dv, D, dq_acc, turns, stream=current_stream(q))
+    dq_turn = zeros(q, turns, np.int32) if turns else D  # deterministic mode's counters (else unread)
+    launches(*(dense(x) for x in arrays), dq, dk, dv, D, dq_acc, dq_turn, stream=current_stream(q))
     return dq, dk, dv
 
 
@@ -206,36 +211,31 @@ def flex_attention_backward(q, k, v, o, lse, do, *, score_mod=None, mask_mod=Non
     plan = plan_flex_backward(VERSIONS, FLEX_WHO, arrays, score_mod, mask_mod, block_mask, causal, scale, kernel,
                               config)
     options = {"score_mod": plan.score_mod, "mask_mod": plan.mask_mod, "block_sparse": block_mask is not None}
-    prob, heads = plan.prob, math.prod(plan.prob.lead)
+    prob, heads, flex_scalars = plan.prob, math.prod(plan.prob.lead), block_mask_scalars(plan, block_mask)
     if (library(q) in ("torch", "cupy") and is_device_array(q) and not simulator_enabled() and 0 < heads <= MAX_GRID_Y
             and prob.n_q > 0 and prob.n_k > 0 and plan.version.flex_signature and plan.version.arguments != "maps"):
-        return _flex_driver_call(arrays, plan, block_mask_scalars(plan, block_mask), options)
+        return _driver_call(arrays, prob, flex_driver_launches(plan, flex_scalars, options))
     general = BackwardPlan(plan.prob, plan.element, plan.version, plan.config, None)
-    return _general_call(arrays, general, False, block_mask_scalars(plan, block_mask), options)
+    return _general_call(arrays, general, False, flex_scalars, options)
 
 
-def _flex_driver_call(arrays, plan, flex_scalars: dict, options: dict):
-    """A flex backward on PyTorch or CuPy arrays on a GPU: the three kernels through the driver, sized once per
-    problem (the main kernel per build of the user's functions: ``host.sized.sized_flex_backward``), on the stream
-    the caller's library works on."""
-    q, k, v, o, lse, do = (dense(x) for x in arrays)
+def flex_driver_launches(plan, flex_scalars: dict, options: dict) -> DriverLaunches:
+    """:class:`DriverLaunches` of a flex backward: the row kernels, and the main kernel built for the user's
+    functions (``options``) sized once per problem (``host.sized.sized_flex_backward``), given the scale and the
+    block mask (``flex_scalars``) at each call."""
     prob, cfg = plan.prob, plan.config
     heads, g = math.prod(prob.lead), prob.kv_group
-    dq, dk, dv = empty(q, tuple(arrays[0].shape)), empty(q, tuple(arrays[1].shape)), empty(q, tuple(arrays[2].shape))
-    D = empty(q, heads * prob.n_q, FLOAT32)  # (BH·Nq,) rowsum(dO ∘ O)
-    dq_acc = empty(q, heads * prob.n_q * prob.d, FLOAT32)  # (BH·Nq·d,) dQ before its scale, added by atomics
     row_dot, finish_dq = row_launches(plan.element, prob.n_q, prob.d, heads, float(prob.scale))
-    main = sized_flex_backward(plan.version, plan.version.build(cfg, plan.element, **options), cfg, prob.n_q,
-                               prob.n_k, heads, g)
-    stream = current_stream(q)
-    row_dot(do, o, D, dq_acc, stream=stream)
-    main({"Q": q, "K": k, "V": v, "dO": do, "LSE": lse, "Dvec": D, "dQ_acc": dq_acc, "dK": dk, "dV": dv,
-          "dQ_turn": D},  # dQ_turn: no deterministic mode here, never read
-         {"n_q": prob.n_q, "n_k": prob.n_k, "scale": np.float32(prob.scale),
-          "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal, "kv_group": g, **flex_scalars},
-         stream=stream)
-    finish_dq(dq_acc, dq, stream=stream)
-    return dq, dk, dv
+    sized = sized_flex_backward(plan.version, plan.version.build(cfg, plan.element, **options), cfg, prob.n_q,
+                                prob.n_k, heads, g)
+    scalars = {"n_q": prob.n_q, "n_k": prob.n_k, "scale": np.float32(prob.scale),
+               "scale_log2": np.float32(prob.scale * LOG2E), "causal": prob.causal, "kv_group": g, **flex_scalars}
+
+    def main(q, k, v, do, lse, D, dq_acc, dk, dv, dq_turn, stream: int = 0) -> None:  # DriverLaunches' main
+        sized({"Q": q, "K": k, "V": v, "dO": do, "LSE": lse, "Dvec": D, "dQ_acc": dq_acc, "dK": dk, "dV": dv,
+               "dQ_turn": dq_turn}, scalars, stream=stream)
+
+    return DriverLaunches(row_dot, main, finish_dq)
 
 
 def _general_call(arrays, plan: BackwardPlan, deterministic: bool, flex_scalars=None, flex_options=None):

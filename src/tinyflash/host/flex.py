@@ -194,7 +194,7 @@ def flex_call(entry: Entry, q, k, v, score_mod, mask_mod, block_mask, causal, sc
                    "causal": prob.causal, "kv_group": prob.kv_group, "head_group": group, **blocks}
         kernel_fn = version.build(cfg, element, group, score_mod=score, mask_mod=mask,
                                   block_sparse=block_mask is not None)
-        if device and on_device and heads <= MAX_GRID_Y and version.flex_signature is not None:
+        if device and on_device and version.flex_signature is not None:  # (heads <= MAX_GRID_Y: checked above)
             # device arrays on a GPU: one launch through the driver, sized once per problem (tensor maps kept by
             # the arrays' addresses), on the stream the caller's library works on
             sized = sized_flex(version, kernel_fn, cfg, n_q, n_k, heads, prob.kv_group)
