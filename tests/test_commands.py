@@ -5,6 +5,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,44 +91,42 @@ def test_the_gpu_session_runs_every_file_with_gpu_tests():
     assert all((ROOT / f).exists() for f in files)
 
 
-def test_the_gpu_suite_splits_into_balanced_parts():
-    """Parts of whole files, each in groups of nearly equal estimated seconds; every test in exactly one group;
-    a file that fits in a group is not split."""
+def test_a_report_names_the_tests_that_ended_by_their_node_ids(tmp_path):
+    """The node ids read back from a JUnit report (xunit1) are pytest's: a function's, a class's method's, a
+    parametrized case's with spaces in its id; the nameless entry of an interrupted test is not one."""
     gpu_tests = gpu_tests_module()
-    ids = [f"tests/test_{f}.py::test_{t}[{c}]" for f, t, n in (("a", "x", 40), ("a", "y", 2), ("b", "x", 30),
-                                                                ("c", "z", 3), ("d", "w", 1))
-           for c in range(n)]
-    per_test = {"tests/test_a.py": 2.0, "tests/test_b.py": 1.0, "tests/test_c.py": 5.0}  # d: not in the record
-    parts = gpu_tests.plan(ids, per_test, 2, 3)
-    assert len(parts) == 2 and sorted(node for part in parts for group in part for node in group) == sorted(ids)
-    files = [{node.split("::")[0] for group in part for node in group} for part in parts]
-    assert not files[0] & files[1]  # whole files in a part
-    for part in parts:
-        loads = [gpu_tests.estimate(group, per_test) for group in part]
-        assert max(loads) - min(loads) <= 2 * max(per_test.values())  # within a case or two of each other
-    groups_of = lambda f: [g for part in parts for g in part if any(n.startswith(f) for n in g)]  # noqa: E731
-    assert len(groups_of("tests/test_c.py")) == 1 and len(groups_of("tests/test_a.py")) > 1
-    assert gpu_tests.balance({"x": 5, "y": 4, "z": 3, "w": 3}, 2) == [["x", "w"], ["y", "z"]]
+    report = tmp_path / "run.xml"
+    report.write_text('<testsuites><testsuite>'
+                      '<testcase classname="tests.test_a" name="test_x[documents causal-1]" file="tests/test_a.py"/>'
+                      '<testcase classname="tests.test_a.TestB" name="test_y" file="tests/test_a.py"/>'
+                      '<testcase time="0.000"/></testsuite></testsuites>')
+    assert gpu_tests.ended_tests(report) == ["tests/test_a.py::test_x[documents causal-1]",
+                                             "tests/test_a.py::TestB::test_y"]
 
 
-def test_a_split_test_function_keeps_each_kernels_sizes_in_one_run():
-    """Cases that differ only in a size (integers, one not a multiple of 8) are next to each other, in the order
-    their kernels first come; head dims and other parameters keep pytest's order; ids it cannot read stay as
-    they are."""
+def test_a_state_serves_only_its_own_commit(tmp_path):
     gpu_tests = gpu_tests_module()
-    ids = [f"tests/test_a.py::test_x[{n}-{d}-{dtype}]" for n in (1, 17, 4096) for d in (64, 96)
-           for dtype in ("float16", "bfloat16")]
-    ordered = gpu_tests.kernels_together(ids)
-    assert sorted(ordered) == sorted(ids)
-    kernels = [node.split("-", 1)[1] for node in ordered]
-    assert kernels == [k for k in ("64-float16]", "64-bfloat16]", "96-float16]", "96-bfloat16]") for _ in range(3)]
-    assert [node.split("[")[1].split("-")[0] for node in ordered[:3]] == ["1", "17", "4096"]
-    heads = [f"tests/test_a.py::test_y[{d}-{c}]" for d in (64, 128) for c in (False, True)]
-    assert gpu_tests.kernels_together(heads) == heads  # no size among them
-    odd = ["tests/test_a.py::test_z[a-b-1]", "tests/test_a.py::test_z[c-17]"]
-    assert gpu_tests.kernels_together(odd) == odd
-    parts = gpu_tests.plan(ids, {"tests/test_a.py": 1.0}, 1, 4)
-    assert all(len({node.split("-", 1)[1] for node in group}) == 1 for group in parts[0])  # a kernel per group
+    state = tmp_path / "state.json"
+    assert gpu_tests.load_state(state, "abc1234") == set()  # none yet
+    state.write_text('{"commit": "abc1234", "ended": ["tests/test_a.py::test_x"]}')
+    assert gpu_tests.load_state(state, "abc1234") == {"tests/test_a.py::test_x"}
+    assert gpu_tests.load_state(state, "def5678") == set()  # another commit's: started over
+
+
+def test_a_run_cut_at_its_deadline_keeps_the_tests_that_ended(tmp_path):
+    """A pytest with two workers, interrupted at its deadline inside a long test: it ends within seconds (the
+    signal reaches the workers), and its report holds the quick tests and not the long one."""
+    gpu_tests = gpu_tests_module()
+    (tmp_path / "conftest.py").write_text('def pytest_addoption(parser):\n'
+                                          '    parser.addoption("--grid", action="store_true")\n')
+    (tmp_path / "test_t.py").write_text("import time\nimport pytest\n\n\n@pytest.mark.parametrize('i', range(3))\n"
+                                        "def test_quick(i):\n    pass\n\n\ndef test_long():\n    time.sleep(600)\n")
+    start = time.perf_counter()
+    report = tmp_path / "report.xml"
+    code, stopped = gpu_tests.run_tests([str(tmp_path / "test_t.py")], 2, tmp_path / "log.txt", report, deadline=8)
+    assert stopped and code == gpu_tests.INTERRUPTED and time.perf_counter() - start < 8 + gpu_tests.GRACE
+    ended = sorted(node.split("::")[-1] for node in gpu_tests.ended_tests(report))
+    assert ended == ["test_quick[0]", "test_quick[1]", "test_quick[2]"], (tmp_path / "log.txt").read_text()[-2000:]
 
 
 def test_a_report_cut_at_the_deadline_counts_the_tests_that_ended(tmp_path):
